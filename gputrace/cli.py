@@ -1,0 +1,124 @@
+"""The `gputrace` command line: one typer app, one module per command.
+
+Every user error ends as one line on stderr and a non-zero exit status; a
+traceback means a bug in gputrace.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import pyarrow as pa
+import typer
+
+from gputrace import __version__
+from gputrace.commands import analyze, record
+from gputrace.commands.dump import FORMATS, dump_table
+from gputrace.commands.info import render_info, trace_info
+from gputrace.errors import GputraceError, UsageError
+from gputrace.tracedir import open_trace
+
+EPILOG = """Examples:
+
+  gputrace record -o run1 -- python train.py     trace one job and its children
+
+  gputrace info run1                             what the trace holds
+
+  gputrace analyze run1 --only leaks             what is still allocated, and by whom
+
+  gputrace dump run1 ioctls --limit 20           the raw events
+"""
+
+app = typer.Typer(
+    name="gputrace",
+    help="eBPF tracing and offline analysis of NVIDIA GPU memory.",
+    epilog=EPILOG,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gputrace {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print version.")
+    ] = False,
+) -> None:
+    """eBPF tracing and offline analysis of NVIDIA GPU memory."""
+
+
+@app.command()
+def info(
+    trace: Annotated[str, typer.Argument(help="Trace directory.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Summarize a trace: status, host, layers, hooks, drops, rows per table."""
+    t = open_trace(trace)
+    typer.echo(render_info(trace_info(t), "json" if json_out else "text"))
+
+
+@app.command()
+def dump(
+    trace: Annotated[str, typer.Argument(help="Trace directory.")],
+    table: Annotated[str, typer.Argument(help="Table name, e.g. ioctls, cuda_calls.")],
+    limit: Annotated[int | None, typer.Option("--limit", "-n", help="At most N rows.")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json (lines).")] = (
+        "table"
+    ),
+) -> None:
+    """Print the rows of one table."""
+    if fmt not in FORMATS:
+        raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if limit is not None and limit < 0:
+        raise UsageError("--limit must be >= 0")
+    t = open_trace(trace)
+    dump_table(t, table, limit=limit, fmt=fmt)
+
+
+record.register(app)
+analyze.register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the app, turning user errors into one-line messages."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except GputraceError as e:
+        typer.echo(f"gputrace: error: {e}", err=True)
+        return e.exit_code
+    except typer.Exit as e:
+        return int(e.exit_code or 0)
+    except typer.Abort:
+        typer.echo("gputrace: aborted", err=True)
+        return 130
+    except (pa.ArrowException, OSError) as e:
+        # Corruption that footer checks cannot see surfaces while reading data.
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        typer.echo(f"gputrace: error: {first}", err=True)
+        return 1
+    except Exception as e:  # noqa: BLE001
+        import click
+        import polars.exceptions as plx
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            return e.exit_code
+        if isinstance(e, plx.PolarsError):
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            typer.echo(f"gputrace: error: corrupt or unreadable trace data: {first}", err=True)
+            return 1
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
