@@ -190,8 +190,9 @@ class TraceBuilder:
             sid = len(self._stacks) + 1
             self._stacks[key] = sid
             for depth, sym in enumerate(frames):
+                module = f"/usr/bin/{self._comm.get(pid, 'a.out')}"
                 self.row("stacks", pid=pid, stack_id=sid, depth=depth,
-                         ip=0x400000 + 0x100 * depth + sid, module=f"/usr/bin/{self._comm.get(pid, 'a.out')}",
+                         ip=0x400000 + 0x100 * depth + sid, module=module,
                          offset=0x100 * depth + sid, symbol=sym)
         return self._stacks[key]
 

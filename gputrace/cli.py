@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         typer.echo(f"gputrace: error: {first}", err=True)
         return 1
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         import click
         import polars.exceptions as plx
 

@@ -1,0 +1,60 @@
+#!/bin/sh
+# Prepare a host for `gputrace record` (and its live tests): bcc's Python
+# bindings, kernel headers linked for the running kernel, FUSE for the test
+# stand-in driver, and strace/bpftrace for the benchmark. Needs root. Idempotent.
+set -eu
+
+if [ "$(id -u)" != 0 ]; then
+    echo "setup-record.sh: run as root" >&2
+    exit 1
+fi
+
+need=""
+[ -d /usr/lib/python3/dist-packages/bcc ] || need="$need python3-bpfcc"
+ls -d /usr/src/linux-headers-*-amd64 >/dev/null 2>&1 || need="$need linux-headers-amd64"
+command -v fusermount3 >/dev/null 2>&1 || need="$need fuse3"
+[ -e /usr/include/fuse3/fuse.h ] || need="$need libfuse3-dev"
+command -v strace >/dev/null 2>&1 || need="$need strace"
+command -v bpftrace >/dev/null 2>&1 || need="$need bpftrace"
+command -v gcc >/dev/null 2>&1 || need="$need gcc"
+if [ -n "$need" ]; then
+    if command -v apt-get >/dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        # shellcheck disable=SC2086
+        apt-get install -y -qq $need
+    elif command -v dnf >/dev/null 2>&1; then
+        echo "setup-record.sh: on RHEL/Fedora install: dnf install python3-bcc kernel-devel fuse3 fuse3-devel strace bpftrace" >&2
+        exit 1
+    else
+        echo "setup-record.sh: missing packages:$need" >&2
+        exit 1
+    fi
+fi
+
+# bcc compiles probes against /lib/modules/$(uname -r)/build. When the running
+# kernel has no headers package (custom or VM kernels), link the distribution's
+# generic headers: the probes use only tracepoint arguments, no kernel structs.
+kver="$(uname -r)"
+mod="/lib/modules/$kver"
+if [ ! -e "$mod/source/include/linux/kconfig.h" ] && [ ! -e "$mod/build/include/linux/kconfig.h" ]; then
+    hdr="$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1)"
+    if [ -z "$hdr" ]; then
+        echo "setup-record.sh: no kernel headers under /usr/src" >&2
+        exit 1
+    fi
+    # Debian splits headers: build = <ver>-amd64 (generated config), source =
+    # <ver>-common (include/linux/kconfig.h and the rest).
+    common="${hdr%-amd64}-common"
+    [ -d "$common" ] || common="$hdr"
+    mkdir -p "$mod"
+    ln -sfn "$hdr" "$mod/build"
+    ln -sfn "$common" "$mod/source"
+    echo "setup-record.sh: linked $mod/build -> $hdr, $mod/source -> $common"
+fi
+
+# tracefs (the recorder mounts it too when it is missing).
+if [ ! -e /sys/kernel/tracing/events ]; then
+    mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+fi
+echo "setup-record.sh: ready"

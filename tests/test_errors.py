@@ -1,0 +1,113 @@
+"""Bad input gives one line on stderr and a non-zero exit, never a traceback.
+
+Each test damages a copy of the bundled default trace in one way.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES
+
+DEFAULT = FIXTURES / "default"
+
+
+def gputrace(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gputrace.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("gputrace: error: "), r.stderr
+    assert needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    dst = tmp_path / "trace"
+    shutil.copytree(DEFAULT, dst)
+    return dst
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    assert_one_line_error(gputrace("info", str(tmp_path / "nope")), "no such trace")
+
+
+def test_not_a_trace(tmp_path: Path) -> None:
+    assert_one_line_error(gputrace("info", str(tmp_path)), "not a gputrace trace")
+
+
+def test_a_file_not_a_directory(tmp_path: Path) -> None:
+    f = tmp_path / "f.parquet"
+    f.write_bytes(b"PAR1")
+    assert_one_line_error(gputrace("info", str(f)), "not a trace directory")
+
+
+def test_garbage_manifest(copy: Path) -> None:
+    (copy / "manifest.json").write_text("{ not json")
+    assert_one_line_error(gputrace("info", str(copy)), "unreadable manifest")
+
+
+def test_newer_format(copy: Path) -> None:
+    m = json.loads((copy / "manifest.json").read_text())
+    m["format_version"] = 99
+    (copy / "manifest.json").write_text(json.dumps(m))
+    assert_one_line_error(gputrace("info", str(copy)), "newer than this gputrace")
+
+
+def test_truncated_part(copy: Path) -> None:
+    part = next((copy / "ioctls").glob("part-*.parquet"))
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) // 2])
+    r = gputrace("info", str(copy))
+    assert_one_line_error(r, "corrupt Parquet part")
+    assert "ioctls" in r.stderr
+
+
+def test_empty_part(copy: Path) -> None:
+    part = next((copy / "cuda_calls").glob("part-*.parquet"))
+    part.write_bytes(b"")
+    assert_one_line_error(gputrace("dump", str(copy), "cuda_calls"), "corrupt Parquet part")
+
+
+def test_corrupt_data_pages_with_intact_footer(copy: Path) -> None:
+    """Footer checks pass; the damage shows only when pages are decoded."""
+    part = next((copy / "ioctls").glob("part-*.parquet"))
+    data = bytearray(part.read_bytes())
+    for i in range(8, min(len(data) // 2, 4000)):
+        data[i] = 0xFF
+    part.write_bytes(bytes(data))
+    r = gputrace("dump", str(copy), "ioctls")
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("gputrace: error: ")
+
+
+def test_unknown_table(copy: Path) -> None:
+    assert_one_line_error(gputrace("dump", str(copy), "allocations"), "unknown table")
+
+
+def test_bad_format_option(copy: Path) -> None:
+    r = gputrace("dump", str(copy), "ioctls", "--format", "xml")
+    assert_one_line_error(r, "--format")
+
+
+def test_damage_leaves_the_original_untouched(copy: Path) -> None:
+    """Reading never writes: nothing already recorded is lost."""
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    gputrace("info", str(copy))
+    gputrace("dump", str(copy), "ioctls", "--format", "csv")
+    after = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    assert before == after

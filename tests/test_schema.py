@@ -1,0 +1,56 @@
+"""The schema module is the one place every column is defined."""
+
+from __future__ import annotations
+
+from gputrace import schema
+from tests.conftest import ROOT
+
+
+def test_docs_trace_format_is_generated_from_schema() -> None:
+    doc = (ROOT / "docs" / "trace-format.md").read_text()
+    assert doc == schema.render_markdown(), (
+        "docs/trace-format.md is stale: run `python -m gputrace.schema > docs/trace-format.md`"
+    )
+
+
+def test_required_tables_and_columns() -> None:
+    assert set(schema.TABLES) == {
+        "processes", "ioctls", "mappings", "cuda_calls", "stacks",
+        "faults", "fault_batches", "migrations", "chunks",
+    }
+    ioctls = {c.name for c in schema.IOCTLS.columns}
+    assert {
+        "ts_ns", "pid", "tid", "comm", "device", "gpu_index", "fd", "cmd", "name", "ret",
+        "status", "latency_ns", "h_client", "h_parent", "h_object", "h_class", "size_bytes",
+        "va_base", "va_length",
+    } <= ioctls
+    cuda = {c.name for c in schema.CUDA_CALLS.columns}
+    assert {"ts_ns", "pid", "tid", "comm", "func", "size_bytes", "ptr", "result",
+            "latency_ns", "stack_id"} <= cuda
+
+
+def test_columns_are_documented_snake_case_and_unique() -> None:
+    for t in schema.TABLES.values():
+        names = [c.name for c in t.columns]
+        assert len(names) == len(set(names)), t.name
+        for c in t.columns:
+            assert c.name == c.name.lower() and " " not in c.name
+            assert c.doc, f"{t.name}.{c.name} has no meaning"
+            if c.name.endswith("_ns"):
+                assert c.unit == "ns"
+            if c.name.endswith("_bytes"):
+                assert c.unit == "bytes"
+
+
+def test_every_enum_has_code_and_name_columns() -> None:
+    for t in schema.TABLES.values():
+        names = {c.name for c in t.columns}
+        for n in (c.name for c in t.columns if c.unit == "enum"):
+            if n.endswith("_code"):
+                assert n.removesuffix("_code") in schema.ENUMS
+                assert n.removesuffix("_code") in names
+
+
+def test_polars_schema_matches_arrow_schema() -> None:
+    for t in schema.TABLES.values():
+        assert list(t.polars_schema.names()) == [c.name for c in t.columns]
