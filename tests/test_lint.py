@@ -10,7 +10,6 @@ import pytest
 
 from tests.conftest import ROOT
 
-
 NO_RUFF = "ruff not installed: pip install -e .[dev]"
 
 
