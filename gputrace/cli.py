@@ -19,15 +19,12 @@ from gputrace.commands.info import render_info, trace_info
 from gputrace.errors import GputraceError, UsageError
 from gputrace.tracedir import open_trace
 
-EPILOG = """Examples:
-
-  gputrace record -o run1 -- python train.py     trace one job and its children
-
-  gputrace info run1                             what the trace holds
-
-  gputrace analyze run1 --only leaks             what is still allocated, and by whom
-
-  gputrace dump run1 ioctls --limit 20           the raw events
+EPILOG = """\b
+Examples:
+  gputrace record -o run1 -- python train.py   trace one job and its children
+  gputrace info run1                           what the trace holds
+  gputrace analyze run1 --only leaks           what is still allocated, and by whom
+  gputrace dump run1 ioctls --limit 20         the raw events
 """
 
 app = typer.Typer(
