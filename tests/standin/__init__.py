@@ -1,0 +1,1 @@
+"""TEST STAND-IN for the NVIDIA driver (nvfuse + workload); see README.md."""

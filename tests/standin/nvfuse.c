@@ -1,0 +1,1449 @@
+/*
+ * TEST STAND-IN -- NOT NVIDIA CODE, NOT A DRIVER.
+ *
+ * nvfuse: a FUSE filesystem that plays the NVIDIA driver's device files
+ * (nvidiactl, nvidia0..N-1, nvidia-uvm, nvidia-uvm-tools) for gputrace's tests on
+ * machines without a GPU. It answers the RM escapes with the driver-580 parameter
+ * layouts (nvstandin.h) and keeps real RM-like state: clients, their object trees,
+ * handles, per-GPU memory use against a budget, RM mappings and UVM ranges.
+ *
+ *   nvfuse MOUNTPOINT [--budget BYTES] [--gpus N] [-f] [--verbose]
+ *
+ * What FUSE allows and what it does not (see README.md):
+ *  - The files are regular files, not character devices.
+ *  - The kernel copies ioctl data only for "restricted" commands whose word encodes
+ *    direction and size. RM commands are _IOWR('F', nr, struct), so their params
+ *    arrive here. UVM commands are plain integers: no data arrives, only the pointer.
+ *  - Data behind pointers (pAllocParms, control params, UVM params) is read and
+ *    written through /proc/<pid>/mem of the calling thread, which is why the server
+ *    must run as root (or as the caller's user with ptrace rights).
+ *  - mmap never reaches the server: page faults become FUSE reads (zeros) and
+ *    dirty pages become FUSE writes (discarded), so mapped memory works but the
+ *    stand-in cannot refuse or observe an mmap.
+ */
+#define FUSE_USE_VERSION 35
+#define _GNU_SOURCE
+
+#include <errno.h>
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nvstandin.h"
+
+#define MAX_GPUS 64
+#define DEFAULT_BUDGET (16ull << 30)
+/*
+ * Large enough that any user virtual address is a valid file offset: UVM managed
+ * memory is mmap'ed with offset == address, and a fault past EOF would be SIGBUS.
+ */
+#define DEV_FILE_SIZE (1ull << 47)
+#define ATTR_TIMEOUT 86400.0
+
+enum kind { K_ROOT, K_CTL, K_UVM, K_UVM_TOOLS, K_STATE, K_GPU };
+#define INO_ROOT 1
+#define INO_CTL 2
+#define INO_UVM 3
+#define INO_UVM_TOOLS 4
+#define INO_STATE 5
+#define INO_GPU0 16
+
+enum uvm_fd_state { UVM_FD_UNINIT, UVM_FD_VA_SPACE, UVM_FD_MM };
+enum mem_kind { MEM_NONE, MEM_VID, MEM_SYS, MEM_VIRT };
+static const char *const MEM_KIND_NAME[] = {"none", "vid", "sys", "virt"};
+
+/* One open file description (shared by dup'ed fds, alive while mmaps hold it). */
+struct ofile {
+    uint64_t id;
+    enum kind kind;
+    int gpu;
+    pid_t opener;
+    enum uvm_fd_state uvm_state;
+    struct urange *ranges;
+    char *text; /* .state snapshot taken at open */
+    size_t textlen;
+    struct ofile *prev, *next;
+};
+
+/* Physical or virtual memory behind one or more handles (RM_DUP_OBJECT shares it). */
+struct backing {
+    uint64_t size;
+    int gpu;
+    enum mem_kind kind;
+    int refs;
+};
+
+struct obj {
+    NvHandle client, handle;
+    NvU32 hclass;
+    int gpu; /* -1 above the device level */
+    struct obj *parent, *children, *prev_sib, *next_sib;
+    struct obj *hnext;
+    struct backing *mem;
+    /* clients only */
+    struct ofile *owner;
+    pid_t pid;
+    NvHandle next_auto;
+    struct obj *cprev, *cnext;
+};
+
+struct rmmap {
+    NvHandle client, hmem;
+    uint64_t token;
+    struct rmmap *next;
+};
+
+enum urange_type { UR_EXTERNAL, UR_SEMAPHORE };
+struct urange {
+    uint64_t base, length;
+    enum urange_type type;
+    struct urange *next;
+};
+
+#define HBUCKETS 4096
+static struct {
+    uint64_t budget;
+    int ngpus;
+    int verbose;
+    uint64_t used[MAX_GPUS], peak[MAX_GPUS], fb_next[MAX_GPUS];
+    unsigned failed[MAX_GPUS];
+    uint64_t sys_bytes, virt_bytes, sys_next, virt_next;
+    unsigned nclients, nobjects, nfiles, nmaps, nranges;
+    NvHandle next_client;
+    uint64_t next_token, next_file_id;
+    struct obj *htab[HBUCKETS];
+    struct obj *clients;
+    struct rmmap *maps;
+    struct ofile *files;
+    time_t start;
+} g;
+
+static void vlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void vlog(const char *fmt, ...)
+{
+    if (!g.verbose)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("nvfuse: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------ */
+/* The caller's memory                                                 */
+/* ------------------------------------------------------------------ */
+
+/*
+ * FUSE gives the server the caller's pointer but never the memory behind it, so the
+ * stand-in goes through /proc/<tid>/mem. The caller is blocked in its ioctl and holds
+ * no mm lock, so this cannot deadlock for a single-threaded caller whose params are
+ * ordinary memory (not pages of this filesystem).
+ */
+static int pmem_rw(pid_t pid, uint64_t addr, void *buf, size_t len, int write)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/mem", (int)pid);
+    int fd = open(path, (write ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    size_t done = 0;
+    int rc = 0;
+    while (done < len) {
+        ssize_t n = write ? pwrite(fd, (const char *)buf + done, len - done, (off_t)(addr + done))
+                          : pread(fd, (char *)buf + done, len - done, (off_t)(addr + done));
+        if (n <= 0) {
+            rc = n < 0 ? -errno : -EFAULT;
+            break;
+        }
+        done += (size_t)n;
+    }
+    close(fd);
+    return rc;
+}
+
+static int pmem_read(pid_t pid, uint64_t addr, void *buf, size_t len)
+{
+    return addr ? pmem_rw(pid, addr, buf, len, 0) : -EFAULT;
+}
+
+static int pmem_write(pid_t pid, uint64_t addr, const void *buf, size_t len)
+{
+    return addr ? pmem_rw(pid, addr, (void *)buf, len, 1) : -EFAULT;
+}
+
+/* ------------------------------------------------------------------ */
+/* RM object store                                                      */
+/* ------------------------------------------------------------------ */
+
+static unsigned hslot(NvHandle client, NvHandle handle)
+{
+    return (client * 2654435761u ^ handle * 40503u) % HBUCKETS;
+}
+
+static struct obj *obj_find(NvHandle client, NvHandle handle)
+{
+    for (struct obj *o = g.htab[hslot(client, handle)]; o; o = o->hnext)
+        if (o->client == client && o->handle == handle)
+            return o;
+    return NULL;
+}
+
+static struct obj *client_find(NvHandle h)
+{
+    struct obj *o = obj_find(h, h);
+    return o && !o->parent ? o : NULL;
+}
+
+static struct obj *obj_new(NvHandle client, NvHandle handle, NvU32 hclass, struct obj *parent)
+{
+    struct obj *o = calloc(1, sizeof *o);
+    if (!o)
+        abort();
+    o->client = client;
+    o->handle = handle;
+    o->hclass = hclass;
+    o->gpu = parent ? parent->gpu : -1;
+    o->parent = parent;
+    if (parent) {
+        o->next_sib = parent->children;
+        if (parent->children)
+            parent->children->prev_sib = o;
+        parent->children = o;
+    }
+    unsigned s = hslot(client, handle);
+    o->hnext = g.htab[s];
+    g.htab[s] = o;
+    g.nobjects++;
+    return o;
+}
+
+static void backing_release(struct backing *m)
+{
+    if (!m || --m->refs > 0)
+        return;
+    switch (m->kind) {
+    case MEM_VID:
+        g.used[m->gpu] -= m->size;
+        break;
+    case MEM_SYS:
+        g.sys_bytes -= m->size;
+        break;
+    case MEM_VIRT:
+        g.virt_bytes -= m->size;
+        break;
+    case MEM_NONE:
+        break;
+    }
+    free(m);
+}
+
+static void maps_drop(NvHandle client, NvHandle hmem)
+{
+    for (struct rmmap **pp = &g.maps; *pp;) {
+        struct rmmap *m = *pp;
+        if (m->client == client && (hmem == 0 || m->hmem == hmem)) {
+            *pp = m->next;
+            free(m);
+            g.nmaps--;
+        } else {
+            pp = &m->next;
+        }
+    }
+}
+
+/* RM frees the whole subtree: children go first, as the resource server does. */
+static void obj_destroy(struct obj *o)
+{
+    while (o->children)
+        obj_destroy(o->children);
+    if (o->parent) {
+        if (o->prev_sib)
+            o->prev_sib->next_sib = o->next_sib;
+        else
+            o->parent->children = o->next_sib;
+        if (o->next_sib)
+            o->next_sib->prev_sib = o->prev_sib;
+    } else {
+        if (o->cprev)
+            o->cprev->cnext = o->cnext;
+        else
+            g.clients = o->cnext;
+        if (o->cnext)
+            o->cnext->cprev = o->cprev;
+        g.nclients--;
+    }
+    for (struct obj **pp = &g.htab[hslot(o->client, o->handle)]; *pp; pp = &(*pp)->hnext)
+        if (*pp == o) {
+            *pp = o->hnext;
+            break;
+        }
+    if (o->mem)
+        maps_drop(o->client, o->handle);
+    backing_release(o->mem);
+    g.nobjects--;
+    free(o);
+}
+
+/* RM hands out client handles from RS_CLIENT_HANDLE_BASE and others from 0xcaf00000. */
+static NvHandle client_gen_handle(void)
+{
+    while (obj_find(g.next_client, g.next_client))
+        g.next_client++;
+    return g.next_client++;
+}
+
+static NvHandle obj_gen_handle(struct obj *client)
+{
+    while (obj_find(client->client, client->next_auto))
+        client->next_auto++;
+    return client->next_auto++;
+}
+
+static int is_root_class(NvU32 c)
+{
+    return c == NV01_ROOT || c == NV01_ROOT_NON_PRIV || c == NV01_ROOT_CLIENT;
+}
+
+static uint64_t page_size_for(NvU32 attr, NvU32 attr2)
+{
+    switch (NVOS32_ATTR_PAGE_SIZE(attr)) {
+    case 3:
+        return NVOS32_ATTR2_PAGE_SIZE_HUGE(attr2) == 2 ? 512ull << 20 : 2ull << 20;
+    case 2:
+        return 64ull << 10;
+    default:
+        return 4ull << 10;
+    }
+}
+
+/*
+ * Charges a new piece of memory. Only vidmem counts against the per-GPU budget:
+ * sysmem and VA reservations consume no GPU memory on the real driver either.
+ * Returns the fake physical/virtual address RM would report as `offset`.
+ */
+static NV_STATUS mem_charge(enum mem_kind kind, int gpu, uint64_t size, uint64_t align,
+                            struct backing **out, uint64_t *offset)
+{
+    if (kind == MEM_VID) {
+        if (size > g.budget || g.used[gpu] > g.budget - size) {
+            g.failed[gpu]++;
+            return NV_ERR_NO_MEMORY;
+        }
+    }
+    struct backing *m = calloc(1, sizeof *m);
+    if (!m)
+        abort();
+    m->size = size;
+    m->gpu = gpu;
+    m->kind = kind;
+    m->refs = 1;
+    uint64_t *cursor = kind == MEM_VID ? &g.fb_next[gpu] : kind == MEM_SYS ? &g.sys_next : &g.virt_next;
+    *offset = (*cursor + align - 1) & ~(align - 1);
+    *cursor = *offset + size;
+    switch (kind) {
+    case MEM_VID:
+        g.used[gpu] += size;
+        if (g.used[gpu] > g.peak[gpu])
+            g.peak[gpu] = g.used[gpu];
+        break;
+    case MEM_SYS:
+        g.sys_bytes += size;
+        break;
+    case MEM_VIRT:
+        g.virt_bytes += size;
+        break;
+    case MEM_NONE:
+        break;
+    }
+    *out = m;
+    return NV_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* RM escapes                                                           */
+/* ------------------------------------------------------------------ */
+
+struct call {
+    fuse_req_t req;
+    pid_t pid;
+    struct ofile *of;
+    const char *dev; /* for the log */
+};
+
+/* Classes whose pAllocParms is NV_MEMORY_ALLOCATION_PARAMS (facts section 2.4). */
+static NV_STATUS alloc_memory_class(struct call *c, NvU32 hclass, uint64_t pAllocParms, int gpu,
+                                    struct backing **mem, uint64_t *logsize)
+{
+    NV_MEMORY_ALLOCATION_PARAMS ap;
+    if (gpu < 0)
+        return NV_ERR_INVALID_OBJECT_PARENT;
+    if (!pAllocParms)
+        return NV_ERR_INVALID_ARGUMENT;
+    if (pmem_read(c->pid, pAllocParms, &ap, sizeof ap))
+        return NV_ERR_INVALID_ADDRESS;
+    *logsize = ap.size;
+    if (ap.size == 0)
+        return NV_ERR_INVALID_ARGUMENT;
+    enum mem_kind kind = hclass == NV01_MEMORY_SYSTEM ? MEM_SYS : MEM_VID;
+    if (hclass == NV50_MEMORY_VIRTUAL || (ap.flags & NVOS32_ALLOC_FLAGS_VIRTUAL))
+        kind = MEM_VIRT;
+    uint64_t pg = page_size_for(ap.attr, ap.attr2);
+    if (ap.size > UINT64_MAX - pg)
+        return NV_ERR_INVALID_ARGUMENT;
+    uint64_t size = (ap.size + pg - 1) & ~(pg - 1);
+    uint64_t align = ap.alignment > pg ? ap.alignment : pg;
+    if (align & (align - 1))
+        return NV_ERR_INVALID_ARGUMENT;
+    uint64_t offset;
+    NV_STATUS st = mem_charge(kind, gpu, size, align, mem, &offset);
+    if (st != NV_OK)
+        return st;
+    /* OUT fields, as vidmemConstruct/sysmemConstruct return them: actual size,
+     * physical (or virtual) offset, and limit = size - 1. */
+    struct {
+        NvU64 size, alignment, offset, limit;
+    } out = {size, ap.alignment, offset, size - 1};
+    _Static_assert(offsetof(NV_MEMORY_ALLOCATION_PARAMS, limit) ==
+                       offsetof(NV_MEMORY_ALLOCATION_PARAMS, size) + 24,
+                   "size..limit contiguous");
+    if (pmem_write(c->pid, pAllocParms + offsetof(NV_MEMORY_ALLOCATION_PARAMS, size), &out,
+                   sizeof out)) {
+        backing_release(*mem);
+        *mem = NULL;
+        return NV_ERR_INVALID_ADDRESS;
+    }
+    return NV_OK;
+}
+
+static NV_STATUS rm_alloc(struct call *c, NvHandle hRoot, NvHandle hParent, NvHandle *hNew,
+                          NvU32 *hClass, uint64_t pAllocParms)
+{
+    uint64_t logsize = 0;
+    NV_STATUS st = NV_OK;
+
+    if (is_root_class(*hClass)) {
+        NvHandle h = *hNew ? *hNew : client_gen_handle();
+        if (obj_find(h, h))
+            return NV_ERR_INSERT_DUPLICATE_NAME;
+        struct obj *o = obj_new(h, h, NV01_ROOT_CLIENT, NULL);
+        o->owner = c->of;
+        o->pid = c->pid;
+        o->next_auto = 0xcaf00000u;
+        o->cnext = g.clients;
+        if (g.clients)
+            g.clients->cprev = o;
+        g.clients = o;
+        g.nclients++;
+        *hNew = h;
+        /* RM rewrites every root class to NV01_ROOT_CLIENT in the caller's copy. */
+        *hClass = NV01_ROOT_CLIENT;
+        vlog("  new client 0x%08x", h);
+        return NV_OK;
+    }
+
+    struct obj *client = client_find(hRoot);
+    if (!client)
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    struct obj *parent = hParent == hRoot ? client : obj_find(hRoot, hParent);
+    if (!parent)
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    NvHandle h = *hNew ? *hNew : obj_gen_handle(client);
+    if (obj_find(hRoot, h))
+        return NV_ERR_INSERT_DUPLICATE_NAME;
+
+    int gpu = parent->gpu;
+    struct backing *mem = NULL;
+    switch (*hClass) {
+    case NV01_DEVICE_0: {
+        NvU32 dev = 0;
+        if (pAllocParms && pmem_read(c->pid, pAllocParms, &dev, sizeof dev))
+            return NV_ERR_INVALID_ADDRESS;
+        if (dev >= (NvU32)g.ngpus)
+            return NV_ERR_INVALID_ARGUMENT;
+        gpu = (int)dev;
+        break;
+    }
+    case NV01_MEMORY_SYSTEM:
+    case NV01_MEMORY_LOCAL_USER:
+    case NV50_MEMORY_VIRTUAL:
+        st = alloc_memory_class(c, *hClass, pAllocParms, gpu, &mem, &logsize);
+        break;
+    default:
+        /* Other classes are accepted as plain tree nodes; their params are not read. */
+        break;
+    }
+    vlog("  alloc class 0x%x client 0x%08x parent 0x%08x handle 0x%08x size %" PRIu64
+         " -> 0x%x",
+         *hClass, hRoot, hParent, h, logsize, st);
+    if (st != NV_OK)
+        return st;
+    struct obj *o = obj_new(hRoot, h, *hClass, parent);
+    o->gpu = gpu;
+    o->mem = mem;
+    *hNew = h;
+    return NV_OK;
+}
+
+static NV_STATUS rm_free(NvHandle hRoot, NvHandle hOld)
+{
+    struct obj *client = client_find(hRoot);
+    if (!client)
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    struct obj *o = hOld == hRoot ? client : obj_find(hRoot, hOld);
+    if (!o)
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    obj_destroy(o);
+    return NV_OK;
+}
+
+static NV_STATUS rm_control(struct call *c, NVOS54_PARAMETERS *p)
+{
+    if (!client_find(p->hClient))
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    if (p->hObject != p->hClient && !obj_find(p->hClient, p->hObject))
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    if (p->cmd == NV0080_CTRL_CMD_GPU_GET_NUM_SUBDEVICES &&
+        p->paramsSize >= sizeof(NV0080_CTRL_GPU_GET_NUM_SUBDEVICES_PARAMS)) {
+        NV0080_CTRL_GPU_GET_NUM_SUBDEVICES_PARAMS out = {1};
+        if (pmem_write(c->pid, p->params, &out, sizeof out))
+            return NV_ERR_INVALID_ADDRESS;
+    }
+    /* Any other command succeeds and leaves its params untouched. */
+    return NV_OK;
+}
+
+/* The fd in RM_MAP_MEMORY must name one of the caller's /dev/nvidiaN files. */
+static int fd_is_gpu_file(pid_t pid, int fd)
+{
+    char path[64], target[4096];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)pid, fd);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n <= 0)
+        return 0;
+    target[n] = 0;
+    const char *base = strrchr(target, '/');
+    base = base ? base + 1 : target;
+    if (strncmp(base, "nvidia", 6) != 0 || !base[6])
+        return 0;
+    for (const char *s = base + 6; *s; s++)
+        if (*s < '0' || *s > '9')
+            return 0;
+    return 1;
+}
+
+static NV_STATUS rm_map_memory(struct call *c, nv_ioctl_nvos33_parameters_with_fd *w)
+{
+    NVOS33_PARAMETERS *p = &w->params;
+    if (!client_find(p->hClient) || !obj_find(p->hClient, p->hDevice))
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    struct obj *o = obj_find(p->hClient, p->hMemory);
+    if (!o || !o->mem || o->mem->kind == MEM_VIRT)
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    if (p->length == 0 || p->offset > o->mem->size || p->length > o->mem->size - p->offset)
+        return NV_ERR_INVALID_LIMIT;
+    if (!fd_is_gpu_file(c->pid, w->fd))
+        return NV_ERR_INVALID_ARGUMENT;
+    /*
+     * The real pLinearAddress is a cookie for a later mmap of that /dev/nvidiaN fd.
+     * Here it is a page-aligned file offset below DEV_FILE_SIZE, so the mmap works.
+     */
+    uint64_t token = 0x400000000000ull | ((g.next_token++ & 0xffffu) << 30);
+    struct rmmap *m = calloc(1, sizeof *m);
+    if (!m)
+        abort();
+    m->client = p->hClient;
+    m->hmem = p->hMemory;
+    m->token = token;
+    m->next = g.maps;
+    g.maps = m;
+    g.nmaps++;
+    p->pLinearAddress = token;
+    return NV_OK;
+}
+
+static NV_STATUS rm_unmap_memory(NVOS34_PARAMETERS *p)
+{
+    if (!client_find(p->hClient) || !obj_find(p->hClient, p->hDevice) ||
+        !obj_find(p->hClient, p->hMemory))
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    for (struct rmmap **pp = &g.maps; *pp; pp = &(*pp)->next) {
+        struct rmmap *m = *pp;
+        if (m->client == p->hClient && m->hmem == p->hMemory && m->token == p->pLinearAddress) {
+            *pp = m->next;
+            free(m);
+            g.nmaps--;
+            return NV_OK;
+        }
+    }
+    return NV_ERR_INVALID_ARGUMENT;
+}
+
+static NV_STATUS rm_dup_object(NVOS55_PARAMETERS *p)
+{
+    struct obj *dst = client_find(p->hClient);
+    struct obj *src = client_find(p->hClientSrc);
+    if (!dst || !src)
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    struct obj *parent = p->hParent == p->hClient ? dst : obj_find(p->hClient, p->hParent);
+    struct obj *so = obj_find(p->hClientSrc, p->hObjectSrc);
+    if (!parent || !so || !so->parent)
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    NvHandle h = p->hObject ? p->hObject : obj_gen_handle(dst);
+    if (obj_find(p->hClient, h))
+        return NV_ERR_INSERT_DUPLICATE_NAME;
+    /* The duplicate shares the source's memory: freeing one handle frees no bytes. */
+    struct obj *o = obj_new(p->hClient, h, so->hclass, parent);
+    o->gpu = so->gpu;
+    o->mem = so->mem;
+    if (o->mem)
+        o->mem->refs++;
+    p->hObject = h;
+    return NV_OK;
+}
+
+static NV_STATUS rm_alloc_memory(NVOS02_PARAMETERS *p)
+{
+    struct obj *client = client_find(p->hRoot);
+    if (!client)
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    struct obj *parent = p->hObjectParent == p->hRoot ? client : obj_find(p->hRoot, p->hObjectParent);
+    if (!parent)
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    NvHandle h = p->hObjectNew ? p->hObjectNew : obj_gen_handle(client);
+    if (obj_find(p->hRoot, h))
+        return NV_ERR_INSERT_DUPLICATE_NAME;
+    if (p->limit == UINT64_MAX)
+        return NV_ERR_INVALID_LIMIT;
+    /* OS descriptors (0x71) wrap the caller's pages at pMemory; no GPU memory is used. */
+    struct backing *mem;
+    uint64_t offset;
+    mem_charge(MEM_SYS, parent->gpu < 0 ? 0 : parent->gpu, p->limit + 1, 1, &mem, &offset);
+    struct obj *o = obj_new(p->hRoot, h, p->hClass, parent);
+    o->mem = mem;
+    p->hObjectNew = h;
+    return NV_OK;
+}
+
+static NV_STATUS rm_vid_heap(NVOS32_PARAMETERS *p)
+{
+    struct obj *client = client_find(p->hRoot);
+    if (!client)
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    struct obj *parent = p->hObjectParent == p->hRoot ? client : obj_find(p->hRoot, p->hObjectParent);
+    if (!parent)
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    if (p->function == NVOS32_FUNCTION_FREE) {
+        struct obj *o = obj_find(p->hRoot, p->data.Free.hMemory);
+        if (!o)
+            return NV_ERR_INVALID_OBJECT_HANDLE;
+        obj_destroy(o);
+        return NV_OK;
+    }
+    if (p->function != NVOS32_FUNCTION_ALLOC_SIZE)
+        return NV_ERR_NOT_SUPPORTED;
+    NVOS32_ALLOC_SIZE *a = &p->data.AllocSize;
+    if (parent->gpu < 0)
+        return NV_ERR_INVALID_OBJECT_PARENT;
+    NvHandle h = a->hMemory ? a->hMemory : obj_gen_handle(client);
+    if (obj_find(p->hRoot, h))
+        return NV_ERR_INSERT_DUPLICATE_NAME;
+    if (a->size == 0)
+        return NV_ERR_INVALID_ARGUMENT;
+    enum mem_kind kind = NVOS32_ATTR_LOCATION(a->attr) == NVOS32_ATTR_LOCATION_PCI_V ? MEM_SYS : MEM_VID;
+    if (a->flags & NVOS32_ALLOC_FLAGS_VIRTUAL)
+        kind = MEM_VIRT;
+    uint64_t pg = page_size_for(a->attr, 0);
+    if (a->size > UINT64_MAX - pg)
+        return NV_ERR_INVALID_ARGUMENT;
+    uint64_t size = (a->size + pg - 1) & ~(pg - 1);
+    struct backing *mem;
+    uint64_t offset;
+    NV_STATUS st = mem_charge(kind, parent->gpu, size, pg, &mem, &offset);
+    p->total = g.budget;
+    p->free = g.budget - g.used[parent->gpu];
+    if (st != NV_OK)
+        return st;
+    struct obj *o = obj_new(p->hRoot, h, kind == MEM_SYS ? NV01_MEMORY_SYSTEM : NV01_MEMORY_LOCAL_USER,
+                            parent);
+    o->mem = mem;
+    a->hMemory = h;
+    a->size = size;
+    a->offset = offset;
+    a->limit = size - 1;
+    return NV_OK;
+}
+
+static const char *esc_name(unsigned nr)
+{
+    switch (nr) {
+    case NV_ESC_RM_ALLOC_MEMORY: return "RM_ALLOC_MEMORY";
+    case NV_ESC_RM_FREE: return "RM_FREE";
+    case NV_ESC_RM_CONTROL: return "RM_CONTROL";
+    case NV_ESC_RM_ALLOC: return "RM_ALLOC";
+    case NV_ESC_RM_DUP_OBJECT: return "RM_DUP_OBJECT";
+    case NV_ESC_RM_VID_HEAP_CONTROL: return "RM_VID_HEAP_CONTROL";
+    case NV_ESC_RM_MAP_MEMORY: return "RM_MAP_MEMORY";
+    case NV_ESC_RM_UNMAP_MEMORY: return "RM_UNMAP_MEMORY";
+    case NV_ESC_REGISTER_FD: return "REGISTER_FD";
+    case NV_ESC_IOCTL_XFER_CMD: return "XFER_CMD";
+    default: return "?";
+    }
+}
+
+/*
+ * One escape on its kernel copy of the params. Returns 0 (the RM status is in the
+ * params, as RmIoctl leaves it) or -EINVAL where nvidia.ko fails the syscall itself:
+ * a wrong size, an unknown escape, or the wrong device node (NV_CTL_DEVICE_ONLY /
+ * NV_ACTUAL_DEVICE_ONLY).
+ */
+static int rm_escape(struct call *c, unsigned nr, void *buf, size_t size)
+{
+    int ctl = c->of->kind == K_CTL;
+    NV_STATUS st;
+#define NEED(sz, on_ctl)                                  \
+    do {                                                  \
+        if (size != (sz) || ctl != (on_ctl))              \
+            return -EINVAL;                               \
+    } while (0)
+
+    switch (nr) {
+    case NV_ESC_RM_ALLOC: {
+        if (size != sizeof(NVOS21_PARAMETERS) && size != sizeof(NVOS64_PARAMETERS))
+            return -EINVAL;
+        /* The first five fields sit at the same offsets in NVOS21 and NVOS64. */
+        NVOS21_PARAMETERS *p = buf;
+        if (!ctl && p->hClass != 0x79u)
+            return -EINVAL;
+        NvU32 *status = size == sizeof(NVOS21_PARAMETERS) ? &p->status
+                                                          : &((NVOS64_PARAMETERS *)buf)->status;
+        st = rm_alloc(c, p->hRoot, p->hObjectParent, &p->hObjectNew, &p->hClass, p->pAllocParms);
+        *status = st;
+        break;
+    }
+    case NV_ESC_RM_FREE: {
+        NEED(sizeof(NVOS00_PARAMETERS), 1);
+        NVOS00_PARAMETERS *p = buf;
+        st = p->status = rm_free(p->hRoot, p->hObjectOld);
+        vlog("  free client 0x%08x handle 0x%08x -> 0x%x", p->hRoot, p->hObjectOld, st);
+        break;
+    }
+    case NV_ESC_RM_CONTROL: {
+        NEED(sizeof(NVOS54_PARAMETERS), 1);
+        NVOS54_PARAMETERS *p = buf;
+        st = p->status = rm_control(c, p);
+        vlog("  control client 0x%08x object 0x%08x cmd 0x%08x -> 0x%x", p->hClient, p->hObject,
+             p->cmd, st);
+        break;
+    }
+    case NV_ESC_RM_MAP_MEMORY: {
+        NEED(sizeof(nv_ioctl_nvos33_parameters_with_fd), 1);
+        nv_ioctl_nvos33_parameters_with_fd *w = buf;
+        st = w->params.status = rm_map_memory(c, w);
+        vlog("  map memory 0x%08x len %" PRIu64 " fd %d -> 0x%x addr 0x%" PRIx64, w->params.hMemory,
+             (uint64_t)w->params.length, w->fd, st, (uint64_t)w->params.pLinearAddress);
+        break;
+    }
+    case NV_ESC_RM_UNMAP_MEMORY: {
+        NEED(sizeof(NVOS34_PARAMETERS), 1);
+        NVOS34_PARAMETERS *p = buf;
+        st = p->status = rm_unmap_memory(p);
+        vlog("  unmap memory 0x%08x -> 0x%x", p->hMemory, st);
+        break;
+    }
+    case NV_ESC_RM_DUP_OBJECT: {
+        NEED(sizeof(NVOS55_PARAMETERS), 1);
+        NVOS55_PARAMETERS *p = buf;
+        st = p->status = rm_dup_object(p);
+        vlog("  dup 0x%08x/0x%08x -> 0x%08x/0x%08x: 0x%x", p->hClientSrc, p->hObjectSrc,
+             p->hClient, p->hObject, st);
+        break;
+    }
+    case NV_ESC_RM_VID_HEAP_CONTROL: {
+        NEED(sizeof(NVOS32_PARAMETERS), 1);
+        NVOS32_PARAMETERS *p = buf;
+        st = p->status = rm_vid_heap(p);
+        vlog("  vid heap function %u -> 0x%x", p->function, st);
+        break;
+    }
+    case NV_ESC_RM_ALLOC_MEMORY: {
+        NEED(sizeof(nv_ioctl_nvos02_parameters_with_fd), 0);
+        NVOS02_PARAMETERS *p = &((nv_ioctl_nvos02_parameters_with_fd *)buf)->params;
+        st = p->status = rm_alloc_memory(p);
+        vlog("  alloc memory class 0x%x handle 0x%08x size %" PRIu64 " -> 0x%x", p->hClass,
+             p->hObjectNew, (uint64_t)p->limit + 1, st);
+        break;
+    }
+    case NV_ESC_REGISTER_FD:
+        if (ctl)
+            return -EINVAL;
+        break;
+    default:
+        return -EINVAL;
+    }
+#undef NEED
+    return 0;
+}
+
+static void rm_ioctl(struct call *c, unsigned int cmd, const void *in_buf, size_t in_bufsz,
+                     size_t out_bufsz)
+{
+    static unsigned char buf[NV_ABSOLUTE_MAX_IOCTL_SIZE], inner[NV_ABSOLUTE_MAX_IOCTL_SIZE];
+    unsigned nr = _IOC_NR(cmd);
+    size_t size = _IOC_SIZE(cmd);
+
+    vlog("pid %d %s %s cmd 0x%08x size %zu", (int)c->pid, c->dev, esc_name(nr), cmd, size);
+    if (_IOC_DIR(cmd) != (_IOC_READ | _IOC_WRITE) || in_bufsz != size || out_bufsz != size ||
+        size > sizeof buf) {
+        fuse_reply_err(c->req, EINVAL);
+        return;
+    }
+    memcpy(buf, in_buf, size);
+
+    int rc;
+    if (nr == NV_ESC_IOCTL_XFER_CMD) {
+        /* The wrapped params are behind a pointer, out of FUSE's reach: use /proc. */
+        nv_ioctl_xfer_t *x = (nv_ioctl_xfer_t *)buf;
+        if (size != sizeof *x || x->size > sizeof inner) {
+            rc = -EINVAL;
+        } else if (pmem_read(c->pid, x->ptr, inner, x->size)) {
+            rc = -EFAULT;
+        } else {
+            vlog("  xfer inner %s size %u", esc_name(x->cmd), x->size);
+            rc = rm_escape(c, x->cmd, inner, x->size);
+            if (rc == 0 && pmem_write(c->pid, x->ptr, inner, x->size))
+                rc = -EFAULT;
+        }
+    } else {
+        rc = rm_escape(c, nr, buf, size);
+    }
+    if (rc)
+        fuse_reply_err(c->req, -rc);
+    else
+        fuse_reply_ioctl(c->req, 0, buf, size);
+}
+
+/* ------------------------------------------------------------------ */
+/* UVM                                                                  */
+/* ------------------------------------------------------------------ */
+
+#define X(c, n, s, o, t) {(c), (n), (s), (o), (t)},
+static const uvm_cmd_info UVM_CMDS[] = {UVM_CMD_TABLE(X)};
+#undef X
+
+static const uvm_cmd_info *uvm_cmd(unsigned cmd)
+{
+    for (size_t i = 0; i < sizeof UVM_CMDS / sizeof UVM_CMDS[0]; i++)
+        if (UVM_CMDS[i].cmd == cmd)
+            return &UVM_CMDS[i];
+    return NULL;
+}
+
+static struct urange *urange_find(struct ofile *of, uint64_t base, uint64_t len, int exact)
+{
+    for (struct urange *r = of->ranges; r; r = r->next) {
+        if (exact ? r->base == base
+                  : base < r->base + r->length && r->base < base + len)
+            return r;
+    }
+    return NULL;
+}
+
+static NV_STATUS uvm_add_range(struct call *c, uint64_t arg, enum urange_type type, int *rc)
+{
+    NvU64 bl[2];
+    if (pmem_read(c->pid, arg, bl, sizeof bl)) {
+        *rc = -EFAULT;
+        return NV_OK;
+    }
+    if (bl[1] == 0 || (bl[0] | bl[1]) & 0xfff || bl[0] + bl[1] < bl[0])
+        return NV_ERR_INVALID_ADDRESS;
+    if (urange_find(c->of, bl[0], bl[1], 0))
+        return NV_ERR_UVM_ADDRESS_IN_USE;
+    struct urange *r = calloc(1, sizeof *r);
+    if (!r)
+        abort();
+    r->base = bl[0];
+    r->length = bl[1];
+    r->type = type;
+    r->next = c->of->ranges;
+    c->of->ranges = r;
+    g.nranges++;
+    vlog("  uvm range 0x%" PRIx64 " +0x%" PRIx64, bl[0], bl[1]);
+    return NV_OK;
+}
+
+static NV_STATUS uvm_map_external(struct call *c, uint64_t arg, int *rc)
+{
+    NvU64 blo[3];
+    NvU32 hh[2];
+    if (pmem_read(c->pid, arg, blo, sizeof blo) ||
+        pmem_read(c->pid, arg + offsetof(UVM_MAP_EXTERNAL_ALLOCATION_PARAMS, hClient), hh,
+                  sizeof hh)) {
+        *rc = -EFAULT;
+        return NV_OK;
+    }
+    struct urange *r = urange_find(c->of, blo[0], blo[1], 0);
+    if (!r || r->type != UR_EXTERNAL || blo[0] < r->base ||
+        blo[0] + blo[1] > r->base + r->length)
+        return NV_ERR_INVALID_ADDRESS;
+    struct obj *o = client_find(hh[0]) ? obj_find(hh[0], hh[1]) : NULL;
+    if (!o || !o->mem)
+        return NV_ERR_INVALID_OBJECT_HANDLE;
+    if (blo[2] > o->mem->size || blo[1] > o->mem->size - blo[2])
+        return NV_ERR_INVALID_LIMIT;
+    vlog("  uvm map external 0x%" PRIx64 " hMemory 0x%08x", blo[0], hh[1]);
+    return NV_OK;
+}
+
+static NV_STATUS uvm_free(struct call *c, uint64_t arg, int *rc)
+{
+    NvU64 base;
+    if (pmem_read(c->pid, arg, &base, sizeof base)) {
+        *rc = -EFAULT;
+        return NV_OK;
+    }
+    for (struct urange **pp = &c->of->ranges; *pp; pp = &(*pp)->next) {
+        if ((*pp)->base == base) {
+            struct urange *r = *pp;
+            *pp = r->next;
+            free(r);
+            g.nranges--;
+            vlog("  uvm free 0x%" PRIx64, base);
+            return NV_OK;
+        }
+    }
+    return NV_ERR_INVALID_ADDRESS;
+}
+
+/*
+ * UVM command words carry no size, so the kernel passes no data and the syscall
+ * returns 0 here as in the driver. The result goes where the driver puts it:
+ * rmStatus inside the caller's struct, written through /proc/<pid>/mem.
+ */
+static void uvm_ioctl(struct call *c, unsigned int cmd, uint64_t arg)
+{
+    const uvm_cmd_info *info = uvm_cmd(cmd);
+    int tools = c->of->kind == K_UVM_TOOLS;
+    vlog("pid %d %s %s cmd 0x%x arg 0x%" PRIx64, (int)c->pid, c->dev, info ? info->name : "?",
+         cmd, arg);
+    /* Unrouted numbers fall through to uvm_test_ioctl, which refuses them. */
+    if (!info || info->tools_fd != tools) {
+        fuse_reply_err(c->req, EINVAL);
+        return;
+    }
+    if (info->status_off == UINT32_MAX) {
+        fuse_reply_ioctl(c->req, 0, NULL, 0);
+        return;
+    }
+
+    int rc = 0;
+    NV_STATUS st = NV_OK;
+    struct ofile *of = c->of;
+    if (tools) {
+        st = NV_OK;
+    } else if (cmd == UVM_INITIALIZE) {
+        if (of->uvm_state == UVM_FD_MM)
+            st = NV_ERR_ILLEGAL_ACTION;
+        else
+            of->uvm_state = UVM_FD_VA_SPACE;
+    } else if (cmd == UVM_MM_INITIALIZE) {
+        /* What real CUDA sees on its second uvm fd (facts section 10). */
+        if (of->uvm_state == UVM_FD_UNINIT) {
+            of->uvm_state = UVM_FD_MM;
+            st = NV_WARN_NOTHING_TO_DO;
+        } else {
+            st = NV_ERR_ILLEGAL_ACTION;
+        }
+    } else if (of->uvm_state != UVM_FD_VA_SPACE) {
+        st = NV_ERR_ILLEGAL_ACTION;
+    } else {
+        switch (cmd) {
+        case UVM_CREATE_EXTERNAL_RANGE:
+            st = uvm_add_range(c, arg, UR_EXTERNAL, &rc);
+            break;
+        case UVM_ALLOC_SEMAPHORE_POOL:
+            st = uvm_add_range(c, arg, UR_SEMAPHORE, &rc);
+            break;
+        case UVM_MAP_EXTERNAL_ALLOCATION:
+            st = uvm_map_external(c, arg, &rc);
+            break;
+        case UVM_FREE:
+            st = uvm_free(c, arg, &rc);
+            break;
+        default:
+            break;
+        }
+    }
+    if (rc == 0 && pmem_write(c->pid, arg + info->status_off, &st, sizeof st))
+        rc = -EFAULT;
+    vlog("  -> rmStatus 0x%x rc %d", st, rc);
+    if (rc)
+        fuse_reply_err(c->req, -rc);
+    else
+        fuse_reply_ioctl(c->req, 0, NULL, 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* Filesystem                                                           */
+/* ------------------------------------------------------------------ */
+
+static char zeros[1 << 20];
+
+static int ino_kind(fuse_ino_t ino, int *gpu)
+{
+    *gpu = -1;
+    switch (ino) {
+    case INO_ROOT: return K_ROOT;
+    case INO_CTL: return K_CTL;
+    case INO_UVM: return K_UVM;
+    case INO_UVM_TOOLS: return K_UVM_TOOLS;
+    case INO_STATE: return K_STATE;
+    default:
+        if (ino >= INO_GPU0 && ino < INO_GPU0 + (fuse_ino_t)g.ngpus) {
+            *gpu = (int)(ino - INO_GPU0);
+            return K_GPU;
+        }
+        return -1;
+    }
+}
+
+static void ino_name(fuse_ino_t ino, char *out, size_t n)
+{
+    int gpu;
+    switch (ino_kind(ino, &gpu)) {
+    case K_CTL: snprintf(out, n, "nvidiactl"); break;
+    case K_UVM: snprintf(out, n, "nvidia-uvm"); break;
+    case K_UVM_TOOLS: snprintf(out, n, "nvidia-uvm-tools"); break;
+    case K_STATE: snprintf(out, n, ".state"); break;
+    case K_GPU: snprintf(out, n, "nvidia%d", gpu); break;
+    default: snprintf(out, n, "?"); break;
+    }
+}
+
+static fuse_ino_t name_ino(const char *name)
+{
+    if (!strcmp(name, "nvidiactl"))
+        return INO_CTL;
+    if (!strcmp(name, "nvidia-uvm"))
+        return INO_UVM;
+    if (!strcmp(name, "nvidia-uvm-tools"))
+        return INO_UVM_TOOLS;
+    if (!strcmp(name, ".state"))
+        return INO_STATE;
+    if (!strncmp(name, "nvidia", 6) && name[6] >= '0' && name[6] <= '9') {
+        char *end;
+        long n = strtol(name + 6, &end, 10);
+        if (!*end && n >= 0 && n < g.ngpus && (n == 0 || name[6] != '0'))
+            return INO_GPU0 + (fuse_ino_t)n;
+    }
+    return 0;
+}
+
+static int fill_stat(fuse_ino_t ino, struct stat *st)
+{
+    int gpu;
+    int k = ino_kind(ino, &gpu);
+    if (k < 0)
+        return -1;
+    memset(st, 0, sizeof *st);
+    st->st_ino = ino;
+    st->st_atime = st->st_mtime = st->st_ctime = g.start;
+    if (k == K_ROOT) {
+        st->st_mode = S_IFDIR | 0755;
+        st->st_nlink = 2;
+    } else if (k == K_STATE) {
+        st->st_mode = S_IFREG | 0444;
+        st->st_nlink = 1;
+    } else {
+        st->st_mode = S_IFREG | 0666;
+        st->st_nlink = 1;
+        st->st_size = (off_t)DEV_FILE_SIZE;
+    }
+    return 0;
+}
+
+static void op_init(void *userdata, struct fuse_conn_info *conn)
+{
+    (void)userdata;
+    /*
+     * Our mtime never changes, but the kernel bumps its own copy on mmap writes;
+     * with auto-invalidation a later getattr would drop the page cache and with it
+     * the data a process just wrote to its mapped "GPU memory".
+     */
+    conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+}
+
+static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    fuse_ino_t ino = parent == INO_ROOT ? name_ino(name) : 0;
+    struct fuse_entry_param e;
+    memset(&e, 0, sizeof e);
+    if (!ino || fill_stat(ino, &e.attr)) {
+        fuse_reply_err(req, ENOENT);
+        return;
+    }
+    e.ino = ino;
+    e.attr_timeout = e.entry_timeout = ATTR_TIMEOUT;
+    fuse_reply_entry(req, &e);
+}
+
+static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    (void)fi;
+    struct stat st;
+    if (fill_stat(ino, &st))
+        fuse_reply_err(req, ENOENT);
+    else
+        fuse_reply_attr(req, &st, ATTR_TIMEOUT);
+}
+
+/* Device files cannot be resized; answer with the unchanged attributes (O_TRUNC etc.). */
+static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+                       struct fuse_file_info *fi)
+{
+    (void)attr;
+    (void)to_set;
+    op_getattr(req, ino, fi);
+}
+
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                       struct fuse_file_info *fi)
+{
+    (void)fi;
+    if (ino != INO_ROOT) {
+        fuse_reply_err(req, ENOTDIR);
+        return;
+    }
+    fuse_ino_t inos[4 + MAX_GPUS + 2];
+    size_t n = 0;
+    inos[n++] = INO_ROOT;
+    inos[n++] = INO_ROOT;
+    inos[n++] = INO_CTL;
+    for (int i = 0; i < g.ngpus; i++)
+        inos[n++] = INO_GPU0 + (fuse_ino_t)i;
+    inos[n++] = INO_UVM;
+    inos[n++] = INO_UVM_TOOLS;
+    inos[n++] = INO_STATE;
+    char *buf = calloc(1, size);
+    if (!buf) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    size_t used = 0;
+    for (size_t i = (size_t)off; i < n; i++) {
+        char name[32];
+        if (i == 0)
+            strcpy(name, ".");
+        else if (i == 1)
+            strcpy(name, "..");
+        else
+            ino_name(inos[i], name, sizeof name);
+        struct stat st;
+        fill_stat(inos[i], &st);
+        size_t need = fuse_add_direntry(req, buf + used, size - used, name, &st, (off_t)(i + 1));
+        if (need > size - used)
+            break;
+        used += need;
+    }
+    fuse_reply_buf(req, buf, used);
+    free(buf);
+}
+
+static char *state_text(size_t *len)
+{
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    if (!f)
+        return NULL;
+    fprintf(f, "# nvfuse TEST STAND-IN state\n");
+    fprintf(f, "gpus %d\nbudget %" PRIu64 "\nclients %u\nobjects %u\nopen_files %u\n", g.ngpus,
+            g.budget, g.nclients, g.nobjects, g.nfiles);
+    fprintf(f, "rm_mappings %u\nuvm_ranges %u\nsysmem_bytes %" PRIu64 "\nvirtual_bytes %" PRIu64 "\n",
+            g.nmaps, g.nranges, g.sys_bytes, g.virt_bytes);
+    for (int i = 0; i < g.ngpus; i++)
+        fprintf(f, "gpu%d used=%" PRIu64 " peak=%" PRIu64 " failed=%u\n", i, g.used[i], g.peak[i],
+                g.failed[i]);
+    for (struct obj *cl = g.clients; cl; cl = cl->cnext)
+        fprintf(f, "client 0x%08x pid=%d file=%" PRIu64 "\n", cl->handle, (int)cl->pid,
+                cl->owner ? cl->owner->id : 0);
+    for (unsigned s = 0; s < HBUCKETS; s++)
+        for (struct obj *o = g.htab[s]; o; o = o->hnext)
+            if (o->parent)
+                fprintf(f,
+                        "object client=0x%08x handle=0x%08x class=0x%x parent=0x%08x gpu=%d "
+                        "kind=%s size=%" PRIu64 "\n",
+                        o->client, o->handle, o->hclass, o->parent->handle, o->gpu,
+                        MEM_KIND_NAME[o->mem ? o->mem->kind : MEM_NONE],
+                        o->mem ? o->mem->size : 0);
+    for (struct ofile *of = g.files; of; of = of->next)
+        for (struct urange *r = of->ranges; r; r = r->next)
+            fprintf(f, "uvm_range file=%" PRIu64 " base=0x%" PRIx64 " length=0x%" PRIx64 " %s\n",
+                    of->id, r->base, r->length, r->type == UR_EXTERNAL ? "external" : "semaphore");
+    fclose(f);
+    *len = n;
+    return text;
+}
+
+static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    int gpu;
+    int k = ino_kind(ino, &gpu);
+    if (k < 0 || k == K_ROOT) {
+        fuse_reply_err(req, k < 0 ? ENOENT : EISDIR);
+        return;
+    }
+    if (k == K_STATE && (fi->flags & O_ACCMODE) != O_RDONLY) {
+        fuse_reply_err(req, EACCES);
+        return;
+    }
+    struct ofile *of = calloc(1, sizeof *of);
+    if (!of)
+        abort();
+    of->id = ++g.next_file_id;
+    of->kind = (enum kind)k;
+    of->gpu = gpu;
+    of->opener = fuse_req_ctx(req)->pid;
+    if (k == K_STATE) {
+        of->text = state_text(&of->textlen);
+        fi->direct_io = 1;
+    } else {
+        /* Shared page cache across opens, so one process's open cannot drop pages
+         * another process has mapped. */
+        fi->keep_cache = 1;
+    }
+    of->next = g.files;
+    if (g.files)
+        g.files->prev = of;
+    g.files = of;
+    g.nfiles++;
+    fi->fh = (uint64_t)(uintptr_t)of;
+    char name[32];
+    ino_name(ino, name, sizeof name);
+    vlog("pid %d open %s file %" PRIu64, (int)of->opener, name, of->id);
+    fuse_reply_open(req, fi);
+}
+
+/*
+ * Last close of an open file description. Like rm_cleanup_file_private ->
+ * RmFreeUnusedClients, every client the nvidiactl file still owns is freed, with
+ * its whole tree; a uvm file takes its ranges with it.
+ */
+static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    (void)ino;
+    struct ofile *of = (struct ofile *)(uintptr_t)fi->fh;
+    unsigned freed = 0;
+    for (struct obj *cl = g.clients, *next; cl; cl = next) {
+        next = cl->cnext;
+        if (cl->owner == of) {
+            obj_destroy(cl);
+            freed++;
+        }
+    }
+    while (of->ranges) {
+        struct urange *r = of->ranges;
+        of->ranges = r->next;
+        free(r);
+        g.nranges--;
+    }
+    vlog("release file %" PRIu64 " (freed %u clients)", of->id, freed);
+    if (of->prev)
+        of->prev->next = of->next;
+    else
+        g.files = of->next;
+    if (of->next)
+        of->next->prev = of->prev;
+    g.nfiles--;
+    free(of->text);
+    free(of);
+    fuse_reply_err(req, 0);
+}
+
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                    struct fuse_file_info *fi)
+{
+    (void)ino;
+    struct ofile *of = (struct ofile *)(uintptr_t)fi->fh;
+    vlog("read file %" PRIu64 " offset 0x%" PRIx64 " size %zu", of->id, (uint64_t)off, size);
+    if (of->kind == K_STATE) {
+        size_t o = (size_t)off < of->textlen ? (size_t)off : of->textlen;
+        size_t n = of->textlen - o < size ? of->textlen - o : size;
+        fuse_reply_buf(req, of->text + o, n);
+        return;
+    }
+    /* Device memory reads as zeros; that is what makes page faults on mmaps work. */
+    if ((uint64_t)off >= DEV_FILE_SIZE) {
+        fuse_reply_buf(req, NULL, 0);
+        return;
+    }
+    if (size > sizeof zeros)
+        size = sizeof zeros;
+    if (size > DEV_FILE_SIZE - (uint64_t)off)
+        size = (size_t)(DEV_FILE_SIZE - (uint64_t)off);
+    fuse_reply_buf(req, zeros, size);
+}
+
+/* Writeback of dirty mmap'ed pages lands here; the data is not kept (README). */
+static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+                     struct fuse_file_info *fi)
+{
+    (void)ino;
+    (void)buf;
+    vlog("write file %" PRIu64 " offset 0x%" PRIx64 " size %zu (discarded)",
+         ((struct ofile *)(uintptr_t)fi->fh)->id, (uint64_t)off, size);
+    fuse_reply_write(req, size);
+}
+
+static void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
+                     struct fuse_file_info *fi, unsigned flags, const void *in_buf,
+                     size_t in_bufsz, size_t out_bufsz)
+{
+    struct ofile *of = (struct ofile *)(uintptr_t)fi->fh;
+    char name[32];
+    ino_name(ino, name, sizeof name);
+    struct call c = {req, fuse_req_ctx(req)->pid, of, name};
+    if (flags & FUSE_IOCTL_COMPAT) {
+        fuse_reply_err(req, ENOSYS);
+        return;
+    }
+    switch (of->kind) {
+    case K_CTL:
+    case K_GPU:
+        rm_ioctl(&c, cmd, in_buf, in_bufsz, out_bufsz);
+        break;
+    case K_UVM:
+    case K_UVM_TOOLS:
+        uvm_ioctl(&c, cmd, (uint64_t)(uintptr_t)arg);
+        break;
+    default:
+        fuse_reply_err(req, ENOTTY);
+        break;
+    }
+}
+
+static const struct fuse_lowlevel_ops ops = {
+    .init = op_init,
+    .lookup = op_lookup,
+    .getattr = op_getattr,
+    .setattr = op_setattr,
+    .readdir = op_readdir,
+    .open = op_open,
+    .release = op_release,
+    .read = op_read,
+    .write = op_write,
+    .ioctl = op_ioctl,
+};
+
+static int parse_bytes(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || end == s || *s == '-')
+        return -1;
+    unsigned shift = 0;
+    switch (*end) {
+    case 'K': case 'k': shift = 10; end++; break;
+    case 'M': case 'm': shift = 20; end++; break;
+    case 'G': case 'g': shift = 30; end++; break;
+    case 'T': case 't': shift = 40; end++; break;
+    default: break;
+    }
+    if (*end || (shift && v > (UINT64_MAX >> shift)))
+        return -1;
+    *out = (uint64_t)v << shift;
+    return 0;
+}
+
+static void usage(const char *argv0)
+{
+    fprintf(stderr,
+            "usage: %s MOUNTPOINT [--budget BYTES] [--gpus N] [-f] [--verbose]\n"
+            "TEST STAND-IN for the NVIDIA driver's device files (gputrace tests).\n"
+            "  --budget BYTES  vidmem per GPU (suffix K/M/G/T allowed; default 16G)\n"
+            "  --gpus N        number of nvidiaN files (1..%d, default 1)\n"
+            "  -f              stay in the foreground\n"
+            "  --verbose       log every request to stderr\n",
+            argv0, MAX_GPUS);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mountpoint = NULL;
+    int foreground = 0;
+    g.budget = DEFAULT_BUDGET;
+    g.ngpus = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--budget") && i + 1 < argc) {
+            if (parse_bytes(argv[++i], &g.budget)) {
+                fprintf(stderr, "nvfuse: bad --budget %s\n", argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(a, "--gpus") && i + 1 < argc) {
+            char *end;
+            long n = strtol(argv[++i], &end, 10);
+            if (*end || n < 1 || n > MAX_GPUS) {
+                fprintf(stderr, "nvfuse: bad --gpus %s\n", argv[i]);
+                return 2;
+            }
+            g.ngpus = (int)n;
+        } else if (!strcmp(a, "-f")) {
+            foreground = 1;
+        } else if (!strcmp(a, "--verbose")) {
+            g.verbose = 1;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(argv[0]);
+            return 0;
+        } else if (a[0] != '-' && !mountpoint) {
+            mountpoint = a;
+        } else {
+            usage(argv[0]);
+            return 2;
+        }
+    }
+    if (!mountpoint) {
+        usage(argv[0]);
+        return 2;
+    }
+    g.start = time(NULL);
+    g.next_client = 0xc1d00001u;
+    g.sys_next = 1ull << 40;
+    g.virt_next = 1ull << 44;
+
+    /* allow_other: a traced workload may run as another user than the server. */
+    char opts[128];
+    snprintf(opts, sizeof opts, "fsname=nvfuse,subtype=nvfuse-standin%s",
+             geteuid() == 0 ? ",allow_other" : "");
+    char *fargv[] = {argv[0], "-o", opts, NULL};
+    struct fuse_args args = FUSE_ARGS_INIT(3, fargv);
+    struct fuse_session *se = fuse_session_new(&args, &ops, sizeof ops, NULL);
+    if (!se) {
+        fuse_opt_free_args(&args);
+        return 1;
+    }
+    int rc = 1;
+    if (fuse_set_signal_handlers(se) == 0) {
+        if (fuse_session_mount(se, mountpoint) == 0) {
+            if (fuse_daemonize(foreground) == 0)
+                /* Single-threaded on purpose: requests are handled in arrival order and
+                 * the state needs no locks. */
+                rc = fuse_session_loop(se) ? 1 : 0;
+            fuse_session_unmount(se);
+        }
+        fuse_remove_signal_handlers(se);
+    }
+    fuse_session_destroy(se);
+    fuse_opt_free_args(&args);
+    return rc;
+}
