@@ -6,18 +6,74 @@ from typing import Annotated
 
 import typer
 
-from gputrace.errors import GputraceError
+EPILOG = """Examples:
+
+  gputrace record -o run1 -- python train.py     trace a command and its children
+
+  gputrace record -o run2 -p 4242 -d 60          attach to a running process for 60 s
+
+  gputrace record -o run3 --device-dir /tmp/dev -- ./workload /tmp/dev
+                                                 a stand-in device folder (tests)
+
+  gputrace record --ebpf                         print the BPF program and cflags
+"""
 
 
 def register(app: typer.Typer) -> None:
     @app.command(
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        epilog=EPILOG,
     )
     def record(
         ctx: typer.Context,
         output: Annotated[str, typer.Option("--output", "-o", help="Trace directory.")] = (
             "gputrace.trace"
         ),
+        pid: Annotated[
+            list[int] | None,
+            typer.Option("--pid", "-p", help="Attach to a running process (repeatable)."),
+        ] = None,
+        duration: Annotated[
+            float | None, typer.Option("--duration", "-d", help="Stop after SECONDS.")
+        ] = None,
+        device_dir: Annotated[
+            str, typer.Option("--device-dir", help="Folder holding the NVIDIA device files.")
+        ] = "/dev",
+        driver_version: Annotated[
+            str | None,
+            typer.Option("--driver-version", help="Driver version whose layouts to use."),
+        ] = None,
+        force: Annotated[bool, typer.Option("--force", help="Overwrite the output.")] = False,
+        ebpf: Annotated[
+            bool, typer.Option("--ebpf", help="Print the BPF program and cflags, then exit.")
+        ] = False,
     ) -> None:
-        """Record GPU memory activity into a trace directory (root)."""
-        raise GputraceError("record is not built yet in this version")
+        """Record GPU memory activity into a trace directory (root).
+
+        With `-- CMD ARGS...` the command is started, traced with its children, and
+        recording stops when it exits; with -p the given processes; else the host.
+        """
+        from gputrace.errors import UsageError
+        from gputrace.record.recorder import Options, Recorder, build_program
+
+        command = list(ctx.args)
+        if command and command[0] == "--":
+            command = command[1:]
+        unknown = [a for a in command[:1] if a.startswith("-")]
+        if unknown:
+            raise UsageError(f"unknown option {unknown[0]} (put the command after --)")
+        opts = Options(
+            output=output,
+            pids=list(pid or []),
+            duration_s=duration,
+            device_dir=device_dir,
+            driver_version=driver_version,
+            force=force,
+            command=command,
+        )
+        if ebpf:
+            source, flags, _drv, _plan = build_program(opts)
+            typer.echo(source)
+            typer.echo("// cflags: " + " ".join(flags))
+            raise typer.Exit(0)
+        raise typer.Exit(Recorder(opts).run())

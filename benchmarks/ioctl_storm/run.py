@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""ioctl storm benchmark for `gputrace record` (issue 3). Run as root from the
+repository root:  python3 benchmarks/ioctl_storm/run.py [--calls 2000000]
+
+One run measures the storm untraced, under `gputrace record -p`, under
+`strace -f -e trace=ioctl` (fewer calls: strace is slow) and under a bpftrace
+counter, then prints slowdowns, the recorder's CPU, drops and Parquet bytes/event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def build(tmp: Path) -> Path:
+    exe = tmp / "storm"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(HERE / "storm.c")], check=True)
+    return exe
+
+
+def parse(out: str) -> float:
+    for line in out.splitlines():
+        if line.startswith("calls "):
+            return float(line.split()[5])
+    raise RuntimeError(f"no result in {out!r}")
+
+
+def untraced(storm: Path, dev: Path, n: int) -> float:
+    return parse(subprocess.run([str(storm), str(dev), str(n)], capture_output=True, text=True,
+                                check=True).stdout)  # fmt: skip
+
+
+def cpu_of(pid: int) -> float:
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def traced(storm: Path, dev: Path, n: int, tmp: Path, procs: int = 1) -> dict[str, float]:
+    out = tmp / f"trace{procs}"
+    ws = [
+        subprocess.Popen(
+            [str(storm), str(dev), str(n // procs), "--wait"],
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        for _ in range(procs)
+    ]
+    pids = [int(w.stdout.readline().split()[1]) for w in ws]  # type: ignore[union-attr]
+    args = [
+        sys.executable,
+        "-m",
+        "gputrace.cli",
+        "record",
+        "-o",
+        str(out),
+        "--force",
+        "--device-dir",
+        str(dev),
+    ]
+    for p in pids:
+        args += ["-p", str(p)]
+    rec = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    assert rec.stderr is not None
+    while not rec.stderr.readline().startswith("gputrace: recording"):
+        if rec.poll() is not None:
+            raise RuntimeError("recorder failed")
+    c0 = cpu_of(rec.pid)
+    t0 = time.monotonic()
+    for w in ws:
+        w.stdin.write("go\n")  # type: ignore[union-attr]
+        w.stdin.flush()  # type: ignore[union-attr]
+    per_call = [parse(w.communicate()[0]) for w in ws]
+    storm_wall = time.monotonic() - t0
+    _, status, ru = os.wait4(rec.pid, 0)
+    rec.returncode = os.waitstatus_to_exitcode(status)
+    total_wall = time.monotonic() - t0
+    cpu = ru.ru_utime + ru.ru_stime - c0
+    from gputrace.tracedir import open_trace
+
+    t = open_trace(out)
+    rows = t.rows("ioctls")
+    size = sum(p.stat().st_size for p in t.parts("ioctls"))
+    return {
+        "ns_per_call": sum(per_call) / len(per_call),
+        "events": rows,
+        "expected_events": n // procs * procs,
+        "drops": sum(t.drops.values()),
+        "events_per_s": rows / storm_wall,
+        "recorder_cpu_s": cpu,
+        "recorder_cores": cpu / total_wall,
+        "recorder_cpu_ns_per_event": cpu / max(rows, 1) * 1e9,
+        "parquet_bytes": size,
+        "bytes_per_event": size / max(rows, 1),
+    }
+
+
+def strace(storm: Path, dev: Path, n: int) -> float | None:
+    if shutil.which("strace") is None:
+        return None
+    r = subprocess.run(["strace", "-f", "-qq", "-e", "trace=ioctl", "-o", "/dev/null",
+                        str(storm), str(dev), str(n)], capture_output=True, text=True)  # fmt: skip
+    return parse(r.stdout)
+
+
+def bpftrace(storm: Path, dev: Path, n: int) -> float | None:
+    if shutil.which("bpftrace") is None:
+        return None
+    prog = 'tracepoint:syscalls:sys_enter_ioctl /comm == "storm"/ { @calls = count(); }'
+
+    def unlimited() -> None:
+        hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
+
+    bt = subprocess.Popen(["bpftrace", "-e", prog], stdout=subprocess.PIPE, text=True,
+                          preexec_fn=unlimited)  # fmt: skip
+    assert bt.stdout is not None
+    while "Attaching" not in (line := bt.stdout.readline()):
+        if not line and bt.poll() is not None:
+            return None
+    try:
+        return untraced(storm, dev, n)
+    finally:
+        bt.terminate()
+        bt.wait()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=2_000_000)
+    ap.add_argument("--strace-calls", type=int, default=200_000)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        dev = tmp / "dev"
+        dev.mkdir()
+        os.mknod(dev / "nvidiactl", 0o666 | 0o020000, os.makedev(1, 3))
+        storm = build(tmp)
+        base = untraced(storm, dev, a.calls)
+        rec1 = traced(storm, dev, a.calls, tmp, 1)
+        rec2 = traced(storm, dev, a.calls, tmp, 2)
+        st = strace(storm, dev, a.strace_calls)
+        bt = bpftrace(storm, dev, a.calls)
+    res = {
+        "calls": a.calls,
+        "untraced_ns_per_call": base,
+        "gputrace": rec1,
+        "gputrace_2_storms": rec2,
+        "gputrace_slowdown": rec1["ns_per_call"] / base,
+        "gputrace_added_ns_per_call": rec1["ns_per_call"] - base,
+        "strace_ns_per_call": st,
+        "strace_slowdown": st / base if st else None,
+        "bpftrace_ns_per_call": bt,
+        "bpftrace_slowdown": bt / base if bt else None,
+    }
+    if a.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"untraced              {base:8.1f} ns/ioctl")
+    for label, r in (("gputrace record", rec1), ("gputrace, 2 storms", rec2)):
+        print(f"{label:<21} {r['ns_per_call']:8.1f} ns/ioctl  x{r['ns_per_call'] / base:.2f}  "
+              f"{r['events_per_s'] / 1e6:.2f} M events/s  drops {r['drops']}  "
+              f"events {r['events']}/{r['expected_events']}  "
+              f"recorder {r['recorder_cores']:.2f} cores "
+              f"({r['recorder_cpu_ns_per_event']:.0f} ns/event)  "
+              f"{r['bytes_per_event']:.2f} B/event on disk")  # fmt: skip
+    if st:
+        print(
+            f"strace -f             {st:8.1f} ns/ioctl  x{st / base:.1f}  ({a.strace_calls} calls)"
+        )
+    if bt:
+        print(f"bpftrace count        {bt:8.1f} ns/ioctl  x{bt / base:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

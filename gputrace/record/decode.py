@@ -1,0 +1,261 @@
+"""Numpy mirrors of the C event structs (probes/gputrace_events.h) and bulk
+decoding of ring-buffer bytes into Arrow record batches.
+
+No Python object is made per event: raw records are concatenated, viewed with
+`numpy.frombuffer`, and turned into Arrow columns (nullable ones from the
+`valid` bit mask, names through small dictionaries).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from gputrace import schema
+from gputrace.record.driver import UVM_NAMES
+
+IOCTL_DTYPE = np.dtype(
+    [
+        ("ts_ns", "<u8"), ("latency_ns", "<u8"), ("ret", "<i8"), ("size_bytes", "<u8"),
+        ("va_base", "<u8"), ("va_length", "<u8"), ("offset", "<u8"), ("alignment", "<u8"),
+        ("pid", "<u4"), ("tid", "<u4"), ("fd", "<i4"), ("cmd", "<u4"), ("nr", "<u4"),
+        ("status", "<u4"), ("h_client", "<u4"), ("h_parent", "<u4"), ("h_object", "<u4"),
+        ("h_class", "<u4"), ("flags", "<u4"), ("attr", "<u4"), ("attr2", "<u4"),
+        ("ctrl_cmd", "<u4"), ("ref_fd", "<i4"), ("valid", "<u4"), ("uuid", "u1", (16,)),
+        ("comm", "S16"), ("device", "u1"), ("_pad0", "u1"), ("gpu_index", "<i2"),
+        ("_pad1", "<u4"),
+    ]
+)  # fmt: skip
+BATCH_HEADER = 8  # struct ioctl_batch: u32 count, u32 _pad0, then the events
+STAGE_EVENTS = 64
+
+MAPPING_DTYPE = np.dtype(
+    [
+        ("ts_ns", "<u8"), ("latency_ns", "<u8"), ("addr", "<u8"), ("length", "<u8"),
+        ("offset", "<u8"), ("ret", "<i8"), ("pid", "<u4"), ("tid", "<u4"), ("prot", "<u4"),
+        ("flags", "<u4"), ("fd", "<i4"), ("op", "u1"), ("device", "u1"),
+        ("gpu_index", "<i2"), ("comm", "S16"),
+    ]
+)  # fmt: skip
+
+PROC_DTYPE = np.dtype(
+    [
+        ("ts_ns", "<u8"), ("kind", "<u4"), ("pid", "<u4"), ("ppid", "<u4"),
+        ("exit_code", "<i4"), ("tid", "<u4"), ("_pad0", "<u4"), ("comm", "S16"),
+    ]
+)  # fmt: skip
+PROC_FORK, PROC_EXEC, PROC_EXIT, PROC_SEEN = 1, 2, 3, 4
+
+CONFIG_DTYPE = np.dtype(
+    [("self_tgid", "<u4"), ("filter", "<u4"), ("prefix_len", "<u4"), ("_pad0", "<u4"),
+     ("prefix", "S256")]
+)  # fmt: skip
+UVM_LAYOUT_DTYPE = np.dtype(
+    [(n, "<u2") for n in ("status", "base", "length", "offset", "uuid", "ref_fd",
+                          "h_client", "h_object", "flags")]
+    + [("flags_size", "u1"), ("known", "u1")]
+)  # fmt: skip
+
+# valid bits (GT_V_* in gputrace_events.h), in column order
+VALID_BITS: dict[str, int] = {
+    "status": 0, "h_client": 1, "h_parent": 2, "h_object": 3, "h_class": 4,
+    "size_bytes": 5, "va_base": 6, "va_length": 7, "offset": 8, "alignment": 9,
+    "flags": 10, "attr": 11, "attr2": 12, "ctrl_cmd": 13, "ref_fd": 14, "gpu_uuid": 15,
+}  # fmt: skip
+
+RM_NAMES: dict[int, str] = {
+    0x27: "RM_ALLOC_MEMORY", 0x28: "RM_ALLOC_OBJECT", 0x29: "RM_FREE", 0x2A: "RM_CONTROL",
+    0x2B: "RM_ALLOC", 0x32: "RM_CONFIG_GET", 0x33: "RM_CONFIG_SET", 0x34: "RM_DUP_OBJECT",
+    0x35: "RM_SHARE", 0x37: "RM_CONFIG_GET_EX", 0x38: "RM_CONFIG_SET_EX",
+    0x39: "RM_I2C_ACCESS", 0x41: "RM_IDLE_CHANNELS", 0x4A: "RM_VID_HEAP_CONTROL",
+    0x4D: "RM_ACCESS_REGISTRY", 0x4E: "RM_MAP_MEMORY", 0x4F: "RM_UNMAP_MEMORY",
+    0x52: "RM_GET_EVENT_DATA", 0x54: "RM_ALLOC_CONTEXT_DMA2",
+    0x56: "RM_ADD_VBLANK_CALLBACK", 0x57: "RM_MAP_MEMORY_DMA", 0x58: "RM_UNMAP_MEMORY_DMA",
+    0x59: "RM_BIND_CONTEXT_DMA", 0x5C: "RM_EXPORT_OBJECT_TO_FD",
+    0x5D: "RM_IMPORT_OBJECT_FROM_FD", 0x5E: "RM_UPDATE_DEVICE_MAPPING_INFO",
+    0x5F: "RM_LOCKLESS_DIAGNOSTIC",
+    200: "CARD_INFO", 201: "REGISTER_FD", 206: "ALLOC_OS_EVENT", 207: "FREE_OS_EVENT",
+    209: "STATUS_CODE", 210: "CHECK_VERSION_STR", 211: "IOCTL_XFER_CMD",
+    212: "ATTACH_GPUS_TO_FD", 213: "QUERY_DEVICE_INTR", 214: "SYS_PARAMS", 215: "NUMA_INFO",
+    216: "SET_NUMA_STATUS", 217: "EXPORT_TO_DMABUF_FD", 218: "WAIT_OPEN_COMPLETE",
+}  # fmt: skip
+
+DEV_UVM = 3
+DEV_UVM_TOOLS = 4
+
+
+def command_name(device: int, nr: int) -> str:
+    """Readable name of an ioctl: RM escape on ctl/gpu fds, UVM command on uvm fds."""
+    if device in (DEV_UVM, DEV_UVM_TOOLS):
+        return UVM_NAMES.get(nr, f"UVM_{nr:#x}")
+    return RM_NAMES.get(nr, f"NV_ESC_{nr:#x}")
+
+
+def ioctl_events(bodies: bytes) -> npt.NDArray[np.void]:
+    """Events from concatenated batch bodies (the records with their 8-byte header cut)."""
+    n = len(bodies) // IOCTL_DTYPE.itemsize
+    return np.frombuffer(bodies, IOCTL_DTYPE, n)
+
+
+def ioctl_events_from_batches(raw: bytes) -> npt.NDArray[np.void]:
+    """Events from concatenated `struct ioctl_batch` records (each count-prefixed)."""
+    out: list[npt.NDArray[np.void]] = []
+    pos, n = 0, len(raw)
+    size = IOCTL_DTYPE.itemsize
+    while pos + BATCH_HEADER <= n:
+        count = int.from_bytes(raw[pos : pos + 4], "little")
+        body = count * size
+        out.append(np.frombuffer(raw, IOCTL_DTYPE, count, pos + BATCH_HEADER))
+        pos += BATCH_HEADER + body
+    if not out:
+        return np.empty(0, IOCTL_DTYPE)
+    return np.concatenate(out)
+
+
+def _strings_from(codes: npt.NDArray[np.integer], names: Mapping[int, str]) -> Any:
+    """A string column from integer codes (hash-encoded: O(n), one call per distinct code)."""
+    enc = pa.array(codes).dictionary_encode()
+    dictionary = pa.array([names[int(u)] for u in enc.dictionary.to_pylist()], pa.string())
+    return pa.DictionaryArray.from_arrays(enc.indices, dictionary)
+
+
+def _fixed(data: npt.NDArray[Any], width: int) -> Any:
+    buf = pa.py_buffer(np.ascontiguousarray(data).tobytes())
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(data), [None, buf])
+
+
+def _comm(comm: npt.NDArray[np.bytes_], tid: npt.NDArray[np.integer]) -> Any:
+    """comm strings, dictionary-encoded by value (most batches hold a few names)."""
+    n = len(comm)
+    if n == 0:
+        return pa.array([], pa.string())
+    raw = np.ascontiguousarray(comm).view(np.uint64).reshape(-1, 2)
+    if bool((raw == raw[0]).all()):
+        name = bytes(comm[0]).decode("utf-8", "replace")
+        return pa.DictionaryArray.from_arrays(
+            pa.array(np.zeros(n, np.int32), pa.int32()), pa.array([name], pa.string())
+        )
+    enc = _fixed(raw, 16).dictionary_encode()
+    names = [b.rstrip(b"\0").decode("utf-8", "replace") for b in enc.dictionary.to_pylist()]
+    return pa.DictionaryArray.from_arrays(enc.indices, pa.array(names, pa.string()))
+
+
+def _uuid_strings(ev: npt.NDArray[np.void], order: Any, valid: npt.NDArray[np.bool_]) -> Any:
+    n = len(valid)
+    if not valid.any():
+        return pa.nulls(n, pa.string())
+    enc = _fixed(_col(ev, "uuid", order), 16).dictionary_encode()
+    names = []
+    for u in enc.dictionary.to_pylist():
+        h = bytes(u).hex()
+        names.append(f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}")
+    idx = pa.array(enc.indices.to_numpy(zero_copy_only=False), mask=~valid)
+    return pa.DictionaryArray.from_arrays(idx, pa.array(names, pa.string()))
+
+
+def _order(ts: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp] | None:
+    """Permutation sorting by time, or None when already sorted (the usual case)."""
+    if len(ts) < 2 or bool((ts[1:] >= ts[:-1]).all()):
+        return None
+    return np.argsort(ts, kind="stable")
+
+
+def _col(ev: npt.NDArray[np.void], name: str, order: npt.NDArray[np.intp] | None) -> Any:
+    a = ev[name]
+    return np.ascontiguousarray(a) if order is None else a[order]
+
+
+def _masked(values: Any, ok: npt.NDArray[np.bool_]) -> Any:
+    return pa.array(values) if bool(ok.all()) else pa.array(values, mask=~ok)
+
+
+def ioctls_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
+    """Decoded ioctl events as a record batch of the `ioctls` table."""
+    order = _order(ev["ts_ns"])
+
+    def col(name: str) -> Any:
+        return _col(ev, name, order)
+
+    valid = col("valid")
+    dev = col("device")
+    gpu = col("gpu_index")
+    nr = col("nr")
+    tid = col("tid")
+    keys = (dev.astype(np.uint64) << np.uint64(32)) | nr.astype(np.uint64)
+    kenc = pa.array(keys).dictionary_encode()
+    names = [command_name(k >> 32, k & 0xFFFFFFFF) for k in kenc.dictionary.to_pylist()]
+    cols: dict[str, Any] = {
+        "ts_ns": pa.array(col("ts_ns").view(np.int64)),
+        "pid": pa.array(col("pid").view(np.int32)),
+        "tid": pa.array(tid.view(np.int32)),
+        "comm": _comm(col("comm"), tid),
+        "device_code": pa.array(dev),
+        "device": _strings_from(dev, _DEVICE_NAMES),
+        "gpu_index": _masked(gpu, gpu >= 0),
+        "fd": pa.array(col("fd")),
+        "cmd": pa.array(col("cmd")),
+        "nr": pa.array(nr),
+        "name": pa.DictionaryArray.from_arrays(kenc.indices, pa.array(names, pa.string())),
+        "ret": pa.array(col("ret")),
+        "latency_ns": pa.array(col("latency_ns").view(np.int64)),
+    }
+    for name, bit in VALID_BITS.items():
+        ok = (valid & np.uint32(1 << bit)) != 0
+        if name == "gpu_uuid":
+            cols[name] = _uuid_strings(ev, order, ok)
+        elif not ok.any():
+            cols[name] = pa.nulls(len(ev), schema.IOCTLS.column(name).type)  # type: ignore[call-overload]
+        else:
+            cols[name] = _masked(col(name), ok)
+    return _batch(schema.IOCTLS, cols)
+
+
+_DEVICE_NAMES = schema.DEVICE_KINDS
+
+
+def mappings_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
+    order = _order(ev["ts_ns"])
+    if order is not None:
+        ev = ev[order]
+    op = ev["op"]
+    dev = ev["device"]
+    gpu = ev["gpu_index"]
+    ret = ev["ret"]
+    is_mmap = op == 1
+    ok = ~((ret < 0) & (ret > -4096))
+    managed = is_mmap & ok & (dev == DEV_UVM) & (ev["offset"] == ev["addr"])
+    cols: dict[str, Any] = {
+        "ts_ns": pa.array(ev["ts_ns"].astype(np.int64)),
+        "pid": pa.array(ev["pid"].astype(np.int32)),
+        "tid": pa.array(ev["tid"].astype(np.int32)),
+        "comm": _comm(ev["comm"], ev["tid"]),
+        "op_code": pa.array(op),
+        "op": _strings_from(op, schema.MAPPING_OPS),
+        "device_code": pa.array(dev),
+        "device": _strings_from(dev, _DEVICE_NAMES),
+        "gpu_index": pa.array(gpu, mask=gpu < 0),
+        "fd": pa.array(ev["fd"]),
+        "addr": pa.array(ev["addr"], mask=is_mmap & ~ok),
+        "length": pa.array(ev["length"]),
+        "offset": pa.array(ev["offset"], mask=~is_mmap),
+        "prot": pa.array(ev["prot"], mask=~is_mmap),
+        "flags": pa.array(ev["flags"], mask=~is_mmap),
+        "ret": pa.array(ret),
+        "managed": pa.array(managed),
+        "latency_ns": pa.array(ev["latency_ns"].astype(np.int64)),
+    }
+    return _batch(schema.MAPPINGS, cols)
+
+
+def _batch(t: schema.Table, cols: dict[str, Any]) -> pa.RecordBatch:
+    arrays = []
+    for c in t.columns:
+        a = cols[c.name]
+        if isinstance(a, pa.DictionaryArray):
+            a = a.cast(pa.string()) if c.type == pa.string() else a
+        arrays.append(a.cast(c.type) if a.type != c.type else a)
+    return pa.RecordBatch.from_arrays(arrays, schema=t.arrow_schema)

@@ -1,0 +1,211 @@
+"""Builds, loads and talks to the BPF programs. The only module importing bcc.
+
+bcc is not a pip dependency: it is the distribution's package (Debian/Ubuntu
+`python3-bpfcc`, RHEL `python3-bcc`), found at run time, if need be by adding
+the system dist-packages directory to `sys.path`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from gputrace.errors import GputraceError
+from gputrace.record import decode
+from gputrace.record.driver import DriverInfo, slot
+
+PROBES = Path(__file__).resolve().parent.parent.parent / "probes"
+MAIN = "syscalls.bpf.c"
+FLUSH_CMD = 0x47545246
+IOCTL_RB_PAGES = 16384  # 64 MiB: ~0.4 s of events at 1 M/s
+BUFFERS = ("ioctl_events", "mapping_events", "proc_events")
+_SYSTEM_DIST = "/usr/lib/python3/dist-packages"
+_INCLUDE_RE = re.compile(r'^#include "([\w.]+\.bpf\.h)"\s*$')
+
+
+def probe_source(probes: Path = PROBES) -> str:
+    """The BPF C text, with the `*.bpf.h` parts inlined (bcc only finds
+    TRACEPOINT_PROBEs in the main text); gputrace_events.h stays an include."""
+
+    def inline(name: str) -> str:
+        out = []
+        for line in (probes / name).read_text().splitlines(keepends=True):
+            m = _INCLUDE_RE.match(line)
+            out.append(inline(m.group(1)) if m else line)
+        return "".join(out)
+
+    return inline(MAIN)
+
+
+def cflags(driver: DriverInfo, hook_defines: Iterable[str], probes: Path = PROBES) -> list[str]:
+    """Compiler flags: include dir and validated -D defines (integers and names only)."""
+    flags = [f"-I{probes}", f"-DGT_IOCTL_RB_PAGES={IOCTL_RB_PAGES}"]
+    for name, value in sorted(driver.defines.items()):
+        if not re.fullmatch(r"GT_[A-Z0-9_]+", name) or not isinstance(value, int):
+            raise GputraceError(f"internal error: bad define {name}={value!r}")
+        flags.append(f"-D{name}={value}")
+    for d in hook_defines:
+        if not re.fullmatch(r"GT_HAVE_[A-Z0-9_]+", d):
+            raise GputraceError(f"internal error: bad define {d}")
+        flags.append(f"-D{d}")
+    return flags
+
+
+def import_bcc() -> Any:
+    """The bcc module, or a one-line error with the install hints."""
+    try:
+        import bcc
+    except ImportError:
+        if os.path.isdir(os.path.join(_SYSTEM_DIST, "bcc")) and _SYSTEM_DIST not in sys.path:
+            sys.path.append(_SYSTEM_DIST)
+            try:
+                import bcc
+            except ImportError as e:
+                raise GputraceError(f"bcc is installed but does not import: {e}") from None
+        else:
+            raise GputraceError(
+                "bcc (BPF Compiler Collection) Python module not found: install it with "
+                "`apt-get install python3-bpfcc` (Debian/Ubuntu) or "
+                "`dnf install python3-bcc` (RHEL/Fedora)"
+            ) from None
+    return bcc
+
+
+def check_headers() -> None:
+    """bcc compiles against the running kernel's headers; say so clearly if absent."""
+    rel = os.uname().release
+    build = Path("/lib/modules") / rel / "build"
+    if build.exists() or Path("/sys/kernel/kheaders.tar.xz").exists():
+        return
+    raise GputraceError(
+        f"kernel headers for {rel} not found (/lib/modules/{rel}/build): install "
+        f"linux-headers-{rel} (Debian/Ubuntu) or kernel-devel (RHEL), "
+        "or run scripts/setup-record.sh"
+    )
+
+
+class Probes:
+    """The loaded programs and their maps."""
+
+    def __init__(self, source: str, flags: list[str]) -> None:
+        bcc = import_bcc()
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        try:
+            self.bpf = bcc.BPF(text=source, cflags=[*flags, "-w"])
+        except Exception as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise GputraceError(f"loading the BPF probes failed: {first}") from None
+        self.raw: dict[str, list[bytes]] = {name: [] for name in BUFFERS}
+        self._callbacks = [self._collector(name) for name in BUFFERS]
+        for name, cb in zip(BUFFERS, self._callbacks, strict=True):
+            self.bpf[name].open_ring_buffer(cb)
+
+    def _collector(self, name: str) -> Any:
+        """A callback that only copies bytes (ioctl batches: without their header)."""
+        sink = self.raw[name]
+        string_at = ctypes.string_at
+        skip = decode.BATCH_HEADER if name == "ioctl_events" else 0
+
+        def cb(_ctx: Any, data: int, size: int) -> int:
+            sink.append(string_at(data + skip, size - skip))
+            return 0
+
+        return cb
+
+    def pending_bytes(self, name: str) -> int:
+        return sum(len(c) for c in self.raw[name])
+
+    @property
+    def attached(self) -> int:
+        return int(self.bpf.num_open_tracepoints())
+
+    # -- settings
+    def configure(self, *, self_tgid: int, filter_targets: bool, prefix: str) -> None:
+        raw = prefix.encode()
+        if b"\0" in raw or not 1 < len(raw) <= 200 or not raw.endswith(b"/"):
+            raise GputraceError(f"device dir {prefix!r} must be an absolute path of <= 200 bytes")
+        tbl = self.bpf["config"]
+        leaf = tbl.Leaf()
+        leaf.self_tgid = self_tgid
+        leaf.filter = 1 if filter_targets else 0
+        leaf.prefix_len = len(raw)
+        leaf.prefix = raw
+        tbl[ctypes.c_int(0)] = leaf
+
+    def set_uvm_layouts(self, driver: DriverInfo) -> None:
+        tbl = self.bpf["uvm_layouts"]
+        names = [f[0] for f in decode.UVM_LAYOUT_DTYPE.descr]
+        for lay in driver.layouts:
+            leaf = tbl.Leaf()
+            for name, value in zip(names, lay.as_tuple(), strict=True):
+                setattr(leaf, name, value)
+            tbl[ctypes.c_int(slot(lay.cmd))] = leaf
+
+    def add_targets(self, pids: Iterable[int]) -> None:
+        tbl = self.bpf["targets"]
+        for pid in pids:
+            tbl[ctypes.c_uint(pid)] = ctypes.c_ubyte(1)
+
+    def seed_fds(self, fds: dict[tuple[int, int], tuple[int, int]]) -> None:
+        tbl, seen = self.bpf["fds"], self.bpf["seen"]
+        for (pid, fd), (kind, gpu) in fds.items():
+            leaf = tbl.Leaf()
+            leaf.kind = kind
+            leaf.gpu = gpu
+            tbl[ctypes.c_ulonglong((pid << 32) | fd)] = leaf
+            seen[ctypes.c_uint(pid)] = ctypes.c_ubyte(1)
+
+    def forget_tgids(self, tgids: set[int]) -> None:
+        """Drop fd entries of exited processes (beyond the fds BPF scans itself)."""
+        if not tgids:
+            return
+        tbl = self.bpf["fds"]
+        stale = [k for k in tbl if (k.value >> 32) in tgids]
+        for k in stale:
+            with contextlib.suppress(KeyError):
+                del tbl[k]
+
+    # -- data
+    def consume(self) -> None:
+        self.bpf.ring_buffer_consume()
+
+    def flush_staging(self) -> None:
+        """Make each CPU's probe submit its partial batch (our own trigger ioctl)."""
+        cpus = sorted(os.sched_getaffinity(0))
+        try:
+            for cpu in cpus:
+                os.sched_setaffinity(0, {cpu})
+                self._libc.ioctl(-1, ctypes.c_ulong(FLUSH_CMD), 0)
+        finally:
+            os.sched_setaffinity(0, set(cpus))
+
+    def leftover_staging(self) -> bytes:
+        """Partial batches still staged (CPUs we may not run on); call after stop."""
+        out = []
+        for per_cpu in self.bpf["ioctl_staging"][ctypes.c_int(0)]:
+            raw = bytes(per_cpu)
+            count = int.from_bytes(raw[:4], "little")
+            if count:
+                out.append(raw[: decode.BATCH_HEADER + count * decode.IOCTL_DTYPE.itemsize])
+        return b"".join(out)
+
+    def drops(self) -> dict[str, int]:
+        tbl = self.bpf["drops"]
+        return {
+            name: int(sum(tbl[ctypes.c_int(i)])) for i, name in enumerate(BUFFERS)
+        }
+
+    def take(self, name: str) -> bytes:
+        chunks = self.raw[name]
+        data = b"".join(chunks)
+        chunks.clear()
+        return data
+
+    def close(self) -> None:
+        self.bpf.cleanup()

@@ -1,0 +1,168 @@
+/* Event structs shared by the BPF programs and gputrace/record/decode.py.
+ *
+ * Every field is naturally aligned and every hole is an explicit _pad field,
+ * so the layout is the same for clang -target bpf and for host gcc;
+ * tests/test_event_structs.py compiles this header with gcc and checks each
+ * offsetof/sizeof against the numpy dtypes. Units are in the field names.
+ */
+#ifndef GPUTRACE_EVENTS_H
+#define GPUTRACE_EVENTS_H
+
+#ifdef GT_USERSPACE /* host compilers (the struct test); bcc has the kernel types */
+#include <stdint.h>
+typedef uint8_t u8;
+typedef int16_t s16;
+typedef uint16_t u16;
+typedef int32_t s32;
+typedef uint32_t u32;
+typedef int64_t s64;
+typedef uint64_t u64;
+#endif
+
+/* Device kinds: the codes of gputrace.schema.DEVICE_KINDS. */
+#define GT_DEV_CTL 1
+#define GT_DEV_GPU 2
+#define GT_DEV_UVM 3
+#define GT_DEV_UVM_TOOLS 4
+
+/* ioctl_event.valid: which nullable fields hold a value. */
+#define GT_V_STATUS (1u << 0)
+#define GT_V_H_CLIENT (1u << 1)
+#define GT_V_H_PARENT (1u << 2)
+#define GT_V_H_OBJECT (1u << 3)
+#define GT_V_H_CLASS (1u << 4)
+#define GT_V_SIZE (1u << 5)
+#define GT_V_VA_BASE (1u << 6)
+#define GT_V_VA_LENGTH (1u << 7)
+#define GT_V_OFFSET (1u << 8)
+#define GT_V_ALIGNMENT (1u << 9)
+#define GT_V_FLAGS (1u << 10)
+#define GT_V_ATTR (1u << 11)
+#define GT_V_ATTR2 (1u << 12)
+#define GT_V_CTRL_CMD (1u << 13)
+#define GT_V_REF_FD (1u << 14)
+#define GT_V_UUID (1u << 15)
+
+/* One decoded ioctl on a tracked NVIDIA fd (168 bytes). */
+struct ioctl_event {
+    u64 ts_ns;          /* CLOCK_MONOTONIC at syscall entry */
+    u64 latency_ns;     /* entry to exit */
+    s64 ret;            /* syscall return value */
+    u64 size_bytes;
+    u64 va_base;
+    u64 va_length;
+    u64 offset;
+    u64 alignment;
+    u32 pid;            /* tgid */
+    u32 tid;
+    s32 fd;
+    u32 cmd;            /* raw request number */
+    u32 nr;             /* RM escape (XFER unwrapped) or UVM command */
+    u32 status;         /* NV_STATUS / rmStatus */
+    u32 h_client;
+    u32 h_parent;
+    u32 h_object;
+    u32 h_class;
+    u32 flags;
+    u32 attr;
+    u32 attr2;
+    u32 ctrl_cmd;
+    s32 ref_fd;
+    u32 valid;          /* GT_V_* bits */
+    u8 uuid[16];
+    char comm[16];
+    u8 device;          /* GT_DEV_* */
+    u8 _pad0;
+    s16 gpu_index;      /* N of nvidiaN, -1 otherwise */
+    u32 _pad1;
+};
+
+/* Per-CPU staging: many ioctl events per ring-buffer record. */
+#ifndef GT_STAGE_EVENTS
+#define GT_STAGE_EVENTS 64
+#endif
+struct ioctl_batch {
+    u32 count;
+    u32 _pad0;
+    struct ioctl_event ev[GT_STAGE_EVENTS];
+};
+
+#define GT_MAP_MMAP 1
+#define GT_MAP_MUNMAP 2
+
+/* mmap/munmap of an NVIDIA device file (88 bytes). */
+struct mapping_event {
+    u64 ts_ns;
+    u64 latency_ns;
+    u64 addr;           /* mmap: returned address (0 on error); munmap: argument */
+    u64 length;
+    u64 offset;
+    s64 ret;
+    u32 pid;
+    u32 tid;
+    u32 prot;
+    u32 flags;
+    s32 fd;             /* -1 for munmap */
+    u8 op;              /* GT_MAP_* */
+    u8 device;
+    s16 gpu_index;
+    char comm[16];
+};
+
+#define GT_PROC_FORK 1
+#define GT_PROC_EXEC 2
+#define GT_PROC_EXIT 3
+#define GT_PROC_SEEN 4  /* first NVIDIA device open by a process (host mode) */
+
+/* Process lifecycle of targets and of processes seen on NVIDIA devices (48 bytes). */
+struct proc_event {
+    u64 ts_ns;
+    u32 kind;           /* GT_PROC_* */
+    u32 pid;            /* the process (child for fork) */
+    u32 ppid;           /* parent (fork), 0 otherwise */
+    s32 exit_code;      /* wait(2) status for exit, -1 when unknown */
+    u32 tid;
+    u32 _pad0;
+    char comm[16];
+};
+
+/* Drop counters: index of each ring buffer in the per-CPU `drops` array. */
+#define GT_BUF_IOCTL 0
+#define GT_BUF_MAPPING 1
+#define GT_BUF_PROC 2
+#define GT_NBUF 3
+
+/* Settings written by the loader into the `config` array (validated first). */
+#define GT_PREFIX_MAX 256
+struct gt_config {
+    u32 self_tgid;      /* the recorder: its flush trigger is honoured */
+    u32 filter;         /* 0 = whole host, 1 = only tgids in `targets` */
+    u32 prefix_len;     /* length of prefix, including the trailing '/' */
+    u32 _pad0;
+    char prefix[GT_PREFIX_MAX];  /* device dir, absolute, ending in '/' */
+};
+
+/* UVM parameter layout for one command (offsets in bytes, GT_NOFF = absent). */
+#define GT_NOFF 0xffff
+struct uvm_layout {
+    u16 status;
+    u16 base;
+    u16 length;
+    u16 offset;
+    u16 uuid;
+    u16 ref_fd;
+    u16 h_client;
+    u16 h_object;
+    u16 flags;
+    u8 flags_size;      /* 1, 4 or 8 */
+    u8 known;           /* 1 when the command is decoded */
+};
+#define GT_UVM_SLOTS 128
+#define GT_UVM_SLOT_INITIALIZE 126
+#define GT_UVM_SLOT_DEINITIALIZE 127
+
+/* The recorder's own ioctl(-1, GT_FLUSH_CMD) makes the probe submit the
+ * current CPU's partially filled staging batch. */
+#define GT_FLUSH_CMD 0x47545246u
+
+#endif

@@ -1,0 +1,142 @@
+/* ioctls on tracked NVIDIA fds: RM escapes (nvidiactl, nvidiaN) and UVM
+ * commands (nvidia-uvm, nvidia-uvm-tools), decoded at syscall exit from the
+ * saved argument pointer, staged per CPU and submitted many per record.
+ * Layouts: nvidia-driver-facts.md §1.3-1.4 (UVM, via `uvm_layouts`) and
+ * §2.2-2.4 (RM, sizes taken from the request number). */
+
+struct pending_ioctl {
+    u64 ts_ns;
+    u64 arg;
+    s32 fd;
+    u32 cmd;
+    struct fdval v;
+};
+BPF_HASH(pending_ioctls, u32, struct pending_ioctl, 16384);
+
+#define W32(o) (w[(o) / 4])
+#define W64(o) ((u64)w[(o) / 4] | ((u64)w[(o) / 4 + 1] << 32))
+#define SET(field, bit, val) do { e->field = (val); e->valid |= (bit); } while (0)
+#define RD(n) (size >= (n) && bpf_probe_read_user(w, (n), (void *)p) == 0)
+
+static __always_inline void stage_submit(struct ioctl_batch *st)
+{
+    u32 n = st->count;
+    if (n == 0)
+        return;
+    if (n > GT_STAGE_EVENTS)
+        n = GT_STAGE_EVENTS;
+    u64 size = 8 + (u64)n * sizeof(struct ioctl_event);
+    if (ioctl_events.ringbuf_output(st, size, BPF_RB_NO_WAKEUP) != 0)
+        count_drop(GT_BUF_IOCTL, n);
+    st->count = 0;
+}
+
+#include "nv_rm.bpf.h"
+
+/* UVM commands carry no size: offsets come from `uvm_layouts` (driver.py). */
+static __always_inline void uvm_decode(struct ioctl_event *e, u32 cmd, u64 p)
+{
+    u32 slot = cmd;
+    if (cmd == 0x30000001)
+        slot = GT_UVM_SLOT_INITIALIZE;
+    else if (cmd == 0x30000002)
+        slot = GT_UVM_SLOT_DEINITIALIZE;
+    else if (cmd >= GT_UVM_SLOT_INITIALIZE)
+        return;
+    struct uvm_layout *l = uvm_layouts.lookup(&slot);
+    if (!l || !l->known)
+        return;
+    u64 v = 0;
+    u8 *b = (u8 *)p;
+    if (l->status != GT_NOFF && !bpf_probe_read_user(&v, 4, b + l->status))
+        SET(status, GT_V_STATUS, (u32)v);
+    if (l->base != GT_NOFF && !bpf_probe_read_user(&v, 8, b + l->base))
+        SET(va_base, GT_V_VA_BASE, v);
+    if (l->length != GT_NOFF && !bpf_probe_read_user(&v, 8, b + l->length))
+        SET(va_length, GT_V_VA_LENGTH, v);
+    if (l->offset != GT_NOFF && !bpf_probe_read_user(&v, 8, b + l->offset))
+        SET(offset, GT_V_OFFSET, v);
+    v = 0;
+    if (l->ref_fd != GT_NOFF && !bpf_probe_read_user(&v, 4, b + l->ref_fd))
+        SET(ref_fd, GT_V_REF_FD, (s32)v);
+    if (l->h_client != GT_NOFF && !bpf_probe_read_user(&v, 4, b + l->h_client))
+        SET(h_client, GT_V_H_CLIENT, (u32)v);
+    if (l->h_object != GT_NOFF && !bpf_probe_read_user(&v, 4, b + l->h_object))
+        SET(h_object, GT_V_H_OBJECT, (u32)v);
+    v = 0;
+    if (l->flags != GT_NOFF) {
+        int r = l->flags_size == 1   ? bpf_probe_read_user(&v, 1, b + l->flags)
+                : l->flags_size == 8 ? bpf_probe_read_user(&v, 8, b + l->flags)
+                                     : bpf_probe_read_user(&v, 4, b + l->flags);
+        if (!r)
+            SET(flags, GT_V_FLAGS, (u32)v);
+    }
+    if (l->uuid != GT_NOFF && !bpf_probe_read_user(e->uuid, 16, b + l->uuid))
+        e->valid |= GT_V_UUID;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    u32 zero = 0;
+    if ((u32)args->cmd == GT_FLUSH_CMD) {
+        struct gt_config *cfg = config.lookup(&zero);
+        struct ioctl_batch *st = ioctl_staging.lookup(&zero);
+        if (cfg && st && tgid == cfg->self_tgid)
+            stage_submit(st);
+        return 0;
+    }
+    u64 k = fdkey(tgid, (s32)args->fd);
+    struct fdval *v = fds.lookup(&k);
+    if (!v)
+        return 0;
+    struct pending_ioctl p = {};
+    p.ts_ns = bpf_ktime_get_ns();
+    p.arg = args->arg;
+    p.fd = (s32)args->fd;
+    p.cmd = (u32)args->cmd;
+    p.v = *v;
+    pending_ioctls.update(&tid, &p);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id, zero = 0;
+    struct pending_ioctl *pp = pending_ioctls.lookup(&tid);
+    if (!pp)
+        return 0;
+    struct pending_ioctl p = *pp;
+    pending_ioctls.delete(&tid);
+    struct ioctl_batch *st = ioctl_staging.lookup(&zero);
+    if (!st)
+        return 0;
+    u32 n = st->count;
+    if (n >= GT_STAGE_EVENTS) {
+        count_drop(GT_BUF_IOCTL, 1);
+        return 0;
+    }
+    struct ioctl_event *e = &st->ev[n];
+    __builtin_memset(e, 0, sizeof(*e));
+    e->ts_ns = p.ts_ns;
+    e->latency_ns = bpf_ktime_get_ns() - p.ts_ns;
+    e->ret = args->ret;
+    e->pid = id >> 32;
+    e->tid = tid;
+    e->fd = p.fd;
+    e->cmd = p.cmd;
+    e->nr = p.cmd;
+    e->device = p.v.kind;
+    e->gpu_index = p.v.gpu;
+    bpf_get_current_comm(&e->comm, sizeof(e->comm));
+    if (p.v.kind == GT_DEV_UVM || p.v.kind == GT_DEV_UVM_TOOLS)
+        uvm_decode(e, p.cmd, p.arg);
+    else
+        rm_decode(e, p.cmd, p.arg);
+    st->count = n + 1;
+    if (n + 1 >= GT_STAGE_EVENTS)
+        stage_submit(st);
+    return 0;
+}

@@ -1,0 +1,248 @@
+/* close/dup of NVIDIA fds, their mmap/munmap, and the process lifecycle
+ * (fork, exec, exit).
+ * Included by syscalls.bpf.c after its maps. */
+
+/* ------------------------------------------------------- close / dup */
+TRACEPOINT_PROBE(syscalls, sys_enter_close)
+{
+    u64 k = fdkey(bpf_get_current_pid_tgid() >> 32, (s32)args->fd);
+    fds.delete(&k);
+    return 0;
+}
+
+static __always_inline int dup_enter(s32 oldfd)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    pending_dups.update(&tid, &oldfd);
+    return 0;
+}
+
+static __always_inline int dup_exit(long ret)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    s32 *old = pending_dups.lookup(&tid);
+    if (!old)
+        return 0;
+    u64 ko = fdkey(tgid, *old), kn = fdkey(tgid, (s32)ret);
+    pending_dups.delete(&tid);
+    if (ret < 0 || ko == kn)
+        return 0;
+    struct fdval *v = fds.lookup(&ko);
+    if (v) {
+        struct fdval c = *v;
+        fds.update(&kn, &c);
+    } else {
+        fds.delete(&kn); /* dup2/dup3 closed a tracked newfd */
+    }
+    return 0;
+}
+
+#ifdef GT_HAVE_SYS_ENTER_DUP
+TRACEPOINT_PROBE(syscalls, sys_enter_dup) { return dup_enter(args->fildes); }
+TRACEPOINT_PROBE(syscalls, sys_exit_dup) { return dup_exit(args->ret); }
+#endif
+#ifdef GT_HAVE_SYS_ENTER_DUP2
+TRACEPOINT_PROBE(syscalls, sys_enter_dup2) { return dup_enter(args->oldfd); }
+TRACEPOINT_PROBE(syscalls, sys_exit_dup2) { return dup_exit(args->ret); }
+#endif
+#ifdef GT_HAVE_SYS_ENTER_DUP3
+TRACEPOINT_PROBE(syscalls, sys_enter_dup3) { return dup_enter(args->oldfd); }
+TRACEPOINT_PROBE(syscalls, sys_exit_dup3) { return dup_exit(args->ret); }
+#endif
+
+#ifdef GT_HAVE_SYS_ENTER_FCNTL /* F_DUPFD (0), F_DUPFD_CLOEXEC (1030) */
+TRACEPOINT_PROBE(syscalls, sys_enter_fcntl)
+{
+    return (args->cmd == 0 || args->cmd == 1030) ? dup_enter(args->fd) : 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_fcntl) { return dup_exit(args->ret); }
+#endif
+
+/* ------------------------------------------------------- mmap / munmap */
+static __always_inline void emit_mapping(struct pending_mmap *p, u8 op, u64 addr, long ret,
+                                         s32 fd)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct mapping_event e = {};
+    e.ts_ns = p->ts_ns;
+    e.latency_ns = bpf_ktime_get_ns() - p->ts_ns;
+    e.addr = addr;
+    e.length = p->length;
+    e.offset = p->offset;
+    e.ret = ret;
+    e.pid = id >> 32;
+    e.tid = (u32)id;
+    e.prot = p->prot;
+    e.flags = p->flags;
+    e.fd = fd;
+    e.op = op;
+    e.device = p->v.kind;
+    e.gpu_index = p->v.gpu;
+    bpf_get_current_comm(&e.comm, sizeof(e.comm));
+    if (mapping_events.ringbuf_output(&e, sizeof(e), BPF_RB_NO_WAKEUP) != 0)
+        count_drop(GT_BUF_MAPPING, 1);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    u64 k = fdkey(id >> 32, (s32)args->fd);
+    struct fdval *v = fds.lookup(&k);
+    if (!v)
+        return 0;
+    struct pending_mmap p = {};
+    p.ts_ns = bpf_ktime_get_ns();
+    p.addr = args->addr;
+    p.length = args->len;
+    p.offset = args->off;
+    p.prot = args->prot;
+    p.flags = args->flags;
+    p.fd = (s32)args->fd;
+    p.v = *v;
+    pending_mmaps.update(&tid, &p);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    struct pending_mmap *pp = pending_mmaps.lookup(&tid);
+    if (!pp)
+        return 0;
+    struct pending_mmap p = *pp;
+    pending_mmaps.delete(&tid);
+    long ret = args->ret;
+    int ok = !(ret < 0 && ret > -4096);
+    emit_mapping(&p, GT_MAP_MMAP, ok ? (u64)ret : 0, ret, p.fd);
+    if (ok) {
+        struct mkey k = {.tgid = id >> 32, .addr = (u64)ret};
+        p.addr = (u64)ret;
+        maps.update(&k, &p);
+    }
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    struct mkey k = {.tgid = id >> 32, .addr = args->addr};
+    struct pending_mmap *m = maps.lookup(&k);
+    if (!m || m->addr != args->addr)
+        return 0;
+    struct pending_mmap p = *m;
+    p.ts_ns = bpf_ktime_get_ns();
+    p.length = args->len;
+    p.offset = 0;
+    pending_mmaps.update(&tid, &p);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_munmap)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    struct pending_mmap *pp = pending_mmaps.lookup(&tid);
+    if (!pp)
+        return 0;
+    struct pending_mmap p = *pp;
+    pending_mmaps.delete(&tid);
+    emit_mapping(&p, GT_MAP_MUNMAP, p.addr, args->ret, -1);
+    if (args->ret == 0) {
+        struct mkey k = {.tgid = id >> 32, .addr = p.addr};
+        maps.delete(&k);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------ process lifecycle */
+TRACEPOINT_PROBE(sched, sched_process_fork)
+{
+    u32 zero = 0;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    u32 child = args->child_pid;
+    struct gt_config *cfg = config.lookup(&zero);
+    if (!cfg)
+        return 0;
+    if (cfg->filter && targets.lookup(&tgid)) {
+        u8 one = 1;
+        targets.update(&child, &one);
+        emit_proc(GT_PROC_FORK, child, tgid, -1);
+    } else if (!cfg->filter && seen.lookup(&tgid)) {
+        emit_proc(GT_PROC_FORK, child, tgid, -1);
+    }
+    if (!seen.lookup(&tgid))
+        return 0;
+    /* The child inherits the parent's fds (threads share them: harmless). */
+    u8 one = 1;
+    seen.update(&child, &one);
+    for (s32 fd = 0; fd < GT_FD_SCAN; fd++) {
+        u64 kp = fdkey(tgid, fd);
+        struct fdval *v = fds.lookup(&kp);
+        if (v) {
+            struct fdval c = *v;
+            u64 kc = fdkey(child, fd);
+            fds.update(&kc, &c);
+        }
+    }
+    return 0;
+}
+
+#ifdef GT_HAVE_SCHED_PROCESS_EXEC
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+    u32 zero = 0;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct gt_config *cfg = config.lookup(&zero);
+    if (cfg && relevant(tgid, cfg))
+        emit_proc(GT_PROC_EXEC, tgid, 0, -1);
+    return 0;
+}
+#endif
+
+#ifdef GT_HAVE_SYS_ENTER_EXIT_GROUP
+TRACEPOINT_PROBE(syscalls, sys_enter_exit_group)
+{
+    u32 zero = 0;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct gt_config *cfg = config.lookup(&zero);
+    if (!cfg || !relevant(tgid, cfg))
+        return 0;
+    s32 code = (args->error_code & 0xff) << 8; /* as wait(2) reports it */
+    exit_codes.update(&tgid, &code);
+    return 0;
+}
+#endif
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    u32 zero = 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    struct gt_config *cfg = config.lookup(&zero);
+    if (!cfg || tid != tgid) /* the leader's exit stands for the process */
+        return 0;
+    int was_seen = 0;
+    if (seen.lookup(&tgid))
+        was_seen = 1;
+    if (!relevant(tgid, cfg) && !was_seen)
+        return 0;
+    s32 code = -1;
+    s32 *c = exit_codes.lookup(&tgid);
+    if (c)
+        code = *c;
+    emit_proc(GT_PROC_EXIT, tgid, 0, code);
+    exit_codes.delete(&tgid);
+    targets.delete(&tgid);
+    seen.delete(&tgid);
+    if (!was_seen)
+        return 0;
+    for (s32 fd = 0; fd < GT_FD_SCAN; fd++) {
+        u64 k = fdkey(tgid, fd);
+        fds.delete(&k);
+    }
+    return 0;
+}

@@ -1,0 +1,74 @@
+"""Helpers for the live `gputrace record` tests: skip reasons and a recorder
+subprocess that is waited on through its ready line, never through sleeps."""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from gputrace.errors import GputraceError
+
+ROOT = Path(__file__).resolve().parent.parent
+READY = "gputrace: recording ("
+
+
+def live_skip_reason() -> str | None:
+    """Why live recording cannot run here (None when it can)."""
+    if os.geteuid() != 0:
+        return "live recording needs root"
+    from gputrace.record import loader
+
+    try:
+        loader.import_bcc()
+        loader.check_headers()
+    except GputraceError as e:
+        return f"{e} (run scripts/setup-record.sh)"
+    from tests.standin.standin import skip_reason
+
+    return skip_reason()
+
+
+def record_cmd(out: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "gputrace.cli", "record", "-o", str(out), *args]
+
+
+class RecorderProc:
+    """`gputrace record` in the background; `wait_ready` blocks on its ready line."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr: list[str] = []
+        self._t = threading.Thread(target=self._pump, daemon=True)
+        self._t.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        while True:
+            try:
+                line = self.lines.get(timeout=timeout)
+            except queue.Empty:
+                self.proc.kill()
+                raise AssertionError(f"recorder not ready in {timeout}s") from None
+            if line is None:
+                raise AssertionError(f"recorder exited early: {''.join(self.stderr)}")
+            if line.startswith(READY):
+                return
+
+    def wait(self, timeout: float = 60.0) -> int:
+        rc = self.proc.wait(timeout=timeout)
+        self._t.join(timeout=timeout)
+        return rc

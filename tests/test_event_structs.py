@@ -1,0 +1,94 @@
+"""The C event structs (probes/gputrace_events.h) and their numpy mirrors agree:
+gcc prints every sizeof/offsetof, the test compares with the dtypes."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gputrace.record import decode
+
+HEADER = Path(__file__).resolve().parent.parent / "probes" / "gputrace_events.h"
+
+STRUCTS = {
+    "ioctl_event": decode.IOCTL_DTYPE,
+    "mapping_event": decode.MAPPING_DTYPE,
+    "proc_event": decode.PROC_DTYPE,
+    "gt_config": decode.CONFIG_DTYPE,
+    "uvm_layout": decode.UVM_LAYOUT_DTYPE,
+}
+
+
+def _c_layout(tmp_path: Path) -> dict[str, int]:
+    lines = [
+        "#include <stdio.h>",
+        "#include <stddef.h>",
+        f'#include "{HEADER}"',
+        "int main(void) {",
+    ]
+    for struct, dt in STRUCTS.items():
+        lines.append(f'printf("{struct} %zu\\n", sizeof(struct {struct}));')
+        for name in dt.names or ():
+            lines.append(f'printf("{struct}.{name} %zu\\n", offsetof(struct {struct}, {name}));')
+    lines.append('printf("ioctl_batch %zu\\n", sizeof(struct ioctl_batch));')
+    lines.append('printf("ioctl_batch.ev %zu\\n", offsetof(struct ioctl_batch, ev));')
+    lines.append("return 0; }")
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "layout"
+    subprocess.run(["gcc", "-DGT_USERSPACE", "-Wall", "-Werror", "-o", str(exe), str(src)],
+                   check=True, capture_output=True)  # fmt: skip
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    return {k: int(v) for k, v in (ln.split() for ln in out.splitlines())}
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
+def test_struct_layouts_match_numpy(tmp_path: Path) -> None:
+    c = _c_layout(tmp_path)
+    for struct, dt in STRUCTS.items():
+        assert c[struct] == dt.itemsize, struct
+        fields = dt.fields or {}
+        for name in dt.names or ():
+            assert c[f"{struct}.{name}"] == fields[name][1], f"{struct}.{name}"
+    assert c["ioctl_batch.ev"] == decode.BATCH_HEADER
+    assert (
+        c["ioctl_batch"] == decode.BATCH_HEADER + decode.STAGE_EVENTS * decode.IOCTL_DTYPE.itemsize
+    )
+
+
+def test_valid_bits_match_header() -> None:
+    text = HEADER.read_text()
+    for name, bit in decode.VALID_BITS.items():
+        macro = "GT_V_" + ("UUID" if name == "gpu_uuid" else
+                           "SIZE" if name == "size_bytes" else name.upper())  # fmt: skip
+        assert f"#define {macro} (1u << {bit})" in text, macro
+
+
+def test_decode_batches_roundtrip() -> None:
+    ev = np.zeros(3, decode.IOCTL_DTYPE)
+    ev["ts_ns"] = [30, 10, 20]
+    ev["pid"] = ev["tid"] = 7
+    ev["comm"] = b"work"
+    ev["device"] = [1, 1, 3]
+    ev["gpu_index"] = -1
+    ev["nr"] = [0x2B, 0x29, 34]
+    ev["size_bytes"] = [4096, 0, 0]
+    ev["valid"] = [1 << 5 | 1, 1, 1]
+    ev["status"] = [0x51, 0, 0]
+    raw = b""
+    for chunk in (ev[:2], ev[2:]):
+        raw += len(chunk).to_bytes(4, "little") + b"\0" * 4 + chunk.tobytes()
+    got = decode.ioctl_events_from_batches(raw)
+    assert len(got) == 3
+    b = decode.ioctls_batch(got).to_pydict()
+    assert b["ts_ns"] == [10, 20, 30]
+    assert b["name"] == ["RM_FREE", "UVM_FREE", "RM_ALLOC"]
+    assert b["size_bytes"] == [None, None, 4096]
+    assert b["status"] == [0, 0, 0x51]
+    assert b["device"] == ["ctl", "uvm", "ctl"]
+    assert b["gpu_index"] == [None, None, None]
+    assert b["comm"] == ["work"] * 3

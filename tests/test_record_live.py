@@ -1,0 +1,184 @@
+"""Live recordings of the stand-in NVIDIA driver with real BPF probes (root)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from gputrace.tracedir import open_trace
+from tests.record_helpers import ROOT, RecorderProc, live_skip_reason, record_cmd
+
+pytestmark = [pytest.mark.live]
+_SKIP = live_skip_reason()
+if _SKIP is not None:
+    pytestmark.append(pytest.mark.skip(reason=_SKIP))
+
+DRIVER = ["--driver-version", "580.142"]  # the stand-in answers with 580 layouts
+
+
+def _expected() -> dict[str, Any]:
+    from tests.standin.standin import load_expected_json
+
+    return load_expected_json()
+
+
+def _counts(ioctls: pl.DataFrame) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for dev, name, n in ioctls.group_by("device", "name").len().iter_rows():
+        out.setdefault(dev, {})[name] = n
+    return out
+
+
+def _minus(a: dict[str, dict[str, int]], b: dict[str, dict[str, int]]) -> dict[str, Any]:
+    out = {d: dict(Counter(v) - Counter(b.get(d, {}))) for d, v in a.items()}
+    return {d: v for d, v in out.items() if v}
+
+
+def test_record_command_exact(tmp_path: Path) -> None:
+    from tests.standin.standin import build, mounted_driver
+
+    exp = _expected()
+    wl = build().workload
+    out = tmp_path / "trace"
+    with mounted_driver(tmp_path, budget=1 << 30) as dev:
+        r = subprocess.run(
+            record_cmd(out, "--device-dir", str(dev), *DRIVER, "--", str(wl), str(dev)),
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "DONE" in r.stdout
+    t = open_trace(out)
+    assert t.status == "complete"
+    assert t.layers == ["syscall"]
+    assert sum(t.drops.values()) == 0
+    assert t.manifest["target"]["mode"] == "command"
+    ioctls = t.scan("ioctls").collect()
+    assert _counts(ioctls) == exp["ioctls_by_device"]
+    assert ioctls.height == exp["ioctls_total"]
+    # one process, the workload, with its exit
+    procs = t.scan("processes").collect()
+    assert procs.height == 1
+    pid = procs["pid"][0]
+    assert set(ioctls["pid"].to_list()) == {pid}
+    assert procs["exit_code"][0] == 0 and procs["exit_ts_ns"][0] is not None
+    assert procs["comm"][0] == "workload"
+    # raw request words
+    words = exp["cmd_words"]
+    for name, cmd in ioctls.select("name", "cmd").unique().iter_rows():
+        assert cmd in (words[name], words.get(name + "_NVOS21")), name
+    assert (ioctls.filter(pl.col("cmd") == words["RM_ALLOC_NVOS21"]).height
+            == exp["rm_alloc_structs"]["NVOS21"])  # fmt: skip
+    # memory allocations: handle, class, size, status
+    allocs = ioctls.filter(pl.col("name").is_in(["RM_ALLOC", "RM_ALLOC_MEMORY"]))
+    by_handle = {row["h_object"]: row for row in allocs.iter_rows(named=True)}
+    for m in exp["memory_allocations"]:
+        if m["ioctl"] == "RM_DUP_OBJECT":
+            dup = ioctls.filter(pl.col("name") == "RM_DUP_OBJECT").row(0, named=True)
+            assert dup["h_object"] == m["handle"] and dup["status"] == 0
+            continue
+        row = by_handle[m["handle"]]
+        assert (row["name"], row["h_class"], row["size_bytes"], row["status"]) == (
+            m["ioctl"], m["class"], m["size"], m["status"]), m  # fmt: skip
+    failed = ioctls.filter(pl.col("status") == exp["failing_status"])
+    assert failed.height == exp["failing_allocations"] and failed["name"][0] == "RM_ALLOC"
+    # handles of the object tree
+    h = exp["handles"]
+    for cls, key in ((128, "device"), (8320, "subdevice"), (37105, "vaspace")):
+        assert by_handle[h[key]]["h_class"] == cls
+    mm = ioctls.filter(pl.col("name") == "UVM_MM_INITIALIZE")
+    assert mm["status"].to_list() == [exp["uvm_mm_initialize_status"]]
+    ext = exp["uvm_external_ranges"][0]
+    mea = ioctls.filter(pl.col("name") == "UVM_MAP_EXTERNAL_ALLOCATION").row(0, named=True)
+    assert (mea["va_base"], mea["va_length"], mea["h_object"]) == (
+        ext["base"], ext["length"], ext["hMemory"])  # fmt: skip
+    assert ioctls.filter(pl.col("device") == "uvm")["status"].is_not_null().all()
+    ctrl = ioctls.filter(pl.col("name") == "RM_CONTROL").sort("ts_ns")
+    assert ctrl["ctrl_cmd"].to_list() == [c["cmd"] for c in exp["rm_controls"]]
+    # mappings: the managed range and the gpu mapping
+    maps = t.scan("mappings").collect()
+    managed = maps.filter(pl.col("managed"))
+    mexp = exp["managed_mmap"]
+    assert managed.select("addr", "length", "offset").row(0) == (
+        mexp["address"], mexp["length"], mexp["offset"])  # fmt: skip
+    gpu_mmaps = maps.filter((pl.col("op") == "mmap") & (pl.col("device") == "gpu"))
+    assert gpu_mmaps.height == exp["gpu_mmaps"]["count"]
+    assert gpu_mmaps["length"][0] == exp["gpu_mmaps"]["length"]
+    # the trace is private to its owner
+    assert (out.stat().st_mode & 0o777) == 0o700
+    for p in out.rglob("*"):
+        assert (p.stat().st_mode & 0o077) == 0, p
+
+
+def test_record_attach_pid_seeds_open_fds(tmp_path: Path) -> None:
+    from tests.standin.standin import mounted_driver, waiting_workload
+
+    exp = _expected()
+    out = tmp_path / "trace"
+    with mounted_driver(tmp_path, budget=1 << 30) as dev, waiting_workload(dev) as wl:
+        rec = RecorderProc(record_cmd(out, "-p", str(wl.pid), "--device-dir", str(dev), *DRIVER))
+        rec.wait_ready()
+        rc, _stdout, err = wl.go()
+        assert rc == 0, err
+        assert rec.wait(timeout=60) == 0, "".join(rec.stderr)
+    t = open_trace(out)
+    assert t.status == "complete" and sum(t.drops.values()) == 0
+    assert t.manifest["target"] == {"mode": "pids", "pids": [wl.pid]}
+    ioctls = t.scan("ioctls").collect()
+    want = _minus(exp["ioctls_by_device"], exp["ioctls_before_ready"])
+    assert _counts(ioctls) == want
+    assert set(ioctls["pid"].to_list()) == {wl.pid}
+    # the dup'ed fd was open before attaching as well
+    assert ioctls.filter(pl.col("name") == "RM_CONTROL").height == exp["ioctls"]["RM_CONTROL"]
+    procs = t.scan("processes").collect()
+    assert procs["pid"].to_list() == [wl.pid]
+    assert procs["start_ts_ns"][0] is None and procs["exit_ts_ns"][0] is not None
+
+
+def test_record_sigkill_leaves_readable_trace(tmp_path: Path) -> None:
+    from tests.standin.standin import mounted_driver, run_workload
+
+    out = tmp_path / "trace"
+    with mounted_driver(tmp_path, budget=1 << 30) as dev:
+        rec = RecorderProc(record_cmd(out, "--device-dir", str(dev), *DRIVER, "-d", "120"))
+        rec.wait_ready()
+        run_workload(dev)
+        deadline = time.monotonic() + 30
+        while not list((out / "ioctls").glob("part-*.parquet")):
+            assert time.monotonic() < deadline, "no part written within 30 s"
+            time.sleep(0.05)  # polling a condition with a deadline
+        rec.proc.send_signal(signal.SIGKILL)
+        rec.wait(timeout=30)
+    r = subprocess.run([sys.executable, "-m", "gputrace.cli", "info", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["status"] == "recording"
+    assert info["rows"]["ioctls"] >= _expected()["ioctls_total"]
+
+
+def test_record_sigint_completes(tmp_path: Path) -> None:
+    from tests.standin.standin import mounted_driver, run_workload
+
+    out = tmp_path / "trace"
+    with mounted_driver(tmp_path, budget=1 << 30) as dev:
+        rec = RecorderProc(record_cmd(out, "--device-dir", str(dev), *DRIVER))
+        rec.wait_ready()
+        run_workload(dev)
+        rec.proc.send_signal(signal.SIGINT)
+        assert rec.wait(timeout=60) == 0, "".join(rec.stderr)
+    t = open_trace(out)
+    assert t.status == "complete"
+    assert t.manifest["target"] == {"mode": "host"}
+    ioctls = t.scan("ioctls").collect()
+    assert ioctls.height == _expected()["ioctls_total"]
+    assert os.stat(out).st_mode & 0o777 == 0o700

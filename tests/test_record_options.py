@@ -1,0 +1,100 @@
+"""`gputrace record` option handling and one-line errors (no BPF needed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gputrace.errors import UsageError
+from gputrace.record import driver, procfs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gputrace.cli", "record", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str], text: str) -> None:
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gputrace: error:"), r.stderr
+    assert text in lines[0]
+
+
+def test_ebpf_prints_program_and_cflags() -> None:
+    r = run("--ebpf", "--driver-version", "530.30.02")
+    assert r.returncode == 0, r.stderr
+    assert "TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)" in r.stdout
+    assert "-DGT_NVOS21_STATUS_OFF=24" in r.stdout
+
+
+def test_bad_driver_version() -> None:
+    _one_line_error(run("--ebpf", "--driver-version", "5x0"), "bad --driver-version")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="checks that come after the root check")
+def test_output_exists_without_force(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    _one_line_error(run("-o", str(tmp_path / "t"), "-d", "1"), "already exists")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="checks that come after the root check")
+def test_bad_pid(tmp_path: Path) -> None:
+    _one_line_error(run("-o", str(tmp_path / "t"), "-p", "999999999"), "no such process")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="checks that come after the root check")
+def test_missing_device_dir(tmp_path: Path) -> None:
+    _one_line_error(run("-o", str(tmp_path / "t"), "--device-dir", str(tmp_path / "no")),
+                    "no such directory")  # fmt: skip
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="runs as non-root only")
+def test_not_root(tmp_path: Path) -> None:
+    _one_line_error(run("-o", str(tmp_path / "t")), "needs root")
+
+
+def test_missing_bcc_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputrace.errors import GputraceError
+    from gputrace.record import loader
+
+    monkeypatch.setattr(loader, "_SYSTEM_DIST", "/nonexistent")
+    monkeypatch.setitem(sys.modules, "bcc", None)
+    with pytest.raises(
+        GputraceError, match=r"apt-get install python3-bpfcc.*dnf install python3-bcc"
+    ):
+        loader.import_bcc()
+
+
+def test_driver_layouts_by_version() -> None:
+    def off(v: str, cmd: int) -> dict[str, int | None]:
+        lay = {x.cmd: x for x in driver.resolve(v).layouts}[cmd]
+        return {"status": lay.status, "ref_fd": lay.ref_fd}
+
+    assert off("545.29.06", 33) == {"status": 1196, "ref_fd": 1184}
+    assert off("550.54.14", 33) == {"status": 9260, "ref_fd": 9248}
+    assert off("580.142", 34)["status"] == 16
+    assert off("590.44.01", 34)["status"] == 8
+    assert off("550.40.07", 42)["status"] == 36
+    assert off("545.29.06", 42)["status"] == 32
+    assert driver.rm_defines(driver.parse_version("520.61.05"))["GT_NVOS64_40_STATUS_OFF"] == 32
+    with pytest.raises(UsageError):
+        driver.parse_version("latest")
+
+
+def test_device_kinds_and_container_id() -> None:
+    assert procfs.classify("/dev/nvidiactl", "/dev/") == (1, -1)
+    assert procfs.classify("/dev/nvidia3", "/dev/") == (2, 3)
+    assert procfs.classify("/dev/nvidia-uvm-tools", "/dev/") == (4, -1)
+    assert procfs.classify("/dev/nvidia-modeset", "/dev/") is None
+    assert procfs.classify("/tmp/nvidiactl", "/dev/") is None
+    cid = "a" * 64
+    assert procfs.container_id(f"/system.slice/docker-{cid}.scope") == cid
+    assert procfs.container_id("/user.slice") is None
+    assert procfs.cgroup_path("0::/user.slice/x\n") == "/user.slice/x"
