@@ -167,6 +167,11 @@ class TraceBuilder:
                    h_parent=client if parent is None else parent, h_object=handle,
                    status=status)
 
+    def close(self, t: float, pid: int, *, fd: int = 3) -> None:
+        """close(2) of an NVIDIA fd, as the pseudo-ioctl row `CLOSE` (RM frees the
+        clients a control fd still holds; see docs/analyses/leaks.md)."""
+        self.ioctl(t, pid, "CLOSE", fd=fd, status=None, latency_ns=1_000)
+
     def uvm(self, t: float, pid: int, name: str, *, base: int | None = None,
             length: int | None = None, h_object: int | None = None, status: int = 0) -> None:
         nr = UVM_CMDS.get(name, 0)
