@@ -88,7 +88,7 @@ analyze.register(app)
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app, turning user errors into one-line messages."""
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)
     except GputraceError as e:
         typer.echo(f"gputrace: error: {e}", err=True)
         return e.exit_code
@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             typer.echo(f"gputrace: error: corrupt or unreadable trace data: {first}", err=True)
             return 1
         raise
-    return 0
+    # With standalone_mode=False click returns typer.Exit's code instead of raising.
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

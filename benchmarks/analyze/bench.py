@@ -1,0 +1,108 @@
+"""Time each `gputrace analyze` report, and the same leak pairing and ioctl summary in
+DuckDB SQL, on one trace. Each measurement runs in a fresh process, so its peak RSS
+(ru_maxrss, interpreter included) is its own.
+
+    python benchmarks/analyze/gen.py /tmp/t10m --events 10_000_000
+    python benchmarks/analyze/bench.py /tmp/t10m
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+PAIR_SQL = """
+WITH io AS (SELECT * FROM read_parquet('{t}/ioctls/*.parquet')
+            WHERE coalesce(status, 0) = 0 AND coalesce(ret, 0) >= 0),
+a AS (SELECT row_number() OVER () AS aid, pid, h_client, h_object, ts_ns, size_bytes
+      FROM io WHERE name = 'RM_ALLOC'),
+f AS (SELECT pid, h_client, h_object, ts_ns AS free_ts FROM io WHERE name = 'RM_FREE'),
+m AS (SELECT a.aid, min(f.free_ts) AS free_ts FROM f ASOF JOIN a
+      ON f.pid = a.pid AND f.h_client = a.h_client AND f.h_object = a.h_object
+      AND f.free_ts >= a.ts_ns GROUP BY a.aid)
+SELECT count(*) AS allocs, count(m.free_ts) AS freed,
+       sum(CASE WHEN m.free_ts IS NULL THEN a.size_bytes END)::BIGINT AS unfreed_bytes
+FROM a LEFT JOIN m USING (aid)
+"""
+SUMMARY_SQL = """
+SELECT device, gpu_index, name, count(*) AS count,
+       sum(CASE WHEN coalesce(status, 0) <> 0 OR coalesce(ret, 0) < 0 THEN 1 ELSE 0 END) AS failed,
+       sum(latency_ns) AS total_ns, quantile_disc(latency_ns, [0.5, 0.9, 0.99]) AS q,
+       max(latency_ns) AS max_ns
+FROM read_parquet('{t}/ioctls/*.parquet') GROUP BY ALL ORDER BY total_ns DESC
+"""
+CASES = ["polars_pairing", "duckdb_pairing", "polars_ioctl_summary", "duckdb_ioctl_summary",
+         "leaks", "summary", "fault-rate", "fragmentation", "all_reports"]
+
+
+def one(case: str, trace: str) -> dict[str, Any]:
+    import polars as pl
+
+    from gputrace import open_trace
+    from gputrace.analyses.common import inputs_from_trace, ok_ioctl, pair
+
+    inp = inputs_from_trace(open_trace(trace))
+    t = time.perf_counter()
+    result: Any = None
+    if case == "polars_pairing":
+        io = inp.scan("ioctls").filter(ok_ioctl())
+        key = ["pid", "h_client", "h_object"]
+        lt = pair(io.filter(pl.col("name") == "RM_ALLOC"), io.filter(pl.col("name") == "RM_FREE"),
+                  key)
+        df = lt.select(pl.len().alias("allocs"), pl.col("free_ts_ns").count().alias("freed"),
+                       pl.col("size_bytes").filter(pl.col("free_ts_ns").is_null()).sum()
+                       .cast(pl.Int64).alias("unfreed_bytes")).collect()
+        result = df.row(0)
+    elif case.startswith("duckdb"):
+        import duckdb
+
+        con = duckdb.connect()
+        con.execute("SET threads = 2")
+        sql = PAIR_SQL if case == "duckdb_pairing" else SUMMARY_SQL
+        rows = con.execute(sql.format(t=trace)).fetchall()
+        result = rows[0] if case == "duckdb_pairing" else len(rows)
+    elif case == "polars_ioctl_summary":
+        from gputrace.analyses.summary import ioctl_stats
+
+        result = ioctl_stats(inp.scan("ioctls")).collect().height
+    else:
+        from gputrace.commands.analyze import run_reports
+
+        names = ["leaks", "fault-rate", "fragmentation", "summary"] if case == "all_reports" \
+            else [case]
+        run_reports(inp, names, {"older_ns": 0, "min_size": 0, "top": None, "window_s": 1.0,
+                                 "thrash_min": 3})
+    wall = time.perf_counter() - t
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"case": case, "wall_s": round(wall, 2), "peak_rss_mib": round(rss),
+            "result": result}
+
+
+def main() -> None:
+    if sys.argv[1] == "--one":
+        print(json.dumps(one(sys.argv[2], sys.argv[3]), default=str))
+        return
+    trace = sys.argv[1]
+    from gputrace import open_trace
+
+    tr = open_trace(trace)
+    rows = {n: tr.rows(n) for n in ("ioctls", "cuda_calls", "faults", "migrations", "chunks")}
+    total = sum(rows.values())
+    print(f"trace {trace}: {total:,} events ({', '.join(f'{k} {v:,}' for k, v in rows.items())})")
+    print(f"{'case':<22}{'wall s':>9}{'peak RSS MiB':>14}{'M events/s':>12}  result")
+    for case in CASES:
+        out = subprocess.run([sys.executable, __file__, "--one", case, trace],
+                             capture_output=True, text=True, check=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        n = rows["ioctls"] if "pairing" in case or "ioctl" in case else total
+        rate = n / r["wall_s"] / 1e6 if r["wall_s"] else float("inf")
+        print(f"{case:<22}{r['wall_s']:>9.2f}{r['peak_rss_mib']:>14,}{rate:>12.1f}  "
+              f"{r['result'] if r['result'] is not None else ''}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""What every analysis receives, and the helpers they share.
+
+`Inputs` is the whole contract between a trace and the analyses: lazy scans
+of each table plus the few manifest facts the reports need (time span, GPU
+memory, layers recorded, status, drops). Building it reads only the manifest;
+every analysis is then a pure function of an `Inputs` (and of frames other
+analyses returned), so tests can feed them hand-made frames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from gputrace import schema
+
+MiB = 1 << 20
+BLOCK_2M = 2 * MiB
+NS_PER_S = 1_000_000_000
+NS_PER_MIN = 60 * NS_PER_S
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Lazy tables of one trace and the manifest facts analyses rely on."""
+
+    tables: Mapping[str, pl.LazyFrame]
+    layers: tuple[str, ...]
+    start_ns: int
+    end_ns: int
+    gpu_memory_bytes: tuple[int, ...] = ()
+    status: str = "complete"
+    drops: Mapping[str, int] = field(default_factory=dict)
+    synthetic: bool = False
+
+    def scan(self, name: str) -> pl.LazyFrame:
+        if name in self.tables:
+            return self.tables[name]
+        return pl.LazyFrame(schema=schema.table(name).polars_schema)
+
+    def has(self, layer: str) -> bool:
+        return layer in self.layers
+
+
+def inputs_from_trace(trace: Any) -> Inputs:
+    """Inputs of a `gputrace.tracedir.Trace` (scans stay lazy; only the manifest is read)."""
+    m = trace.manifest
+    tables = {name: trace.scan(name) for name in schema.TABLES}
+    start, end = m.get("start_ts_ns"), m.get("end_ts_ns")
+    if not isinstance(start, int) or not isinstance(end, int):
+        stamps = [tables[n].select(pl.col("ts_ns").min().alias("a"), pl.col("ts_ns").max()
+                                   .alias("b")) for n in schema.TABLES if n in
+                  ("ioctls", "mappings", "cuda_calls", "faults", "migrations", "chunks")]
+        span = pl.concat(pl.collect_all(stamps)).select(pl.col("a").min(), pl.col("b").max())
+        start = start if isinstance(start, int) else int(span["a"][0] or 0)
+        end = end if isinstance(end, int) else int(span["b"][0] or start)
+    gpus = sorted(m.get("gpus", []), key=lambda g: int(g.get("index", 0)))
+    return Inputs(
+        tables=tables,
+        layers=tuple(trace.layers),
+        start_ns=start,
+        end_ns=end,
+        gpu_memory_bytes=tuple(int(g.get("memory_bytes") or 0) for g in gpus),
+        status=trace.status,
+        drops=trace.drops,
+        synthetic=bool(m.get("synthetic", False)),
+    )
+
+
+def pair(allocs: pl.LazyFrame, frees: pl.LazyFrame, by: list[str]) -> pl.LazyFrame:
+    """`allocs` (with `ts_ns`) plus `free_ts_ns`, paired on the key columns `by`.
+
+    As-of semantics: each free matches the latest allocation of its key at or
+    before it, and an allocation keeps the first free that matched it. With
+    allocations and frees sorted together by (key, time, allocation first), that
+    is: an allocation's free is the next row, when the next row is a free of the
+    same key. One sort, no join.
+    """
+    f = frees.select(*by, "ts_ns").drop_nulls(by).with_columns(_free=pl.lit(True))
+    both = pl.concat([allocs.with_columns(_free=pl.lit(False)), f], how="diagonal_relaxed")
+    # Sort on a 64-bit hash of the key and on time*2 + is_free: two columns sort
+    # much faster than the key's; `same` below still compares the real key.
+    both = both.sort(pl.struct(by).hash(), pl.col("ts_ns") * 2 + pl.col("_free").cast(pl.Int64))
+    same = pl.lit(True)
+    for k in by:
+        same = same & (pl.col(k) == pl.col(k).shift(-1)).fill_null(False)
+    nxt = pl.col("_free").shift(-1).fill_null(False) & same
+    return (both.with_columns(free_ts_ns=pl.when(nxt).then(pl.col("ts_ns").shift(-1)))
+            .filter(~pl.col("_free")).drop("_free"))
+
+
+def trace_warnings(inp: Inputs) -> list[str]:
+    """Warnings every report carries: an unfinished recording, lost events."""
+    out = []
+    if inp.status != "complete":
+        out.append(f"trace status is {inp.status!r}, not 'complete': the recorder did not "
+                   "finish, so the last rotation interval may be missing and frees may "
+                   "be absent")
+    lost = sum(inp.drops.values())
+    if lost:
+        detail = ", ".join(f"{k}={v}" for k, v in sorted(inp.drops.items()) if v)
+        out.append(f"{lost} events were dropped by full ring buffers ({detail}); "
+                   "counts are lower bounds and a dropped free looks like a leak")
+    return out
+
+
+def ok_ioctl() -> pl.Expr:
+    """An ioctl that succeeded: NV_OK status (or none) and a non-negative return."""
+    return (pl.col("status").fill_null(0) == 0) & (pl.col("ret").fill_null(0) >= 0)
+
+
+def chunk_bytes() -> pl.Expr:
+    """Bytes of a PMM chunk: 2 ** log2_size."""
+    return pl.lit(2, pl.Int64).pow(pl.col("log2_size").cast(pl.UInt32))
+
+
+def size_class(col: str = "size_bytes") -> pl.Expr:
+    """Readable size class: the power-of-two bucket a size falls in."""
+    s = pl.col(col).cast(pl.Int64)
+    return (
+        pl.when(s <= 4096).then(pl.lit("<=4KiB"))
+        .when(s <= 64 * 1024).then(pl.lit("<=64KiB"))
+        .when(s <= BLOCK_2M).then(pl.lit("<=2MiB"))
+        .when(s <= 32 * MiB).then(pl.lit("<=32MiB"))
+        .when(s <= 512 * MiB).then(pl.lit("<=512MiB"))
+        .otherwise(pl.lit(">512MiB"))
+    )
+
+
+def records(df: pl.DataFrame) -> list[dict[str, Any]]:
+    """A frame as JSON-ready rows (floats rounded so output is stable)."""
+    out = df.with_columns(pl.col(pl.Float64, pl.Float32).round(6)).to_dicts()
+    return out
+
+
+def quantiles(col: str, prefix: str = "") -> list[pl.Expr]:
+    """Exact p50/p90/p99 and max of a column (as nsys stats reports them)."""
+    c = pl.col(col)
+    return [
+        c.quantile(0.5, "nearest").alias(f"{prefix}p50"),
+        c.quantile(0.9, "nearest").alias(f"{prefix}p90"),
+        c.quantile(0.99, "nearest").alias(f"{prefix}p99"),
+        c.max().alias(f"{prefix}max"),
+    ]

@@ -1,0 +1,92 @@
+"""Is a process's memory climbing over time, and how fast?
+
+Live bytes per (layer, process) are replayed from allocation lifetimes. The
+span from the process's first to last event is cut into 32 equal bins and
+each bin keeps its lowest live bytes, counting the value carried into it
+(the trough between iterations, so short-lived temporaries do not hide or
+fake a trend). A Theil-Sen line (the
+median of all pairwise slopes, robust to outliers) is fitted to the troughs;
+its quality is R² of that line and the median absolute deviation (MAD) of
+its residuals. A series is flagged as growing when the slope is positive,
+R² >= 0.5 and the fitted rise over the span is at least 1 MiB and 10 % of
+the process's peak live bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from gputrace.analyses.common import NS_PER_MIN, MiB
+
+BINS = 32
+MIN_R2 = 0.5
+MIN_RISE_BYTES = MiB
+MIN_RISE_SHARE = 0.10
+KEY = ["layer", "pid"]
+
+
+def live_series(lifetimes: pl.LazyFrame) -> pl.LazyFrame:
+    """Step series of live bytes: (layer, pid, ts_ns, live_bytes) after each event."""
+    up = lifetimes.select(*KEY, pl.col("alloc_ts_ns").alias("ts_ns"),
+                          pl.col("size_bytes").alias("delta"))
+    down = lifetimes.filter(pl.col("free_ts_ns").is_not_null()).select(
+        *KEY, pl.col("free_ts_ns").alias("ts_ns"), (-pl.col("size_bytes")).alias("delta"))
+    return (pl.concat([up, down]).sort([*KEY, "ts_ns"])
+            .with_columns(live_bytes=pl.col("delta").cum_sum().over(KEY)).drop("delta"))
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
+    """(slope, intercept, r2, mad of residuals) of the Theil-Sen line through x, y."""
+    i, j = np.triu_indices(len(x), k=1)
+    dx = x[j] - x[i]
+    ok = dx != 0
+    if not ok.any():
+        return 0.0, float(np.median(y)), 0.0, 0.0
+    slope = float(np.median((y[j] - y[i])[ok] / dx[ok]))
+    intercept = float(np.median(y - slope * x))
+    resid = y - (slope * x + intercept)
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum(resid**2)) / ss_tot if ss_tot > 0 else 0.0
+    return slope, intercept, r2, float(np.median(np.abs(resid - np.median(resid))))
+
+
+def growth(lifetimes: pl.LazyFrame) -> pl.DataFrame:
+    """One row per (layer, pid): slope in bytes/minute, fit quality, flag."""
+    series = live_series(lifetimes)
+    spans = series.group_by(KEY).agg(
+        t0=pl.col("ts_ns").min(), t1=pl.col("ts_ns").max(), events=pl.len(),
+        peak_bytes=pl.col("live_bytes").max(), end_bytes=pl.col("live_bytes").last())
+    binned = (series.join(spans, on=KEY)
+              .with_columns(bin=((pl.col("ts_ns") - pl.col("t0")) * BINS
+                                 // (pl.col("t1") - pl.col("t0") + 1)))
+              .group_by([*KEY, "bin"]).agg(pl.col("live_bytes").min().alias("low"),
+                                           pl.col("live_bytes").last().alias("last"))
+              .sort([*KEY, "bin"])
+              # the step value carried into a bin counts towards its minimum too
+              .with_columns(trough=pl.min_horizontal(
+                  "low", pl.col("last").shift(1).over(KEY))))
+    spans_df, bins_df = pl.collect_all([spans.sort(KEY), binned])
+    rows = []
+    for key, grp in bins_df.group_by(KEY, maintain_order=True):
+        span = spans_df.filter((pl.col("layer") == key[0]) & (pl.col("pid") == key[1])).row(
+            0, named=True)
+        dur_min = (span["t1"] - span["t0"]) / NS_PER_MIN
+        row = {"layer": key[0], "pid": key[1], "events": span["events"],
+               "duration_s": dur_min * 60, "peak_bytes": span["peak_bytes"],
+               "end_bytes": span["end_bytes"], "slope_bytes_per_min": None, "r2": None,
+               "mad_bytes": None, "flagged": False}
+        if grp.height >= 3 and dur_min > 0:
+            x = grp["bin"].to_numpy().astype(np.float64) * dur_min / BINS
+            y = grp["trough"].to_numpy().astype(np.float64)
+            slope, _, r2, mad = theil_sen(x, y)
+            rise = slope * dur_min
+            row.update(slope_bytes_per_min=slope, r2=r2, mad_bytes=mad, flagged=bool(
+                slope > 0 and r2 >= MIN_R2 and rise >= MIN_RISE_BYTES
+                and rise >= MIN_RISE_SHARE * float(span["peak_bytes"] or 0)))
+        rows.append(row)
+    schema = {"layer": pl.String, "pid": pl.Int32, "events": pl.UInt32,
+              "duration_s": pl.Float64, "peak_bytes": pl.Int64, "end_bytes": pl.Int64,
+              "slope_bytes_per_min": pl.Float64, "r2": pl.Float64, "mad_bytes": pl.Float64,
+              "flagged": pl.Boolean}
+    return pl.DataFrame(rows, schema=schema).sort(KEY)

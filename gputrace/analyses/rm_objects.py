@@ -1,0 +1,116 @@
+"""When did each RM memory object die, counting the deaths RM causes itself?
+
+RM objects form a tree (client -> device -> subdevice/memory ...). An object
+ends at the first of: its own RM_FREE; the free of its parent or of any
+ancestor (freeing a parent frees the subtree); the free of its client; the
+close of the control fd it was allocated on, which frees every client that fd
+still holds (nvidia-driver-facts.md §2.3). A process exit closes its fds, so
+memory still held at exit is reclaimed by teardown (`unfreed_at_exit`).
+
+Memory objects are those of the physical memory classes below and
+RM_VID_HEAP_CONTROL allocations. Virtual reservations (NV50_MEMORY_VIRTUAL
+0x50A0, NV01_MEMORY_VIRTUAL 0x70, or the NVOS32 VIRTUAL flag) hold no memory:
+they are returned separately and never reported as leaked memory.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from gputrace.analyses.common import ok_ioctl, pair
+
+MEMORY_CLASSES = {0x3E: "sysmem", 0x40: "vidmem", 0x71: "os-descriptor", 0xC2: "physical",
+                  0xF8: "fabric", 0xFD: "multicast-fabric"}
+VIRTUAL_CLASSES = {0x50A0: "virtual", 0x70: "virtual-range"}
+NVOS32_ALLOC_FLAGS_VIRTUAL = 0x80000
+ALLOCS = ("RM_ALLOC", "RM_ALLOC_MEMORY")
+VID_HEAP = "RM_VID_HEAP_CONTROL"
+CLOSE = "CLOSE"
+"""Pseudo-ioctl name of a close(2) of an NVIDIA fd (proposed; see docs/analyses/leaks.md)."""
+MAX_DEPTH = 8
+VIRTUAL_LAYER = "rm-virtual"
+KEY = ["pid", "client", "handle"]
+
+
+def _first_after(objs: pl.LazyFrame, events: pl.LazyFrame, by: list[str], name: str,
+                 ) -> pl.LazyFrame:
+    """Add `name`: time of the first event with equal `by` at or after each alloc."""
+    ev = events.select(*by, pl.col("ts_ns").alias(name)).drop_nulls(by).sort(name)
+    return objs.sort("ts_ns").join_asof(ev, left_on="ts_ns", right_on=name, by=by,
+                                        strategy="forward", check_sortedness=False)
+
+
+def rm_objects(ioctls: pl.LazyFrame) -> pl.LazyFrame:
+    """Every RM object instance with its end time (`end_ts_ns`) and cause (`freed_by`)."""
+    ok = ioctls.filter(ok_ioctl())
+    heap_alloc = (pl.col("name") == VID_HEAP) & (pl.col("size_bytes").fill_null(0) > 0)
+    allocs = ok.filter(pl.col("name").is_in(ALLOCS) | heap_alloc).select(
+        "ts_ns", "pid", "comm", "fd", "gpu_index", "size_bytes", "flags", "name",
+        pl.col("h_client").alias("client"), pl.col("h_object").alias("handle"),
+        pl.col("h_parent").alias("parent"), pl.col("h_class").alias("cls"))
+    frees = ok.filter((pl.col("name") == "RM_FREE")
+                      | ((pl.col("name") == VID_HEAP) & ~heap_alloc)).select(
+        "ts_ns", "pid", pl.col("h_client").alias("client"), pl.col("h_object").alias("handle"))
+    closes = ioctls.filter(pl.col("name") == CLOSE).select("ts_ns", "pid", "fd")
+
+    objs = pair(allocs, frees, KEY).with_row_index("_oid")
+    objs = _first_after(objs, frees.rename({"handle": "parent"}), ["pid", "client", "parent"],
+                        "_parent_free")
+    objs = _first_after(objs, frees.filter(pl.col("handle") == pl.col("client")).drop("handle"),
+                        ["pid", "client"], "_client_free")
+    objs = _first_after(objs, closes, ["pid", "fd"], "_close")
+    causes = {"free": "free_ts_ns", "parent": "_parent_free", "client": "_client_free",
+              "close": "_close"}
+    end = pl.min_horizontal(*causes.values())
+    by = pl.lit(None, pl.String)
+    for cause, col in reversed(causes.items()):
+        by = pl.when(pl.col(col) == end).then(pl.lit(cause)).otherwise(by)
+    objs = objs.with_columns(end_ts_ns=end, freed_by=by)
+
+    # Deeper ancestors: the parent instance alive at allocation time, then
+    # propagate end = min(end, parent's end) down the tree.
+    parents = objs.select("pid", "client", pl.col("handle").alias("parent"),
+                          pl.col("_oid").alias("_poid"), pl.col("ts_ns").alias("_pts"))
+    objs = objs.sort("ts_ns").join_asof(parents.drop_nulls(["parent"]).sort("_pts"),
+                                        left_on="ts_ns", right_on="_pts",
+                                        by=["pid", "client", "parent"], strategy="backward",
+                                        check_sortedness=False)
+    df = objs.collect()
+    for _ in range(MAX_DEPTH):
+        up = df.select(pl.col("_oid").alias("_poid"), pl.col("end_ts_ns").alias("_pend"))
+        nxt = df.join(up, on="_poid", how="left").with_columns(
+            _pend=pl.when(pl.col("_pend") >= pl.col("ts_ns")).then("_pend"))
+        earlier = pl.col("_pend") < pl.col("end_ts_ns").fill_null(pl.col("_pend") + 1)
+        nxt = nxt.with_columns(
+            freed_by=pl.when(earlier).then(pl.lit("parent")).otherwise("freed_by"),
+            end_ts_ns=pl.min_horizontal("end_ts_ns", "_pend")).drop("_pend")
+        changed = not nxt["end_ts_ns"].equals(df["end_ts_ns"])
+        df = nxt
+        if not changed:
+            break
+    return df.lazy().drop("_oid", "_poid", "_pts", "_parent_free", "_client_free", "_close")
+
+
+def _is_virtual() -> pl.Expr:
+    virt_flag = (pl.col("flags").fill_null(0) & NVOS32_ALLOC_FLAGS_VIRTUAL) != 0
+    return pl.col("cls").is_in(list(VIRTUAL_CLASSES)) | (
+        (pl.col("name") == VID_HEAP) & virt_flag)
+
+
+def rm_lifetimes(ioctls: pl.LazyFrame) -> pl.LazyFrame:
+    """Lifetime rows of RM memory objects (layer `rm`) and of virtual reservations
+    (layer `rm-virtual`, which leaks and summaries report apart)."""
+    objs = rm_objects(ioctls)
+    is_mem = pl.col("cls").is_in(list(MEMORY_CLASSES)) | (pl.col("name") == VID_HEAP)
+    labels = {c: f"{n} 0x{c:X}" for c, n in {**MEMORY_CLASSES, **VIRTUAL_CLASSES}.items()}
+    what = (pl.when(pl.col("name") == VID_HEAP).then(pl.lit("vid heap"))
+            .otherwise(pl.col("cls").replace_strict(labels, default="other class",
+                                                    return_dtype=pl.String)))
+    rows = objs.select(
+        pl.when(_is_virtual()).then(pl.lit(VIRTUAL_LAYER)).otherwise(pl.lit("rm"))
+        .alias("layer"), "pid", "comm", pl.col("handle").alias("id"),
+        what.alias("what"), pl.col("size_bytes").fill_null(0), "name", "cls", "flags",
+        pl.col("ts_ns").alias("alloc_ts_ns"), pl.col("end_ts_ns").alias("free_ts_ns"),
+        "freed_by", pl.lit(None, pl.Int64).alias("stack_id"), "gpu_index")
+    keep = [c for c in rows.collect_schema().names() if c not in ("name", "cls", "flags")]
+    return rows.filter(is_mem | _is_virtual()).select(keep)

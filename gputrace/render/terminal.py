@@ -1,0 +1,187 @@
+"""Reports as rich tables for a 100-column terminal. Formats values; computes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+Fmt = Callable[[Any], str]
+WIDTH = 100
+ROWS = 20
+
+
+def human_bytes(v: Any) -> str:
+    if v is None:
+        return "-"
+    n = float(v)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(v)
+
+
+def num(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def us(v: Any) -> str:
+    return "-" if v is None else f"{float(v) / 1000:,.1f}"
+
+
+def hexa(v: Any) -> str:
+    return "-" if v is None else f"0x{int(v):x}"
+
+
+Col = tuple[str, str, Fmt]
+
+
+def table(con: Console, title: str, rows: Sequence[dict[str, Any]], cols: Sequence[Col],
+          limit: int = ROWS) -> None:
+    if not rows:
+        con.print(f"[dim]{title}: none[/dim]")
+        return
+    t = Table(title=title, title_justify="left", expand=False, show_edge=False, pad_edge=False)
+    for _, header, _ in cols:
+        t.add_column(header, overflow="fold")
+    for r in rows[:limit]:
+        t.add_row(*(f(r.get(k)) for k, _, f in cols))
+    con.print(t)
+    if len(rows) > limit:
+        con.print(f"[dim]... {len(rows) - limit} more (use --top or --format json)[/dim]")
+
+
+def _leaks(con: Console, d: dict[str, Any], limit: int) -> None:
+    con.print(f"leaked: {human_bytes(d['total_bytes'])} (largest layer); by layer: "
+              + ", ".join(f"{k} {human_bytes(v) if v is not None else 'not recorded'}"
+                          for k, v in sorted(d["bytes_by_layer"].items())))
+    table(con, "Leaked allocations", d["allocations"], [
+        ("layer", "layer", str), ("pid", "pid", num), ("comm", "comm", str),
+        ("kind", "kind", str), ("what", "what", str), ("id", "id", hexa),
+        ("size_bytes", "size", human_bytes), ("age_s", "age s", num),
+        ("stack_id", "stack", num)], limit)
+    table(con, "By process", d["by_process"], [
+        ("layer", "layer", str), ("pid", "pid", num), ("comm", "comm", str),
+        ("kind", "kind", str), ("count", "count", num), ("bytes", "bytes", human_bytes)], limit)
+    table(con, "By call stack", d["by_stack"], [
+        ("layer", "layer", str), ("pid", "pid", num), ("count", "count", num),
+        ("bytes", "bytes", human_bytes), ("frames", "frames (innermost first)", str)], limit)
+    table(con, "By size class", d["by_size_class"], [
+        ("layer", "layer", str), ("size_class", "class", str), ("count", "count", num),
+        ("bytes", "bytes", human_bytes)], limit)
+    table(con, "Growth (live bytes over time)", d["growth"], [
+        ("layer", "layer", str), ("pid", "pid", num), ("peak_bytes", "peak", human_bytes),
+        ("end_bytes", "end", human_bytes), ("slope_bytes_per_min", "slope/min", human_bytes),
+        ("r2", "R²", num), ("flagged", "growing", num)], limit)
+    if d.get("rm_virtual_unreleased"):
+        v = d["rm_virtual_unreleased"]
+        con.print(f"[dim]RM virtual reservations not released (not memory, not counted): "
+                  f"{v['count']} ({human_bytes(v['bytes'])})[/dim]")
+
+
+def _faults(con: Console, d: dict[str, Any], limit: int) -> None:
+    table(con, f"Fault rate ({d['window_s']} s windows)", d["rates"], [
+        ("pid", "pid", num), ("gpu_index", "gpu", num), ("source", "source", str),
+        ("access_type", "access", str), ("faults", "faults", num),
+        ("mean_per_s", "mean/s", num), ("peak_per_s", "peak/s", num)], limit)
+    table(con, "GPU fault batches", d["batches"], [
+        ("gpu_index", "gpu", num), ("batches", "batches", num), ("faults", "faults", num),
+        ("duplicate_share", "dup share", num), ("faults_p50", "size p50", num),
+        ("faults_max", "size max", num), ("service_ns_p50", "svc p50 µs", us),
+        ("service_ns_p99", "svc p99 µs", us)], limit)
+    cpu = d["cpu_faults"]
+    con.print(f"CPU faults on managed memory: {num(cpu['total'])} "
+              f"(reads {num(cpu['reads'])}, writes {num(cpu['writes'])}) "
+              f"in {num(cpu['blocks'])} blocks of 2 MiB")
+    table(con, "Top CPU-faulting 2 MiB blocks", cpu["top_blocks"], [
+        ("pid", "pid", num), ("block_2m", "block", hexa), ("faults", "faults", num),
+        ("reads", "reads", num), ("writes", "writes", num)], limit)
+    th = d["thrashing"]
+    table(con, f"Thrashing blocks (>= {th['min_reversals']} reversals in {th['window_s']} s)",
+          th["blocks"], [("block_2m", "block", hexa), ("pid", "pid", num),
+                         ("window_start_s", "window s", num), ("migrations", "migr", num),
+                         ("reversals", "reversals", num), ("processors", "procs", str)], limit)
+    ev = d["evictions"]
+    con.print(f"evictions: {num(ev['migrations'])} migrations "
+              f"({human_bytes(ev['bytes'])}), {num(ev['chunk_evictions'])} chunk evictions")
+    o = d["oversubscription"]
+    if o is not None:
+        con.print(f"managed memory peak {human_bytes(o['managed_peak_bytes'])} vs GPU memory "
+                  f"{human_bytes(o['gpu_memory_bytes'])}: ratio {num(o['ratio'])}"
+                  + (" [bold red]OVERSUBSCRIBED[/bold red]" if o["oversubscribed"] else ""))
+
+
+def _frag(con: Console, d: dict[str, Any], limit: int) -> None:
+    rows = [{"gpu_index": g["gpu_index"], "at": at, **g[at]} for g in d["gpus"]
+            for at in ("peak", "end") if g.get(at)]
+    table(con, "Fragmentation per GPU (PMM chunks)", rows, [
+        ("gpu_index", "gpu", num), ("at", "at", str), ("used_bytes", "used", human_bytes),
+        ("free_bytes", "free", human_bytes), ("largest_free_run_bytes", "largest run",
+                                              human_bytes),
+        ("unusable_2m_bytes", "unusable 2M", human_bytes),
+        ("partial_root_share", "partial roots", num),
+        ("fragmentation_index", "index", num)], limit)
+    hist = [{"gpu_index": g["gpu_index"], **g["histogram"]} for g in d["gpus"]]
+    table(con, "Chunk allocations by size", hist, [
+        ("gpu_index", "gpu", num), ("4KiB", "4 KiB", num), ("64KiB", "64 KiB", num),
+        ("2MiB", "2 MiB", num), ("other", "other", num)], limit)
+
+
+def _summary(con: Console, d: dict[str, Any], limit: int) -> None:
+    if d["ioctls"] is not None:
+        table(con, "ioctls (latency in µs)", d["ioctls"], [
+            ("device", "device", str), ("gpu_index", "gpu", num), ("name", "command", str),
+            ("count", "count", num), ("failed", "failed", num), ("total_ns", "total", us),
+            ("latency_ns_p50", "p50", us), ("latency_ns_p90", "p90", us),
+            ("latency_ns_p99", "p99", us), ("latency_ns_max", "max", us)], limit)
+    table(con, "Memory per process", d["processes"], [
+        ("layer", "layer", str), ("pid", "pid", num), ("comm", "comm", str),
+        ("allocations", "allocs", num), ("peak_bytes", "peak", human_bytes),
+        ("live_end_bytes", "live at end", human_bytes)], limit)
+    g = d["gpus"]
+    if g is not None:
+        table(con, f"Memory per GPU (from {g['source']})", g["gpus"], [
+            ("gpu_index", "gpu", num), ("peak_bytes", "peak", human_bytes),
+            ("end_bytes", "end", human_bytes), ("memory_bytes", "memory", human_bytes),
+            ("peak_share", "peak share", num), ("full", "full", num)], limit)
+        con.print(f"imbalance across GPUs (max / mean): peak {num(g['imbalance_peak'])}, "
+                  f"end {num(g['imbalance_end'])}")
+
+
+SECTIONS = {"leaks": ("Leaks", _leaks), "fault_rate": ("Fault rate", _faults),
+            "fragmentation": ("Fragmentation", _frag), "summary": ("Summary", _summary)}
+
+
+def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True,
+                    top: int | None = None) -> None:
+    """Print every report in `document` (the JSON document's shape)."""
+    con = Console(file=out, width=WIDTH, force_terminal=color, no_color=not color,
+                  highlight=False, soft_wrap=False)
+    limit = top if top is not None else ROWS
+    for w in document["warnings"]:
+        con.print(f"[yellow]warning:[/yellow] {w}")
+    for key, (title, fn) in SECTIONS.items():
+        rep = document.get(key)
+        if rep is None:
+            continue
+        con.rule(f"[bold]{title}[/bold]")
+        con.print(f"[dim]{rep['question']}[/dim]")
+        for w in rep["warnings"]:
+            if w not in document["warnings"]:
+                con.print(f"[yellow]warning:[/yellow] {w}")
+        if not rep["recorded"]:
+            con.print("not recorded: layer(s) " + ", ".join(rep["not_recorded_layers"])
+                      + " missing from this trace")
+            continue
+        fn(con, rep, limit)
