@@ -147,6 +147,9 @@ def test_default_fixture_story() -> None:
                                  + [("train.py", "alive_at_end", MiB)] * 10)
     stacks = {s["frames"]: s["count"] for s in lk["by_stack"]}
     assert stacks["log_metrics < train_step < main"] == 10
+    # 1 MiB leaked per iteration under a 64 MiB temporary: the troughs climb.
+    growing = {(g["layer"], g["pid"]) for g in lk["growth"] if g["flagged"]}
+    assert growing == {("api", 4242), ("rm", 4242)}
 
 
 def test_fragmentation_within_reserved_va_range(tmp_path: Path) -> None:

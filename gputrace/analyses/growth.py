@@ -63,9 +63,10 @@ def growth(lifetimes: pl.LazyFrame) -> pl.DataFrame:
               .group_by([*KEY, "bin"]).agg(pl.col("live_bytes").min().alias("low"),
                                            pl.col("live_bytes").last().alias("last"))
               .sort([*KEY, "bin"])
-              # the step value carried into a bin counts towards its minimum too
+              # the step value carried into a bin counts towards its minimum too;
+              # before a series' first event nothing of it was live (0 bytes)
               .with_columns(trough=pl.min_horizontal(
-                  "low", pl.col("last").shift(1).over(KEY))))
+                  "low", pl.col("last").shift(1).over(KEY).fill_null(0))))
     spans_df, bins_df = pl.collect_all([spans.sort(KEY), binned])
     rows = []
     for key, grp in bins_df.group_by(KEY, maintain_order=True):

@@ -40,6 +40,17 @@ def us(v: Any) -> str:
     return "-" if v is None else f"{float(v) / 1000:,.1f}"
 
 
+KIND_LABELS = {"alive_at_end": "alive", "unfreed_at_exit": "at exit"}
+
+
+def short_kind(v: Any) -> str:
+    return KIND_LABELS.get(str(v), str(v))
+
+
+def plain(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
 def hexa(v: Any) -> str:
     return "-" if v is None else f"0x{int(v):x}"
 
@@ -53,8 +64,9 @@ def table(con: Console, title: str, rows: Sequence[dict[str, Any]], cols: Sequen
         con.print(f"[dim]{title}: none[/dim]")
         return
     t = Table(title=title, title_justify="left", expand=False, show_edge=False, pad_edge=False)
-    for _, header, _ in cols:
-        t.add_column(header, overflow="fold")
+    for i, (_, header, _) in enumerate(cols):
+        # Only the last column may wrap: ids and kinds broken over lines are unreadable.
+        t.add_column(header, overflow="fold", no_wrap=i < len(cols) - 1)
     for r in rows[:limit]:
         t.add_row(*(f(r.get(k)) for k, _, f in cols))
     con.print(t)
@@ -67,21 +79,21 @@ def _leaks(con: Console, d: dict[str, Any], limit: int) -> None:
               + ", ".join(f"{k} {human_bytes(v) if v is not None else 'not recorded'}"
                           for k, v in sorted(d["bytes_by_layer"].items())))
     table(con, "Leaked allocations", d["allocations"], [
-        ("layer", "layer", str), ("pid", "pid", num), ("comm", "comm", str),
-        ("kind", "kind", str), ("what", "what", str), ("id", "id", hexa),
+        ("layer", "layer", str), ("pid", "pid", plain), ("comm", "comm", str),
+        ("kind", "kind", short_kind), ("what", "what", str), ("id", "id", hexa),
         ("size_bytes", "size", human_bytes), ("age_s", "age s", num),
         ("stack_id", "stack", num)], limit)
     table(con, "By process", d["by_process"], [
-        ("layer", "layer", str), ("pid", "pid", num), ("comm", "comm", str),
+        ("layer", "layer", str), ("pid", "pid", plain), ("comm", "comm", str),
         ("kind", "kind", str), ("count", "count", num), ("bytes", "bytes", human_bytes)], limit)
     table(con, "By call stack", d["by_stack"], [
-        ("layer", "layer", str), ("pid", "pid", num), ("count", "count", num),
+        ("layer", "layer", str), ("pid", "pid", plain), ("count", "count", num),
         ("bytes", "bytes", human_bytes), ("frames", "frames (innermost first)", str)], limit)
     table(con, "By size class", d["by_size_class"], [
         ("layer", "layer", str), ("size_class", "class", str), ("count", "count", num),
         ("bytes", "bytes", human_bytes)], limit)
     table(con, "Growth (live bytes over time)", d["growth"], [
-        ("layer", "layer", str), ("pid", "pid", num), ("peak_bytes", "peak", human_bytes),
+        ("layer", "layer", str), ("pid", "pid", plain), ("peak_bytes", "peak", human_bytes),
         ("end_bytes", "end", human_bytes), ("slope_bytes_per_min", "slope/min", human_bytes),
         ("r2", "R²", num), ("flagged", "growing", num)], limit)
     if d.get("rm_virtual_unreleased"):
@@ -92,7 +104,7 @@ def _leaks(con: Console, d: dict[str, Any], limit: int) -> None:
 
 def _faults(con: Console, d: dict[str, Any], limit: int) -> None:
     table(con, f"Fault rate ({d['window_s']} s windows)", d["rates"], [
-        ("pid", "pid", num), ("gpu_index", "gpu", num), ("source", "source", str),
+        ("pid", "pid", plain), ("gpu_index", "gpu", num), ("source", "source", str),
         ("access_type", "access", str), ("faults", "faults", num),
         ("mean_per_s", "mean/s", num), ("peak_per_s", "peak/s", num)], limit)
     table(con, "GPU fault batches", d["batches"], [
@@ -105,11 +117,11 @@ def _faults(con: Console, d: dict[str, Any], limit: int) -> None:
               f"(reads {num(cpu['reads'])}, writes {num(cpu['writes'])}) "
               f"in {num(cpu['blocks'])} blocks of 2 MiB")
     table(con, "Top CPU-faulting 2 MiB blocks", cpu["top_blocks"], [
-        ("pid", "pid", num), ("block_2m", "block", hexa), ("faults", "faults", num),
+        ("pid", "pid", plain), ("block_2m", "block", hexa), ("faults", "faults", num),
         ("reads", "reads", num), ("writes", "writes", num)], limit)
     th = d["thrashing"]
     table(con, f"Thrashing blocks (>= {th['min_reversals']} reversals in {th['window_s']} s)",
-          th["blocks"], [("block_2m", "block", hexa), ("pid", "pid", num),
+          th["blocks"], [("block_2m", "block", hexa), ("pid", "pid", plain),
                          ("window_start_s", "window s", num), ("migrations", "migr", num),
                          ("reversals", "reversals", num), ("processors", "procs", str)], limit)
     ev = d["evictions"]
@@ -146,7 +158,7 @@ def _summary(con: Console, d: dict[str, Any], limit: int) -> None:
             ("latency_ns_p50", "p50", us), ("latency_ns_p90", "p90", us),
             ("latency_ns_p99", "p99", us), ("latency_ns_max", "max", us)], limit)
     table(con, "Memory per process", d["processes"], [
-        ("layer", "layer", str), ("pid", "pid", num), ("comm", "comm", str),
+        ("layer", "layer", str), ("pid", "pid", plain), ("comm", "comm", str),
         ("allocations", "allocs", num), ("peak_bytes", "peak", human_bytes),
         ("live_end_bytes", "live at end", human_bytes)], limit)
     g = d["gpus"]
