@@ -130,7 +130,8 @@ struct proc_event {
 #define GT_BUF_IOCTL 0
 #define GT_BUF_MAPPING 1
 #define GT_BUF_PROC 2
-#define GT_NBUF 3
+#define GT_BUF_FAULT 3   /* CPU page faults (issue 6) */
+#define GT_NBUF 4
 
 /* Settings written by the loader into the `config` array (validated first). */
 #define GT_PREFIX_MAX 256
@@ -164,5 +165,109 @@ struct uvm_layout {
 /* The recorder's own ioctl(-1, GT_FLUSH_CMD) makes the probe submit the
  * current CPU's partially filled staging batch. */
 #define GT_FLUSH_CMD 0x47545246u
+
+/* ---------------------------------------------------------------------------
+ * API layer (issue 4): uprobes on libcuda, probes/cuda.bpf.c, its own BPF
+ * object; decoded by gputrace/record/cuda.py (numpy mirrors in decode.py).
+ */
+
+/* cuda_event.valid: which argument fields hold a value. */
+#define GT_CV_SIZE (1u << 0)
+#define GT_CV_PTR (1u << 1)
+#define GT_CV_HANDLE (1u << 2)
+#define GT_CV_FLAGS (1u << 3)
+#define GT_CV_STREAM (1u << 4)
+
+/* One CUDA driver API memory call, emitted at return (96 bytes). */
+struct cuda_event {
+    u64 ts_ns;          /* CLOCK_MONOTONIC at entry */
+    u64 latency_ns;     /* entry to return */
+    u64 size_bytes;
+    u64 ptr;            /* device/host pointer returned (allocs) or passed */
+    u64 handle;         /* CUmemGenericAllocationHandle or CUmemoryPool */
+    u64 flags;
+    u64 stream;
+    u32 pid;            /* tgid */
+    u32 tid;
+    s32 result;         /* CUresult */
+    s32 stack_id;       /* user stack in cuda_stacks; < 0: none (-errno) */
+    u16 func;           /* id in gputrace.record.hooks.CUDA_FUNCS */
+    u8 valid;           /* GT_CV_* bits */
+    u8 _pad0;
+    u32 _pad1;
+    char comm[16];
+};
+
+/* Why the probe stopped a traced process (SIGSTOP) until the recorder acts. */
+#define GT_PAUSE_LOAD 1   /* opened a libcuda.so* file: attach uprobes to it */
+#define GT_PAUSE_FIRST 2  /* its first API call: read its maps for stacks */
+
+/* Value of the `cuda_paused` map (key: tgid). */
+struct cuda_pause {
+    u64 ts_ns;
+    u32 kinds;          /* GT_PAUSE_* bits */
+    s32 fd;             /* fd of the libcuda file (GT_PAUSE_LOAD), else -1 */
+    u32 stopped;        /* 1 when SIGSTOP was sent (the recorder sends SIGCONT) */
+    u32 _pad0;
+};
+
+/* Settings of the API program (the `cuda_config` array). */
+struct cuda_config {
+    u32 self_tgid;
+    u32 filter;         /* 0 = whole host, 1 = only tgids in `cuda_targets` */
+    u32 pause;          /* 1 = stop processes at libcuda load and first call */
+    u32 _pad0;
+};
+
+/* ---------------------------------------------------------------------------
+ * CPU page faults on managed memory (issue 6): exceptions:page_fault_user,
+ * probes/nv_faults.bpf.h, decoded by gputrace/record/cpufaults.py.
+ */
+
+/* One user page fault inside a managed range (56 bytes). */
+struct fault_event {
+    u64 ts_ns;          /* CLOCK_MONOTONIC when the fault was taken */
+    u64 address;        /* faulting virtual address (exact byte) */
+    u64 ip;             /* user instruction pointer */
+    u32 pid;            /* tgid */
+    u32 tid;
+    u32 error_code;     /* x86 page-fault error code: bit 0 present, bit 1 write */
+    u32 _pad0;
+    char comm[16];
+};
+
+/* Per-CPU staging: many faults per ring-buffer record. */
+#ifndef GT_FAULT_STAGE
+#define GT_FAULT_STAGE 64
+#endif
+struct fault_batch {
+    u32 count;
+    u32 _pad0;
+    struct fault_event ev[GT_FAULT_STAGE];
+};
+
+/* Managed ranges, one entry per (process, 2 MiB block): a bit per 4 KiB page. */
+struct mblock_key {
+    u32 tgid;
+    u32 gen;            /* the process's generation (managed_procs): exec/exit retire it */
+    u64 block;          /* address >> 21 */
+};
+struct mblock {
+    u64 bits[8];        /* bit p: page p of the block is in a managed range */
+};
+/* Ranges longer than GT_SMALL_BLOCKS blocks are kept whole, per process. */
+#ifndef GT_BIG_RANGES
+#define GT_BIG_RANGES 16
+#endif
+struct managed_proc {
+    u32 gen;
+    u32 nblocks;        /* managed_blocks entries (approximate; 0 = none) */
+    u64 big_start[GT_BIG_RANGES]; /* [start, end); end 0 = free slot */
+    u64 big_end[GT_BIG_RANGES];
+};
+/* fault_stats slots */
+#define GT_FS_BLOCKS_OVERFLOW 0 /* 2 MiB blocks not tracked or not cleared (map full, cap) */
+#define GT_FS_RANGES_OVERFLOW 1 /* big ranges or processes not tracked (slots or map full) */
+#define GT_FS_N 2
 
 #endif

@@ -85,6 +85,8 @@ TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
         struct ioctl_batch *st = ioctl_staging.lookup(&zero);
         if (cfg && st && tgid == cfg->self_tgid)
             stage_submit(st);
+        if (cfg && tgid == cfg->self_tgid)
+            faults_flush(); /* nv_faults.bpf.h */
         return 0;
     }
     u64 k = fdkey(tgid, (s32)args->fd);

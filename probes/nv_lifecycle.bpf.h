@@ -88,6 +88,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
+    managed_clear_enter(args->addr, args->len, args->flags); /* nv_faults.bpf.h */
     u64 k = fdkey(id >> 32, (s32)args->fd);
     struct fdval *v = fds.lookup(&k);
     if (!v)
@@ -110,6 +111,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
     struct pending_mmap *pp = pending_mmaps.lookup(&tid);
+    managed_mmap_exit(pp, args->ret); /* nv_faults.bpf.h: managed ranges */
     if (!pp)
         return 0;
     struct pending_mmap p = *pp;
@@ -129,6 +131,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
+    managed_clear_enter(args->addr, args->len, GT_MAP_FIXED); /* whole or partial */
     struct mkey k = {.tgid = id >> 32, .addr = args->addr};
     struct pending_mmap *m = maps.lookup(&k);
     if (!m || m->addr != args->addr)
@@ -145,6 +148,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_munmap)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
+    managed_clear_exit(args->ret, 0);
     struct pending_mmap *pp = pending_mmaps.lookup(&tid);
     if (!pp)
         return 0;
@@ -197,6 +201,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     u32 zero = 0;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     struct gt_config *cfg = config.lookup(&zero);
+    managed_forget(tgid); /* a new address space */
     if (cfg && relevant(tgid, cfg))
         emit_proc(GT_PROC_EXEC, tgid, 0, -1);
     return 0;
@@ -225,6 +230,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     struct gt_config *cfg = config.lookup(&zero);
     if (!cfg || tid != tgid) /* the leader's exit stands for the process */
         return 0;
+    managed_forget(tgid);
     int was_seen = 0;
     if (seen.lookup(&tgid))
         was_seen = 1;

@@ -195,5 +195,6 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat2) { return open_enter(args->filename
 TRACEPOINT_PROBE(syscalls, sys_exit_openat2) { return open_exit(args->ret); }
 #endif
 
+#include "nv_faults.bpf.h"
 #include "nv_ioctl.bpf.h"
 #include "nv_lifecycle.bpf.h"

@@ -20,6 +20,14 @@ STRUCTS = {
     "proc_event": decode.PROC_DTYPE,
     "gt_config": decode.CONFIG_DTYPE,
     "uvm_layout": decode.UVM_LAYOUT_DTYPE,
+    # API layer (issue 4)
+    "cuda_event": decode.CUDA_DTYPE,
+    "cuda_pause": decode.CUDA_PAUSE_DTYPE,
+    "cuda_config": decode.CUDA_CONFIG_DTYPE,
+    # CPU faults on managed memory (issue 6)
+    "fault_event": decode.FAULT_DTYPE,
+    "mblock_key": decode.MBLOCK_KEY_DTYPE,
+    "mblock": decode.MBLOCK_DTYPE,
 }
 
 
@@ -36,6 +44,9 @@ def _c_layout(tmp_path: Path) -> dict[str, int]:
             lines.append(f'printf("{struct}.{name} %zu\\n", offsetof(struct {struct}, {name}));')
     lines.append('printf("ioctl_batch %zu\\n", sizeof(struct ioctl_batch));')
     lines.append('printf("ioctl_batch.ev %zu\\n", offsetof(struct ioctl_batch, ev));')
+    lines.append('printf("fault_batch %zu\\n", sizeof(struct fault_batch));')
+    lines.append('printf("fault_batch.ev %zu\\n", offsetof(struct fault_batch, ev));')
+    lines.append('printf("managed_proc %zu\\n", sizeof(struct managed_proc));')
     lines.append("return 0; }")
     src = tmp_path / "layout.c"
     src.write_text("\n".join(lines))
@@ -58,6 +69,11 @@ def test_struct_layouts_match_numpy(tmp_path: Path) -> None:
     assert (
         c["ioctl_batch"] == decode.BATCH_HEADER + decode.STAGE_EVENTS * decode.IOCTL_DTYPE.itemsize
     )
+    assert c["fault_batch.ev"] == decode.BATCH_HEADER
+    assert c["fault_batch"] == (
+        decode.BATCH_HEADER + decode.FAULT_STAGE_EVENTS * decode.FAULT_DTYPE.itemsize
+    )
+    assert c["managed_proc"] == decode.MANAGED_PROC_DTYPE.itemsize
 
 
 def test_valid_bits_match_header() -> None:
@@ -92,3 +108,36 @@ def test_decode_batches_roundtrip() -> None:
     assert b["device"] == ["ctl", "uvm", "ctl"]
     assert b["gpu_index"] == [None, None, None]
     assert b["comm"] == ["work"] * 3
+
+
+def test_cuda_functions_match_probe() -> None:
+    """probes/cuda.bpf.c's GT_API3 lines are hooks.CUDA_FUNCS; GT_CV_* bits agree."""
+    import re
+
+    from gputrace.record import hooks
+
+    text = (HEADER.parent / "cuda.bpf.c").read_text()
+    lines = re.findall(r"^GT_API3\((\w+), (\d+), (S_\w+)\)$", text, re.M)
+    assert lines == [(f.symbol, str(f.base), f.shape) for f in hooks.CUDA_FUNCS]
+    header = HEADER.read_text()
+    for name, bit in decode.CUDA_VALID_BITS.items():
+        macro = "GT_CV_" + ("SIZE" if name == "size_bytes" else name.upper())
+        assert f"#define {macro} (1u << {bit})" in header, macro
+
+
+def test_fault_batches_decode() -> None:
+    """CPU faults (issue 6): batches in, `faults` rows out (read/write from error bit 1)."""
+    ev = np.zeros(3, decode.FAULT_DTYPE)
+    ev["ts_ns"] = [30, 10, 20]
+    ev["address"] = [0x300000200040, 0x300000000040, 0x3000003FF000]
+    ev["error_code"] = [0x6, 0x4, 0x7]  # user|write, user read, user|write|present
+    ev["pid"] = ev["tid"] = 9
+    ev["comm"] = b"touch"
+    raw = b"".join(len(c).to_bytes(4, "little") + b"\0" * 4 + c.tobytes()
+                   for c in (ev[:1], ev[1:]))  # fmt: skip
+    b = decode.faults_batch(decode.fault_events_from_batches(raw)).to_pydict()
+    assert b["ts_ns"] == [10, 20, 30]
+    assert b["access_type"] == ["read", "write", "write"]
+    assert b["block_2m"] == [0x300000000000, 0x300000200000, 0x300000200000]
+    assert b["source"] == ["cpu"] * 3 and b["fault_type"] == ["unknown"] * 3
+    assert b["gpu_index"] == [None] * 3 and b["comm"] == ["touch"] * 3

@@ -15,6 +15,9 @@ EPILOG = """Examples:
   gputrace record -o run3 --device-dir /tmp/dev -- ./workload /tmp/dev
                                                  a stand-in device folder (tests)
 
+  gputrace record -o run4 --libcuda /opt/cuda/libcuda.so.1 -- ./app
+                                                 probe a libcuda the loader cache lacks
+
   gputrace record --ebpf                         print the BPF program and cflags
 """
 
@@ -44,6 +47,10 @@ def register(app: typer.Typer) -> None:
             typer.Option("--driver-version", help="Driver version whose layouts to use."),
         ] = None,
         force: Annotated[bool, typer.Option("--force", help="Overwrite the output.")] = False,
+        libcuda: Annotated[
+            str | None,
+            typer.Option("--libcuda", help="libcuda.so to probe besides those found (API layer)."),
+        ] = None,
         ebpf: Annotated[
             bool, typer.Option("--ebpf", help="Print the BPF program and cflags, then exit.")
         ] = False,
@@ -70,6 +77,7 @@ def register(app: typer.Typer) -> None:
             driver_version=driver_version,
             force=force,
             command=command,
+            libcuda=libcuda,
         )
         if ebpf:
             source, flags, _drv, _plan = build_program(opts)

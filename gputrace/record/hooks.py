@@ -7,6 +7,7 @@ Each hook is a tracepoint. A required hook that the kernel lacks stops
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ class Hook:
     event: str
     required: bool
     why: str
+    arch: str | None = None  # only on this platform.machine(); skipped elsewhere
 
     @property
     def name(self) -> str:
@@ -58,7 +60,16 @@ HOOKS: tuple[Hook, ...] = (
     Hook("sched", "sched_process_fork", True, "follow children of traced processes"),
     Hook("sched", "sched_process_exec", False, "exec of traced processes"),
     Hook("sched", "sched_process_exit", True, "process exits"),
+    # issue 6: its arguments (address, ip, error_code) are x86's; probes/nv_faults.bpf.h
+    Hook("exceptions", "page_fault_user", False, "CPU page faults on managed memory",
+         arch="x86_64"),
 )
+ARCH_NOTE = "x86-64 only (the tracepoint and its error_code bits are x86's)"
+
+
+def notes() -> dict[str, str]:
+    """Manifest notes on hooks that exist only on some machines."""
+    return {h.name: ARCH_NOTE for h in HOOKS if h.arch == "x86_64"}
 
 
 def ensure_tracefs() -> Path:
@@ -100,6 +111,8 @@ def plan(tracefs: Path) -> tuple[list[Hook], list[dict[str, str]], list[str]]:
                     f"required tracepoint {h.name} is missing from this kernel ({h.why})"
                 )
             attach.append(h)
+        elif h.arch is not None and platform.machine() != h.arch:
+            skipped.append({"name": h.name, "reason": ARCH_NOTE})
         elif h.define in missing_optional:
             skipped.append({"name": h.name, "reason": "tracepoint not in this kernel"})
         else:
@@ -107,3 +120,46 @@ def plan(tracefs: Path) -> tuple[list[Hook], list[dict[str, str]], list[str]]:
             assert h.define is not None
             defines.add(h.define)
     return attach, skipped, sorted(defines)
+
+
+# ---------------------------------------------------------------- API layer (issue 4)
+# libcuda functions probed with a uprobe + uretprobe (probes/cuda.bpf.c: one
+# `uprobe_<symbol>` program per entry, `uretprobe_cuda` for every return). The
+# id of `sym` is `base`; `sym_ptsz` is base + 1, `sym_ptds` base + 2 (attached
+# only where the library exports them; missing symbols are listed as skipped).
+CUDA_VARIANTS: tuple[str, ...] = ("", "_ptsz", "_ptds")
+
+
+@dataclass(frozen=True)
+class CudaFunc:
+    symbol: str
+    base: int
+    shape: str  # S_* argument shape in probes/cuda.bpf.c
+    allocates: bool  # returns a pointer/handle through an out-parameter (stack taken)
+
+
+CUDA_FUNCS: tuple[CudaFunc, ...] = (
+    CudaFunc("cuMemAlloc_v2", 0, "S_OUT_SIZE", True),
+    CudaFunc("cuMemAllocPitch_v2", 4, "S_PITCH", True),
+    CudaFunc("cuMemFree_v2", 8, "S_FREE", False),
+    CudaFunc("cuMemAllocManaged", 12, "S_OUT_SIZE_FLAGS", True),
+    CudaFunc("cuMemAllocHost_v2", 16, "S_OUT_SIZE", True),
+    CudaFunc("cuMemHostAlloc", 20, "S_OUT_SIZE_FLAGS", True),
+    CudaFunc("cuMemFreeHost", 24, "S_FREE", False),
+    CudaFunc("cuMemCreate", 28, "S_CREATE", True),
+    CudaFunc("cuMemRelease", 32, "S_RELEASE", False),
+    CudaFunc("cuMemMap", 36, "S_MAP", False),
+    CudaFunc("cuMemUnmap", 40, "S_PTR_SIZE", False),
+    CudaFunc("cuMemAddressReserve", 44, "S_RESERVE", True),
+    CudaFunc("cuMemAddressFree", 48, "S_PTR_SIZE", False),
+    CudaFunc("cuMemAllocAsync", 52, "S_ASYNC", True),
+    CudaFunc("cuMemAllocFromPoolAsync", 56, "S_POOL_ASYNC", True),
+    CudaFunc("cuMemFreeAsync", 60, "S_FREE_ASYNC", False),
+)
+
+
+def cuda_symbols() -> dict[str, int]:
+    """Every symbol that may be probed (variants included) -> its function id."""
+    return {
+        f.symbol + v: f.base + i for f in CUDA_FUNCS for i, v in enumerate(CUDA_VARIANTS)
+    }

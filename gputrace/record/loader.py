@@ -24,7 +24,9 @@ PROBES = Path(__file__).resolve().parent.parent.parent / "probes"
 MAIN = "syscalls.bpf.c"
 FLUSH_CMD = 0x47545246
 IOCTL_RB_PAGES = 16384  # 64 MiB: ~0.4 s of events at 1 M/s
-BUFFERS = ("ioctl_events", "mapping_events", "proc_events")
+FAULT_RB_PAGES = 8192  # 32 MiB: ~0.6 s of CPU faults at 1 M/s
+BUFFERS = ("ioctl_events", "mapping_events", "proc_events", "fault_events")  # GT_BUF_* order
+STAGED = ("ioctl_events", "fault_events")  # records are count-prefixed batches
 _SYSTEM_DIST = "/usr/lib/python3/dist-packages"
 _INCLUDE_RE = re.compile(r'^#include "([\w.]+\.bpf\.h)"\s*$')
 
@@ -45,7 +47,8 @@ def probe_source(probes: Path = PROBES) -> str:
 
 def cflags(driver: DriverInfo, hook_defines: Iterable[str], probes: Path = PROBES) -> list[str]:
     """Compiler flags: include dir and validated -D defines (integers and names only)."""
-    flags = [f"-I{probes}", f"-DGT_IOCTL_RB_PAGES={IOCTL_RB_PAGES}"]
+    flags = [f"-I{probes}", f"-DGT_IOCTL_RB_PAGES={IOCTL_RB_PAGES}",
+             f"-DGT_FAULT_RB_PAGES={FAULT_RB_PAGES}"]
     for name, value in sorted(driver.defines.items()):
         if not re.fullmatch(r"GT_[A-Z0-9_]+", name) or not isinstance(value, int):
             raise GputraceError(f"internal error: bad define {name}={value!r}")
@@ -110,7 +113,7 @@ class Probes:
         """A callback that only copies bytes (ioctl batches: without their header)."""
         sink = self.raw[name]
         string_at = ctypes.string_at
-        skip = decode.BATCH_HEADER if name == "ioctl_events" else 0
+        skip = decode.BATCH_HEADER if name in STAGED else 0
 
         def cb(_ctx: Any, data: int, size: int) -> int:
             sink.append(string_at(data + skip, size - skip))
@@ -194,6 +197,59 @@ class Probes:
             if count:
                 out.append(raw[: decode.BATCH_HEADER + count * decode.IOCTL_DTYPE.itemsize])
         return b"".join(out)
+
+    # -- CPU faults on managed memory (issue 6)
+    def leftover_fault_staging(self) -> bytes:
+        """Partial fault batches still staged (CPUs we may not run on); call after stop."""
+        out = []
+        size = decode.FAULT_DTYPE.itemsize
+        for per_cpu in self.bpf["fault_staging"][ctypes.c_int(0)]:
+            raw = bytes(per_cpu)
+            count = int.from_bytes(raw[:4], "little")
+            if count:
+                out.append(raw[: decode.BATCH_HEADER + count * size])
+        return b"".join(out)
+
+    def fault_stats(self) -> dict[str, int]:
+        """Managed 2 MiB blocks and processes the BPF maps could not track."""
+        tbl = self.bpf["fault_stats"]
+        names = ("untracked_blocks", "untracked_ranges")  # GT_FS_* order
+        return {n: int(sum(tbl[ctypes.c_int(i)])) for i, n in enumerate(names)}
+
+    def seed_managed(
+        self, ranges: dict[int, tuple[dict[int, list[int]], list[tuple[int, int]]]]
+    ) -> None:
+        """Managed ranges mapped before recording (cpufaults.seed): per tgid, page
+        bitmaps per 2 MiB block of the small ranges and [(start, end)] of the big ones."""
+        procs, tbl = self.bpf["managed_procs"], self.bpf["managed_blocks"]
+        for i, (tgid, (per_block, big)) in enumerate(sorted(ranges.items())):
+            try:  # the probe saw an mmap since attaching: add to its generation
+                mp = procs[ctypes.c_uint(tgid)]
+            except KeyError:
+                mp = procs.Leaf()
+                mp.gen = 0x80000000 | i  # bit 31: never a generation the probe hands out
+            gen = int(mp.gen)
+            mp.nblocks += len(per_block)  # nonzero: munmap must clear blocks
+            free = [s for s in range(decode.BIG_RANGES) if mp.big_end[s] == 0]
+            for s, (lo, hi) in zip(free, big, strict=False):
+                mp.big_start[s], mp.big_end[s] = lo, hi
+            procs[ctypes.c_uint(tgid)] = mp
+            for block, words in per_block.items():
+                key, leaf = tbl.Key(), tbl.Leaf()
+                key.tgid, key.gen, key.block = tgid, gen, block
+                for w, v in enumerate(words):
+                    leaf.bits[w] = v
+                tbl[key] = leaf
+
+    def forget_managed(self) -> int:
+        """Delete blocks of retired generations (exec, exit); returns how many."""
+        procs, tbl = self.bpf["managed_procs"], self.bpf["managed_blocks"]
+        live = {(k.value, v.gen) for k, v in procs.items()}
+        stale = [k for k in tbl if (k.tgid, k.gen) not in live]
+        for k in stale:
+            with contextlib.suppress(KeyError):
+                del tbl[k]
+        return len(stale)
 
     def drops(self) -> dict[str, int]:
         tbl = self.bpf["drops"]

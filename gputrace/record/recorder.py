@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
-from gputrace.record import decode, driver, hooks, loader, procfs
+from gputrace.record import cpufaults, cuda, decode, driver, hooks, loader, procfs
 from gputrace.tracedir import STATUS_COMPLETE, TraceWriter
 
 POLL_S = 0.05
@@ -45,6 +45,7 @@ class Options:
     driver_version: str | None = None
     force: bool = False
     command: list[str] = field(default_factory=list)
+    libcuda: str | None = None  # --libcuda PATH (API layer)
 
 
 def device_prefix(device_dir: str) -> str:
@@ -100,6 +101,8 @@ class Recorder:
             raise UsageError("give either -p PID or -- CMD, not both")
         if self.opts.duration_s is not None and self.opts.duration_s <= 0:
             raise UsageError("-d must be a positive number of seconds")
+        if self.opts.libcuda is not None:
+            self.opts.libcuda = cuda.check_libcuda(self.opts.libcuda)
         return device_prefix(self.opts.device_dir)
 
     def run(self) -> int:
@@ -108,7 +111,11 @@ class Recorder:
         loader.check_headers()
         probes = loader.Probes(source, flags)
         try:
-            return self._record(probes, prefix, drv, attach, skipped)
+            self.api = cuda.ApiLayer(self.opts.libcuda)  # API layer: its own BPF object
+            try:
+                return self._record(probes, prefix, drv, attach, skipped)
+            finally:
+                self.api.close()
         finally:
             probes.close()
 
@@ -134,8 +141,12 @@ class Recorder:
         else:
             targets = []
         probes.add_targets(targets)
+        self.api.configure(self_tgid=os.getpid(), filter_targets=filtered, pause=filtered)
+        self.api.add_targets(targets)
+        self.api.start(targets, filtered)
         seeded = procfs.seed(targets if filtered else procfs.all_pids(), prefix)
         probes.seed_fds(seeded)
+        probes.seed_managed(cpufaults.seed(sorted({*targets, *(p for p, _ in seeded)}), prefix))
         for pid in targets if filtered else sorted({p for p, _ in seeded}):
             if self.child is None or pid != self.child.pid:
                 self.procs[pid] = procfs.read_info(pid)
@@ -147,7 +158,8 @@ class Recorder:
         self.writer = writer
         self._install_signals()
         print(
-            f"gputrace: recording ({probes.attached} hooks attached); Ctrl-C to stop",
+            f"gputrace: recording ({probes.attached + self.api.count} hooks attached); "
+            "Ctrl-C to stop",
             file=sys.stderr,
             flush=True,
         )
@@ -164,6 +176,8 @@ class Recorder:
             while self.stop_reason is None and self.error is None:
                 time.sleep(POLL_S)
                 probes.consume()
+                for item in self.api.drain():
+                    work.put(item)
                 now = time.monotonic()
                 if self.child is not None and self.child.poll() is not None:
                     self.stop_reason = "command exited"
@@ -174,14 +188,21 @@ class Recorder:
                 if now >= next_rotate:
                     next_rotate = now + ROTATE_S
                     self._hand_over(probes, work, flush=True)
-                    work.put(("rotate", probes.drops()))
+                    work.put(("rotate", {**probes.drops(), **self.api.drops()}))
                     gone, self.exited = self.exited, set()
                     probes.forget_tgids(gone)
-                elif probes.pending_bytes("ioctl_events") >= DECODE_BYTES:
+                    if gone:
+                        probes.forget_managed()
+                elif (probes.pending_bytes("ioctl_events")
+                      + probes.pending_bytes("fault_events")) >= DECODE_BYTES:
                     self._hand_over(probes, work, flush=False)
             self._hand_over(probes, work, flush=True)
             work.put(("leftover", probes.leftover_staging()))
-            work.put(("drops", probes.drops()))
+            work.put(("fault_leftover", probes.leftover_fault_staging()))
+            work.put(("fault_stats", probes.fault_stats()))
+            for item in self.api.drain():
+                work.put(item)
+            work.put(("drops", {**probes.drops(), **self.api.drops()}))
         finally:
             work.put(None)
             worker.join()
@@ -252,8 +273,9 @@ class Recorder:
             "clock": {"source": "CLOCK_MONOTONIC",
                       "realtime_offset_ns": time.time_ns() - mono_ns()},
             "target": target,
-            "layers": ["syscall"],
-            "hooks": {"attached": [h.name for h in attach], "skipped": skipped},
+            "layers": ["syscall", *cpufaults.layers(attach)],
+            "hooks": {"attached": [h.name for h in attach], "skipped": skipped,
+                      "notes": hooks.notes()},
             "drops": dict.fromkeys(loader.BUFFERS, 0),
             "start_ts_ns": start,
             "recorder": {"pid": os.getpid(), "argv": sys.argv},
@@ -288,12 +310,18 @@ class Recorder:
             if len(ev):
                 self._note_pids(ev["pid"])
                 writer.append("ioctls", decode.ioctls_batch(ev))
+        elif kind in ("fault_events", "fault_leftover"):
+            cpufaults.write(kind, data, writer)
+        elif kind == "fault_stats":
+            writer.update_manifest(cpu_faults=data)
         elif kind == "mapping_events":
             mev = np.frombuffer(data, decode.MAPPING_DTYPE)
             self._note_pids(mev["pid"])
             writer.append("mappings", decode.mappings_batch(mev))
         elif kind == "proc_events":
             self._proc_events(np.frombuffer(data, decode.PROC_DTYPE), writer)
+        elif kind.startswith("api:"):
+            self.api.write(kind, data, writer)
         elif kind == "rotate":
             writer.update_manifest(drops=data)
             writer.rotate()

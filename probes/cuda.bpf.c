@@ -1,0 +1,232 @@
+/* gputrace API layer: uprobes/uretprobes on libcuda memory calls (issue 4).
+ *
+ * Its own bcc program (gputrace/record/cuda.py): uprobes are attached per
+ * library path at run time, so this object lives beside the syscall one and
+ * follows targets itself (fork/exit). Settings come from the `cuda_config`
+ * map; nothing user-supplied is pasted here. Function ids and argument shapes
+ * are listed once in gputrace/record/hooks.py (CUDA_FUNCS) and mirrored by the
+ * GT_API3 lines below (tests/test_event_structs.py checks they agree).
+ */
+#include <uapi/linux/ptrace.h>
+#include "gputrace_events.h"
+
+#ifndef GT_CUDA_RB_PAGES
+#define GT_CUDA_RB_PAGES 1024
+#endif
+#ifndef GT_CUDA_STACKS
+#define GT_CUDA_STACKS 16384
+#endif
+#define GT_PATH_MAX 256
+#define GT_SIGSTOP 19
+
+/* Argument shapes (x86-64 / arm64 calling convention through PT_REGS_PARMn). */
+#define S_OUT_SIZE 1        /* (T **out, size)                    */
+#define S_OUT_SIZE_FLAGS 2  /* (T **out, size, flags)             */
+#define S_PITCH 3           /* (out, size_t *pitch, width, height, elem) */
+#define S_FREE 4            /* (ptr)                              */
+#define S_CREATE 5          /* (handle *out, size, prop, flags)   */
+#define S_RELEASE 6         /* (handle)                           */
+#define S_MAP 7             /* (ptr, size, offset, handle, flags) */
+#define S_PTR_SIZE 8        /* (ptr, size)                        */
+#define S_RESERVE 9         /* (out, size, alignment, addr, flags) */
+#define S_ASYNC 10          /* (out, size, stream)                */
+#define S_POOL_ASYNC 11     /* (out, size, pool, stream)          */
+#define S_FREE_ASYNC 12     /* (ptr, stream)                      */
+
+struct cuda_pending {
+    u64 ts_ns, out, pitch_out, height;
+    u64 size, ptr, handle, flags, stream;
+    u16 func;
+    u8 shape, valid, active;
+    u8 _pad[3];
+};
+struct cuda_open {
+    u8 hit;
+};
+struct cuda_path {
+    char s[GT_PATH_MAX];
+};
+
+BPF_RINGBUF_OUTPUT(cuda_events, GT_CUDA_RB_PAGES);
+BPF_PERCPU_ARRAY(cuda_drops, u64, 1);
+BPF_ARRAY(cuda_config, struct cuda_config, 1);
+BPF_STACK_TRACE(cuda_stacks, GT_CUDA_STACKS);
+BPF_TASK_STORAGE(cuda_pending, struct cuda_pending);
+BPF_HASH(cuda_targets, u32, u8, 65536);          /* traced tgids (filter mode) */
+BPF_HASH(cuda_seen, u32, u8, 65536);             /* tgids that made an API call */
+BPF_HASH(cuda_paused, u32, struct cuda_pause, 4096);
+BPF_HASH(cuda_opens, u32, struct cuda_open, 4096); /* tid -> openat of libcuda pending */
+BPF_PERCPU_ARRAY(cuda_path_scratch, struct cuda_path, 1);
+
+static __always_inline struct cuda_config *cuda_cfg(void)
+{
+    u32 zero = 0;
+    return cuda_config.lookup(&zero);
+}
+
+static __always_inline int cuda_wanted(u32 tgid, struct cuda_config *cfg)
+{
+    if (tgid == cfg->self_tgid)
+        return 0;
+    if (!cfg->filter)
+        return 1;
+    if (cuda_targets.lookup(&tgid))
+        return 1;
+    return 0;
+}
+
+/* Record why `tgid` needs the recorder; stop it when pausing is on. */
+static __always_inline void cuda_pause_for(u32 tgid, u32 kind, s32 fd, struct cuda_config *cfg)
+{
+    struct cuda_pause p = {};
+    struct cuda_pause *old = cuda_paused.lookup(&tgid);
+    if (old)
+        p = *old;
+    else
+        p.fd = -1;
+    p.ts_ns = bpf_ktime_get_ns();
+    p.kinds |= kind;
+    if (kind == GT_PAUSE_LOAD)
+        p.fd = fd;
+    if (cfg->pause && !p.stopped) {
+        p.stopped = 1;
+        bpf_send_signal(GT_SIGSTOP);
+    }
+    cuda_paused.update(&tgid, &p);
+}
+
+/* ------------------------------------------------------------ calls */
+static __always_inline int api_enter(struct pt_regs *ctx, u16 func, u8 shape)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    struct cuda_config *cfg = cuda_cfg();
+    if (!cfg || !cuda_wanted(tgid, cfg))
+        return 0;
+    struct cuda_pending *p = cuda_pending.task_storage_get(
+        (void *)bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!p)
+        return 0;
+    u64 a1 = PT_REGS_PARM1(ctx), a2 = PT_REGS_PARM2(ctx), a3 = PT_REGS_PARM3(ctx);
+    u64 a4 = PT_REGS_PARM4(ctx), a5 = PT_REGS_PARM5(ctx);
+    p->func = func;
+    p->shape = shape;
+    p->out = p->pitch_out = p->height = 0;
+    p->size = p->ptr = p->handle = p->flags = p->stream = 0;
+    p->valid = 0;
+    if (shape == S_OUT_SIZE || shape == S_OUT_SIZE_FLAGS || shape == S_CREATE ||
+        shape == S_RESERVE || shape == S_ASYNC || shape == S_POOL_ASYNC) {
+        p->out = a1;
+        p->size = a2;
+        p->valid = GT_CV_SIZE;
+    }
+    if (shape == S_OUT_SIZE_FLAGS)
+        p->flags = a3, p->valid |= GT_CV_FLAGS;
+    else if (shape == S_CREATE)
+        p->flags = a4, p->valid |= GT_CV_FLAGS;
+    else if (shape == S_RESERVE)
+        p->flags = a5, p->valid |= GT_CV_FLAGS;
+    else if (shape == S_ASYNC)
+        p->stream = a3, p->valid |= GT_CV_STREAM;
+    else if (shape == S_POOL_ASYNC)
+        p->handle = a3, p->stream = a4, p->valid |= GT_CV_HANDLE | GT_CV_STREAM;
+    else if (shape == S_PITCH)
+        p->out = a1, p->pitch_out = a2, p->height = a4;
+    else if (shape == S_FREE)
+        p->ptr = a1, p->valid = GT_CV_PTR;
+    else if (shape == S_RELEASE)
+        p->handle = a1, p->valid = GT_CV_HANDLE;
+    else if (shape == S_MAP)
+        p->ptr = a1, p->size = a2, p->handle = a4, p->flags = a5,
+        p->valid = GT_CV_PTR | GT_CV_SIZE | GT_CV_HANDLE | GT_CV_FLAGS;
+    else if (shape == S_PTR_SIZE)
+        p->ptr = a1, p->size = a2, p->valid = GT_CV_PTR | GT_CV_SIZE;
+    else if (shape == S_FREE_ASYNC)
+        p->ptr = a1, p->stream = a2, p->valid = GT_CV_PTR | GT_CV_STREAM;
+    p->active = 1;
+    p->ts_ns = bpf_ktime_get_ns();
+    return 0;
+}
+
+int uretprobe_cuda(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    struct cuda_pending *p = cuda_pending.task_storage_get(
+        (void *)bpf_get_current_task_btf(), 0, 0);
+    if (!p || !p->active)
+        return 0;
+    p->active = 0;
+    u64 id = bpf_get_current_pid_tgid();
+    struct cuda_event e = {};
+    e.ts_ns = p->ts_ns;
+    e.latency_ns = now - p->ts_ns;
+    e.pid = id >> 32;
+    e.tid = (u32)id;
+    e.result = (s32)PT_REGS_RC(ctx);
+    e.func = p->func;
+    e.size_bytes = p->size;
+    e.ptr = p->ptr;
+    e.handle = p->handle;
+    e.flags = p->flags;
+    e.stream = p->stream;
+    e.valid = p->valid;
+    e.stack_id = -1;
+    if (p->out) {
+        u64 v = 0;
+        /* Taken at return: the caller's frame is current again, so a
+         * frame-pointer walk starts in the caller on every kernel. */
+        e.stack_id = cuda_stacks.get_stackid(ctx, BPF_F_USER_STACK);
+        if (e.result == 0 && bpf_probe_read_user(&v, sizeof(v), (void *)p->out) == 0) {
+            if (p->shape == S_CREATE)
+                e.handle = v, e.valid |= GT_CV_HANDLE;
+            else
+                e.ptr = v, e.valid |= GT_CV_PTR;
+        }
+        if (p->shape == S_PITCH && e.result == 0) {
+            u64 pitch = 0;
+            if (bpf_probe_read_user(&pitch, sizeof(pitch), (void *)p->pitch_out) == 0)
+                e.size_bytes = pitch * p->height, e.valid |= GT_CV_SIZE;
+        }
+    }
+    bpf_get_current_comm(&e.comm, sizeof(e.comm));
+    if (cuda_events.ringbuf_output(&e, sizeof(e), BPF_RB_NO_WAKEUP) != 0) {
+        u32 zero = 0;
+        u64 *d = cuda_drops.lookup(&zero);
+        if (d)
+            *d += 1;
+    }
+    /* First call of the process: stop it on its way back to the caller (the
+     * latency above excludes the stop) so its maps are read while alive. */
+    if (!cuda_seen.lookup(&e.pid)) {
+        u8 one = 1;
+        struct cuda_config *cfg = cuda_cfg();
+        cuda_seen.update(&e.pid, &one);
+        if (cfg)
+            cuda_pause_for(e.pid, GT_PAUSE_FIRST, -1, cfg);
+    }
+    return 0;
+}
+
+#define GT_API(sym, id, shape) \
+    int uprobe_##sym(struct pt_regs *ctx) { return api_enter(ctx, id, shape); }
+#define GT_API3(sym, id, shape) \
+    GT_API(sym, id, shape) GT_API(sym##_ptsz, id + 1, shape) GT_API(sym##_ptds, id + 2, shape)
+
+GT_API3(cuMemAlloc_v2, 0, S_OUT_SIZE)
+GT_API3(cuMemAllocPitch_v2, 4, S_PITCH)
+GT_API3(cuMemFree_v2, 8, S_FREE)
+GT_API3(cuMemAllocManaged, 12, S_OUT_SIZE_FLAGS)
+GT_API3(cuMemAllocHost_v2, 16, S_OUT_SIZE)
+GT_API3(cuMemHostAlloc, 20, S_OUT_SIZE_FLAGS)
+GT_API3(cuMemFreeHost, 24, S_FREE)
+GT_API3(cuMemCreate, 28, S_CREATE)
+GT_API3(cuMemRelease, 32, S_RELEASE)
+GT_API3(cuMemMap, 36, S_MAP)
+GT_API3(cuMemUnmap, 40, S_PTR_SIZE)
+GT_API3(cuMemAddressReserve, 44, S_RESERVE)
+GT_API3(cuMemAddressFree, 48, S_PTR_SIZE)
+GT_API3(cuMemAllocAsync, 52, S_ASYNC)
+GT_API3(cuMemAllocFromPoolAsync, 56, S_POOL_ASYNC)
+GT_API3(cuMemFreeAsync, 60, S_FREE_ASYNC)
+
+#include "cuda_load.bpf.h"

@@ -1,0 +1,76 @@
+/* gputrace API layer, part of cuda.bpf.c (inlined by gputrace/record/cuda.py):
+ * libcuda loads seen at openat (the recorder attaches uprobes to that file),
+ * and targets followed across fork/exit.
+ */
+/* ------------------------------------------------------------ library loads */
+TRACEPOINT_PROBE(syscalls, sys_enter_openat)
+{
+    u32 zero = 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    struct cuda_config *cfg = cuda_cfg();
+    struct cuda_path *pb = cuda_path_scratch.lookup(&zero);
+    if (!cfg || !pb || !cuda_wanted(id >> 32, cfg))
+        return 0;
+    long n = bpf_probe_read_user_str(pb->s, GT_PATH_MAX, args->filename);
+    if (n < 12)
+        return 0;
+    /* "/libcuda.so" within the last 32 bytes of the path (unrolled: no
+     * data-dependent loop for the verifier to explore). */
+    u32 len = (u32)n - 1;
+    u32 start = len > 32 ? len - 32 : 0;
+    const char want[] = "/libcuda.so";
+    int found = 0;
+#pragma unroll
+    for (u32 k = 0; k < 22; k++) {
+        int ok = start + k + 11 <= len;
+#pragma unroll
+        for (u32 j = 0; j < 11; j++)
+            ok = ok && pb->s[(start + k + j) & (GT_PATH_MAX - 1)] == want[j];
+        found |= ok;
+    }
+    if (!found)
+        return 0;
+    struct cuda_open o = {.hit = 1};
+    cuda_opens.update(&tid, &o);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_openat)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    struct cuda_open *o = cuda_opens.lookup(&tid);
+    if (!o)
+        return 0;
+    cuda_opens.delete(&tid);
+    struct cuda_config *cfg = cuda_cfg();
+    if (!cfg || args->ret < 0)
+        return 0;
+    cuda_pause_for(id >> 32, GT_PAUSE_LOAD, (s32)args->ret, cfg);
+    return 0;
+}
+
+/* ------------------------------------------------------------ targets */
+TRACEPOINT_PROBE(sched, sched_process_fork)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    u32 child = args->child_pid;
+    struct cuda_config *cfg = cuda_cfg();
+    if (cfg && cfg->filter && cuda_targets.lookup(&tgid)) {
+        u8 one = 1;
+        cuda_targets.update(&child, &one);
+    }
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (tgid != (u32)id)
+        return 0;
+    cuda_targets.delete(&tgid);
+    cuda_seen.delete(&tgid);
+    return 0;
+}

@@ -1,0 +1,60 @@
+"""TEST STAND-IN helpers for the CPU page-fault workload (issue 6): build it, ask
+it what it touches, run it or start it stopped before its touches.
+
+``fault_workload DEVDIR [--wait]`` maps the stand-in's nvidia-uvm as two managed
+ranges and touches a known pattern of pages (see fault_workload.c);
+``--print-expected`` describes the faults a tracer must record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.standin.standin import BUILD_DIR, HERE, StandinUnavailable, WaitingWorkload
+
+BINARY = BUILD_DIR / "fault_workload"
+
+
+def build() -> Path:
+    r = subprocess.run(["make", "-C", str(HERE), "build/fault_workload"], capture_output=True,
+                       text=True, check=False)  # fmt: skip
+    if r.returncode != 0:
+        raise StandinUnavailable(f"building fault_workload failed:\n{r.stdout}{r.stderr}")
+    return BINARY
+
+
+def expected() -> dict[str, Any]:
+    """The pattern: managed_ranges, pages (address, op, reads, writes), outside, totals."""
+    r = subprocess.run([str(build()), "--print-expected"], capture_output=True, text=True,
+                       check=True)  # fmt: skip
+    data: dict[str, Any] = json.loads(r.stdout)
+    return data
+
+
+def run(devdir: Path | str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(build()), str(devdir)], capture_output=True, text=True,
+                          timeout=timeout, check=True)  # fmt: skip
+
+
+@contextlib.contextmanager
+def waiting(devdir: Path | str, timeout: float = 30.0) -> Iterator[WaitingWorkload]:
+    """Start it with --wait (both ranges mapped, nothing touched) and yield at READY."""
+    proc = subprocess.Popen([str(build()), str(devdir), "--wait"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("READY "):
+            proc.kill()
+            _, err = proc.communicate(timeout=timeout)
+            raise RuntimeError(f"fault_workload did not get ready: {line!r} {err}")
+        yield WaitingWorkload(proc=proc, pid=int(line.split()[1]))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
