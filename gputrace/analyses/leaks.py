@@ -59,8 +59,16 @@ def stack_frames(stacks: pl.LazyFrame) -> pl.LazyFrame:
     """(pid, stack_id, frames): symbols innermost first, joined by ' < '."""
     return (stacks.sort("pid", "stack_id", "depth")
             .group_by("pid", "stack_id", maintain_order=True)
-            .agg(pl.coalesce("symbol", pl.format("0x{}", pl.col("ip"))).str.join(" < ")
-                 .alias("frames")))
+            .agg(pl.coalesce("symbol", _unresolved()).str.join(" < ").alias("frames")))
+
+
+def _unresolved() -> pl.Expr:
+    """An unsymbolized frame as perf prints it: module+0xoffset, else 0xip."""
+    def hexa(c: str) -> pl.Expr:
+        return pl.col(c).map_elements(lambda v: f"0x{v:x}", return_dtype=pl.String)
+
+    module = pl.col("module").str.extract(r"([^/]+)$")
+    return pl.coalesce(pl.format("{}+{}", module, hexa("offset")), hexa("ip"))
 
 
 def leaks(inp: Inputs, opts: LeakOptions | None = None,

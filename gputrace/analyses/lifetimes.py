@@ -62,9 +62,11 @@ def api_lifetimes(calls: pl.LazyFrame) -> pl.LazyFrame:
 
 def uvm_lifetimes(ioctls: pl.LazyFrame, mappings: pl.LazyFrame) -> pl.LazyFrame:
     """Managed mmaps (ended by munmap) and external ranges (ended by UVM_FREE/UNMAP)."""
-    m = mappings.filter(pl.col("managed").fill_null(False))
-    mm = m.filter((pl.col("op_code") == 1) & (pl.col("ret").fill_null(0) >= 0))
-    un = m.filter((pl.col("op_code") == 2) & (pl.col("ret").fill_null(0) == 0))
+    mm = mappings.filter(pl.col("managed").fill_null(False) & (pl.col("op_code") == 1)
+                         & (pl.col("ret").fill_null(0) >= 0))
+    # Any successful munmap at the address ends the range mapped there: the
+    # recorder cannot always say a munmap was of a managed range.
+    un = mappings.filter((pl.col("op_code") == 2) & (pl.col("ret").fill_null(0) == 0))
     managed = pair(mm.with_columns(what=pl.lit("managed mmap")), un, ["pid", "addr"])
     managed = managed.rename({"addr": "id", "length": "size_bytes"})
     # An external range is opened by CREATE_EXTERNAL_RANGE and/or MAP_EXTERNAL at

@@ -47,6 +47,8 @@ def trace_info(trace: Trace) -> dict[str, Any]:
         "start_wall": _wall(m, start),
         "layers": trace.layers,
         "hooks": m.get("hooks", {}),
+        "api": m.get("api"),
+        "cpu_faults": m.get("cpu_faults"),
         "drops": drops,
         "rows": rows,
         "warnings": warnings,
@@ -83,9 +85,30 @@ def render_info(info: dict[str, Any], fmt: str = "text") -> str:
     attached = hooks.get("attached", [])
     skipped = hooks.get("skipped", [])
     lines.append(f"hooks      {len(attached)} attached, {len(skipped)} skipped")
+    by_reason: dict[str, list[str]] = {}
     for s in skipped:
         if isinstance(s, dict):
-            lines.append(f"  skipped  {s.get('name')}: {s.get('reason')}")
+            by_reason.setdefault(str(s.get("reason")), []).append(str(s.get("name")))
+    for reason, names in by_reason.items():
+        shown = ", ".join(n.split("@")[0] for n in names[:3])
+        more = f" (+{len(names) - 3} more; --json lists all)" if len(names) > 3 else ""
+        lines.append(f"  skipped  {len(names)} x {reason}: {shown}{more}")
+    notes = hooks.get("notes", {})
+    if isinstance(notes, dict):
+        lines += [f"  note     {hook}: {note}" for hook, note in notes.items()]
+    api = info.get("api") or {}
+    if api.get("libraries"):
+        lines.append(
+            f"api        {', '.join(api['libraries'])}; {api.get('stack_frames', 0)} stack "
+            f"frames, {api.get('unresolved_frames', 0)} unresolved"
+        )
+    cpu = info.get("cpu_faults") or {}
+    if cpu.get("untracked_blocks") or cpu.get("untracked_ranges"):
+        lines.append(
+            f"warning: managed ranges too large for the in-kernel filter: "
+            f"{cpu.get('untracked_blocks', 0)} blocks, {cpu.get('untracked_ranges', 0)} ranges "
+            "untracked (their CPU faults are missing)"
+        )
     drops = info["drops"]
     lines.append(
         "drops      " + (", ".join(f"{k}={v}" for k, v in sorted(drops.items())) or "none")

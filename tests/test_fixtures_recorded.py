@@ -1,0 +1,138 @@
+"""Golden checks on traces recorded by real probes on the FUSE stand-in driver.
+
+The fixtures come from `python3 fixtures/record_standin.py` (provenance in
+each fixture's PROVENANCE.json and in fixtures/README.md). Each test asserts
+the workload's known counts, read from the EXPECTED.json the workload printed
+(`workload --print-expected ...`) beside the recording, and the analysis
+output is kept as a golden file. They need no root and no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from gputrace.tracedir import open_trace
+from tests.analyze_helpers import GOLDEN, analyze
+from tests.conftest import FIXTURES
+
+RM = FIXTURES / "standin-rm"
+CUDA = FIXTURES / "standin-cuda"
+FAULTS = FIXTURES / "standin-faults"
+MEMORY_CLASSES = {0x40, 0x3E}
+VIRTUAL_CLASSES = {0x50A0}
+BLOCK = 2 << 20
+
+
+def expected(fixture: Path = RM) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((fixture / "EXPECTED.json").read_text())
+    return data
+
+
+@pytest.mark.parametrize("fixture", [RM, CUDA, FAULTS], ids=lambda p: p.name)
+def test_provenance_says_recorded(fixture: Path) -> None:
+    prov = json.loads((fixture / "PROVENANCE.json").read_text())
+    assert prov["recorded"] is True and prov["synthetic"] is False
+    trace = open_trace(fixture)
+    assert trace.status == "complete"
+    assert not trace.manifest.get("synthetic")
+    assert sum(trace.drops.values()) == 0
+    assert "syscall" in trace.layers
+    assert open_trace(fixture).scan("processes").collect()["exit_code"].to_list() == [0]
+
+
+def test_ioctl_counts_per_device_and_command() -> None:
+    df = open_trace(RM).scan("ioctls").collect()
+    got = Counter(zip(df["device"].to_list(), df["name"].to_list(), strict=True))
+    want = Counter({(dev, name): n for dev, names in expected()["ioctls_by_device"].items()
+                    for name, n in names.items()})
+    assert got == want
+    assert df.height == expected()["ioctls_total"]
+    assert df["pid"].n_unique() == 1
+
+
+def test_memory_allocations_decoded() -> None:
+    df = (open_trace(RM).scan("ioctls")
+          .filter(pl.col("name").is_in(["RM_ALLOC", "RM_ALLOC_MEMORY"])
+                  & pl.col("h_class").is_in([0x40, 0x3E, 0x50A0, 0x71]))
+          .select("h_object", "h_class", "size_bytes", "status").collect())
+    got = {r["h_object"]: (r["h_class"], r["size_bytes"], r["status"]) for r in df.to_dicts()}
+    for a in expected()["memory_allocations"]:
+        if a["ioctl"] in ("RM_ALLOC", "RM_ALLOC_MEMORY"):
+            assert got[a["handle"]] == (a["class"], a["size"], a["status"]), a
+
+
+def test_leaks_equal_the_workloads_unfreed_objects() -> None:
+    """--no-exit-free: the process exits holding its kept vidmem and sysmem objects."""
+    leaks = analyze(RM, ["leaks"])["leaks"]
+    kept = [a for a in expected()["memory_allocations"]
+            if a["fate"] == "kept" and a["ioctl"] == "RM_ALLOC"]
+    want_mem = sorted((a["handle"], a["size"]) for a in kept if a["class"] in MEMORY_CLASSES)
+    got = sorted((a["id"], a["size_bytes"]) for a in leaks["allocations"] if a["layer"] == "rm")
+    assert got == want_mem
+    assert {a["kind"] for a in leaks["allocations"]} == {"unfreed_at_exit"}
+    assert leaks["bytes_by_layer"]["rm"] == sum(s for _, s in want_mem)
+    virt = [a for a in kept if a["class"] in VIRTUAL_CLASSES]
+    assert leaks["rm_virtual_unreleased"] == {"count": len(virt),
+                                              "bytes": sum(a["size"] for a in virt)}
+    # The managed range and the external range were both released.
+    assert leaks["bytes_by_layer"]["uvm"] == 0
+
+
+def test_api_calls_counts_sizes_and_results() -> None:
+    """tests/standin_cuda/expected.json: every call, by symbol, size and result."""
+    exp = expected(CUDA)
+    df = open_trace(CUDA).scan("cuda_calls").collect()
+    want = Counter()
+    for calls in exp["calls_by_function"].values():
+        want.update({sym: n for sym, n in calls.items() if sym.startswith("cuMem")
+                     and sym not in ("cuMemGetAllocationGranularity", "cuMemSetAccess")})
+    assert Counter(df["func"].to_list()) == want
+    sizes = Counter((a["symbol"], a["size"], a["result"]) for a in exp["allocations"])
+    got = Counter(zip(df["func"], df["size_bytes"], df["result"], strict=True))
+    assert {k: got[k] for k in sizes} == dict(sizes)
+    ioctl_pids = set(open_trace(CUDA).scan("ioctls").collect()["pid"].to_list())
+    assert ioctl_pids == set(df["pid"].to_list())
+
+
+def test_api_leaks_name_the_leaking_function() -> None:
+    leaks = analyze(CUDA, ["leaks"])["leaks"]
+    api = [a for a in leaks["allocations"] if a["layer"] == "api"]
+    exp = expected(CUDA)["leaks"]
+    assert len(api) == exp["count"] == 23
+    assert sum(a["size_bytes"] for a in api) == exp["bytes"]
+    (site,) = [s for s in leaks["by_stack"] if s["layer"] == "api"]
+    assert site["count"] == 23 and site["frames"].startswith("leak_buffers < main")
+    driver = expected(CUDA)["driver"]
+    rm = [a for a in leaks["allocations"] if a["layer"] == "rm"]
+    assert len(rm) == driver["leaked_vidmem_objects"]
+    assert sum(a["size_bytes"] for a in rm) == driver["leaked_vidmem_bytes"]
+
+
+def test_cpu_faults_match_the_touch_pattern() -> None:
+    """fault_workload --print-expected: per page reads and writes, none outside ranges."""
+    exp = expected(FAULTS)
+    df = open_trace(FAULTS).scan("faults").collect()
+    assert set(df["source"].to_list()) == {"cpu"}
+    got = Counter(zip(df["address"].to_list(), df["access_type"].to_list(), strict=True))
+    want: Counter[tuple[int, str]] = Counter()
+    for p in exp["pages"]:
+        want[(p["address"], "read")] += p["reads"]
+        want[(p["address"], "write")] += p["writes"]
+    assert got == +want
+    assert (df["block_2m"] == df["address"] - df["address"] % BLOCK).all()
+
+
+@pytest.mark.parametrize("fixture", [RM, CUDA, FAULTS], ids=lambda p: p.name)
+def test_golden_report(fixture: Path, update_golden: bool) -> None:
+    doc = analyze(fixture)
+    text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    golden = GOLDEN / f"recorded_{fixture.name.replace('-', '_')}.json"
+    if update_golden or not golden.exists():
+        golden.write_text(text)
+    assert golden.read_text() == text, "rerun with --update-golden if the change is intended"
