@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from gputrace import schema
-from gputrace.errors import GputraceError, UsageError
+from gputrace.errors import UsageError
 from gputrace.record import decode, elf, hooks, loader, procfs
 from gputrace.record.symbolize import Symbolizer
 
@@ -103,11 +103,7 @@ class ApiLayer:
     def __init__(self, libcuda: str | None = None) -> None:
         self.libcuda = libcuda
         bcc = loader.import_bcc()
-        try:
-            self.bpf = bcc.BPF(text=probe_source(), cflags=[*cflags(), "-w"])
-        except Exception as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise GputraceError(f"loading the API-layer BPF probes failed: {first}") from None
+        self.bpf = loader.load_bpf(bcc, probe_source(), cflags(), "api-layer")
         self.raw: list[bytes] = []
         self._cb = self._collector()
         self.bpf[BUFFER].open_ring_buffer(self._cb)

@@ -93,17 +93,40 @@ def check_headers() -> None:
     )
 
 
+def load_bpf(bcc: Any, text: str, flags: list[str], what: str) -> Any:
+    """Compile and load a bcc program, keeping clang's and the verifier's output
+    off the terminal: on failure it is saved to a file the one-line error names."""
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            return bcc.BPF(text=text, cflags=[*flags, "-w"])
+        except Exception as e:
+            os.dup2(saved, 2)
+            log.seek(0)
+            fd, path = tempfile.mkstemp(prefix=f"gputrace-{what}-", suffix=".log")
+            with os.fdopen(fd, "wb") as out:
+                out.write(log.read())
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise GputraceError(
+                f"loading the {what} BPF programs failed: {first} (compiler and verifier "
+                f"output in {path})"
+            ) from None
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 class Probes:
     """The loaded programs and their maps."""
 
     def __init__(self, source: str, flags: list[str]) -> None:
         bcc = import_bcc()
         self._libc = ctypes.CDLL(None, use_errno=True)
-        try:
-            self.bpf = bcc.BPF(text=source, cflags=[*flags, "-w"])
-        except Exception as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise GputraceError(f"loading the BPF probes failed: {first}") from None
+        self.bpf = load_bpf(bcc, source, flags, "syscall-layer")
         self.raw: dict[str, list[bytes]] = {name: [] for name in BUFFERS}
         self._callbacks = [self._collector(name) for name in BUFFERS]
         for name, cb in zip(BUFFERS, self._callbacks, strict=True):
