@@ -63,6 +63,7 @@ class Table:
 
 DEVICE_KINDS: dict[int, str] = {0: "unknown", 1: "ctl", 2: "gpu", 3: "uvm", 4: "uvm-tools"}
 MAPPING_OPS: dict[int, str] = {1: "mmap", 2: "munmap"}
+FD_OPS: dict[int, str] = {1: "open", 2: "close", 3: "dup", 4: "seen"}
 FAULT_SOURCES: dict[int, str] = {
     1: "cpu",
     2: "gpu_replayable",
@@ -116,6 +117,7 @@ CHUNK_MEM_TYPES: dict[int, str] = {0: "user", 1: "kernel"}
 ENUMS: dict[str, dict[int, str]] = {
     "device": DEVICE_KINDS,
     "op": MAPPING_OPS,
+    "fd_op": FD_OPS,
     "source": FAULT_SOURCES,
     "access_type": ACCESS_TYPES,
     "fault_type": FAULT_TYPES,
@@ -198,6 +200,22 @@ IOCTLS = Table(
         Column("ctrl_cmd", U32, "", "RM_CONTROL command"),
         Column("ref_fd", I32, "", "fd named inside the parameters (rmCtrlFd, uvmFd, map fd)"),
         Column("gpu_uuid", STR, "", "GPU UUID named by a UVM command, GPU-xxxxxxxx-... form"),
+    ),
+)
+
+FILES = Table(
+    "files",
+    "Opens, duplications and closes of NVIDIA device fds (the RM frees a control "
+    "fd's clients when its last reference closes).",
+    "syscall",
+    (
+        *_who(),
+        *_enum("fd_op", FD_OPS, "what happened (seen = already open when recording began)"),
+        *_enum("device", DEVICE_KINDS, "device file kind"),
+        Column("gpu_index", I16, "", "N of /dev/nvidiaN (null for other devices)"),
+        Column("fd", I32, "", "the fd opened, duplicated from, or closed", False),
+        Column("new_fd", I32, "", "the new fd of a dup (null otherwise)"),
+        Column("ret", I64, "", "syscall return value (negative errno)"),
     ),
 )
 
@@ -326,6 +344,7 @@ TABLES: dict[str, Table] = {
     for t in (
         PROCESSES,
         IOCTLS,
+        FILES,
         MAPPINGS,
         CUDA_CALLS,
         STACKS,

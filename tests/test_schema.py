@@ -15,7 +15,7 @@ def test_docs_trace_format_is_generated_from_schema() -> None:
 
 def test_required_tables_and_columns() -> None:
     assert set(schema.TABLES) == {
-        "processes", "ioctls", "mappings", "cuda_calls", "stacks",
+        "processes", "ioctls", "files", "mappings", "cuda_calls", "stacks",
         "faults", "fault_batches", "migrations", "chunks",
     }
     ioctls = {c.name for c in schema.IOCTLS.columns}
