@@ -46,6 +46,8 @@ def one(case: str, trace: str) -> dict[str, Any]:
     from gputrace.analyses.common import inputs_from_trace, ok_ioctl, pair
 
     inp = inputs_from_trace(open_trace(trace))
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0 = ru0.ru_utime + ru0.ru_stime
     t = time.perf_counter()
     result: Any = None
     if case == "polars_pairing":
@@ -77,9 +79,9 @@ def one(case: str, trace: str) -> dict[str, Any]:
         run_reports(inp, names, {"older_ns": 0, "min_size": 0, "top": None, "window_s": 1.0,
                                  "thrash_min": 3})
     wall = time.perf_counter() - t
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"case": case, "wall_s": round(wall, 2), "peak_rss_mib": round(rss),
-            "result": result}
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return {"case": case, "wall_s": round(wall, 2), "peak_rss_mib": round(ru.ru_maxrss / 1024),
+            "cpu_s": round(ru.ru_utime + ru.ru_stime - cpu0, 2), "result": result}
 
 
 def main() -> None:
@@ -93,14 +95,16 @@ def main() -> None:
     rows = {n: tr.rows(n) for n in ("ioctls", "cuda_calls", "faults", "migrations", "chunks")}
     total = sum(rows.values())
     print(f"trace {trace}: {total:,} events ({', '.join(f'{k} {v:,}' for k, v in rows.items())})")
-    print(f"{'case':<22}{'wall s':>9}{'peak RSS MiB':>14}{'M events/s':>12}  result")
-    for case in CASES:
+    print(f"{'case':<22}{'wall s':>9}{'cpu s':>8}{'peak RSS MiB':>14}{'M events/s':>12}  result")
+    cases = sys.argv[2].split(",") if len(sys.argv) > 2 else CASES
+    for case in cases:
         out = subprocess.run([sys.executable, __file__, "--one", case, trace],
                              capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         n = rows["ioctls"] if "pairing" in case or "ioctl" in case else total
         rate = n / r["wall_s"] / 1e6 if r["wall_s"] else float("inf")
-        print(f"{case:<22}{r['wall_s']:>9.2f}{r['peak_rss_mib']:>14,}{rate:>12.1f}  "
+        print(f"{case:<22}{r['wall_s']:>9.2f}{r['cpu_s']:>8.2f}{r['peak_rss_mib']:>14,}"
+              f"{rate:>12.1f}  "
               f"{r['result'] if r['result'] is not None else ''}", flush=True)
 
 

@@ -75,20 +75,23 @@ def rm_objects(ioctls: pl.LazyFrame) -> pl.LazyFrame:
                                         left_on="ts_ns", right_on="_pts",
                                         by=["pid", "client", "parent"], strategy="backward",
                                         check_sortedness=False)
+    # `_prow`: the row of each object's parent instance, so a parent's end is a
+    # gather (no join per level); no parent instances at all, nothing to propagate.
     df = objs.collect()
-    for _ in range(MAX_DEPTH):
-        up = df.select(pl.col("_oid").alias("_poid"), pl.col("end_ts_ns").alias("_pend"))
-        nxt = df.join(up, on="_poid", how="left").with_columns(
-            _pend=pl.when(pl.col("_pend") >= pl.col("ts_ns")).then("_pend"))
-        earlier = pl.col("_pend") < pl.col("end_ts_ns").fill_null(pl.col("_pend") + 1)
-        nxt = nxt.with_columns(
+    df = df.with_columns(_prow=df["_oid"].arg_sort().gather(df["_poid"]))
+    for _ in range(MAX_DEPTH if df["_prow"].null_count() < df.height else 0):
+        pend = pl.col("end_ts_ns").gather(pl.col("_prow"))
+        pend = pl.when(pend >= pl.col("ts_ns")).then(pend)
+        earlier = pend < pl.col("end_ts_ns").fill_null(pend + 1)
+        nxt = df.with_columns(
             freed_by=pl.when(earlier).then(pl.lit("parent")).otherwise("freed_by"),
-            end_ts_ns=pl.min_horizontal("end_ts_ns", "_pend")).drop("_pend")
+            end_ts_ns=pl.min_horizontal("end_ts_ns", pend))
         changed = not nxt["end_ts_ns"].equals(df["end_ts_ns"])
         df = nxt
         if not changed:
             break
-    return df.lazy().drop("_oid", "_poid", "_pts", "_parent_free", "_client_free", "_close")
+    return df.lazy().drop("_oid", "_poid", "_prow", "_pts", "_parent_free", "_client_free",
+                          "_close")
 
 
 def _is_virtual() -> pl.Expr:
