@@ -126,12 +126,14 @@ struct proc_event {
     char comm[16];
 };
 
-/* Drop counters: index of each ring buffer in the per-CPU `drops` array. */
+/* Drop counters: index of each ring buffer in the per-CPU `drops` array
+ * (gputrace/record/loader.py BUFFERS lists the names in this order). */
 #define GT_BUF_IOCTL 0
 #define GT_BUF_MAPPING 1
 #define GT_BUF_PROC 2
 #define GT_BUF_FAULT 3   /* CPU page faults (issue 6) */
-#define GT_NBUF 4
+#define GT_BUF_FD 4      /* open/close/dup of NVIDIA fds (files table) */
+#define GT_NBUF 5
 
 /* Settings written by the loader into the `config` array (validated first). */
 #define GT_PREFIX_MAX 256
@@ -165,6 +167,35 @@ struct uvm_layout {
 /* The recorder's own ioctl(-1, GT_FLUSH_CMD) makes the probe submit the
  * current CPU's partially filled staging batch. */
 #define GT_FLUSH_CMD 0x47545246u
+
+/* ---------------------------------------------------------------------------
+ * Open, close and dup of NVIDIA device fds: probes/syscalls.bpf.c (opens) and
+ * probes/nv_fds.bpf.h (close, dup*), decoded by decode.files_batch.
+ */
+#define GT_FD_OPEN 1
+#define GT_FD_CLOSE 2
+#define GT_FD_DUP 3
+#define GT_FD_SEEN 4    /* already open at start: written by the recorder, never by BPF */
+
+/* fd_event.valid */
+#define GT_FV_RET (1u << 0)  /* ret holds the syscall's return value */
+
+/* One open/close/dup of a tracked NVIDIA fd (56 bytes). */
+struct fd_event {
+    u64 ts_ns;          /* CLOCK_MONOTONIC at syscall entry */
+    s64 ret;            /* syscall return value (when GT_FV_RET) */
+    u32 pid;            /* tgid */
+    u32 tid;
+    s32 fd;             /* opened, duplicated from, or closed */
+    s32 new_fd;         /* GT_FD_DUP: the new fd; -1 otherwise */
+    u8 op;              /* GT_FD_* */
+    u8 device;          /* GT_DEV_* */
+    s16 gpu_index;      /* N of nvidiaN, -1 otherwise */
+    u8 valid;           /* GT_FV_* bits */
+    u8 _pad0;
+    u16 _pad1;
+    char comm[16];
+};
 
 /* ---------------------------------------------------------------------------
  * API layer (issue 4): uprobes on libcuda, probes/cuda.bpf.c, its own BPF

@@ -1,63 +1,6 @@
-/* close/dup of NVIDIA fds, their mmap/munmap, and the process lifecycle
- * (fork, exec, exit).
+/* mmap/munmap of NVIDIA fds and the process lifecycle (fork, exec, exit);
+ * close and dup are in nv_fds.bpf.h.
  * Included by syscalls.bpf.c after its maps. */
-
-/* ------------------------------------------------------- close / dup */
-TRACEPOINT_PROBE(syscalls, sys_enter_close)
-{
-    u64 k = fdkey(bpf_get_current_pid_tgid() >> 32, (s32)args->fd);
-    fds.delete(&k);
-    return 0;
-}
-
-static __always_inline int dup_enter(s32 oldfd)
-{
-    u32 tid = (u32)bpf_get_current_pid_tgid();
-    pending_dups.update(&tid, &oldfd);
-    return 0;
-}
-
-static __always_inline int dup_exit(long ret)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, tid = (u32)id;
-    s32 *old = pending_dups.lookup(&tid);
-    if (!old)
-        return 0;
-    u64 ko = fdkey(tgid, *old), kn = fdkey(tgid, (s32)ret);
-    pending_dups.delete(&tid);
-    if (ret < 0 || ko == kn)
-        return 0;
-    struct fdval *v = fds.lookup(&ko);
-    if (v) {
-        struct fdval c = *v;
-        fds.update(&kn, &c);
-    } else {
-        fds.delete(&kn); /* dup2/dup3 closed a tracked newfd */
-    }
-    return 0;
-}
-
-#ifdef GT_HAVE_SYS_ENTER_DUP
-TRACEPOINT_PROBE(syscalls, sys_enter_dup) { return dup_enter(args->fildes); }
-TRACEPOINT_PROBE(syscalls, sys_exit_dup) { return dup_exit(args->ret); }
-#endif
-#ifdef GT_HAVE_SYS_ENTER_DUP2
-TRACEPOINT_PROBE(syscalls, sys_enter_dup2) { return dup_enter(args->oldfd); }
-TRACEPOINT_PROBE(syscalls, sys_exit_dup2) { return dup_exit(args->ret); }
-#endif
-#ifdef GT_HAVE_SYS_ENTER_DUP3
-TRACEPOINT_PROBE(syscalls, sys_enter_dup3) { return dup_enter(args->oldfd); }
-TRACEPOINT_PROBE(syscalls, sys_exit_dup3) { return dup_exit(args->ret); }
-#endif
-
-#ifdef GT_HAVE_SYS_ENTER_FCNTL /* F_DUPFD (0), F_DUPFD_CLOEXEC (1030) */
-TRACEPOINT_PROBE(syscalls, sys_enter_fcntl)
-{
-    return (args->cmd == 0 || args->cmd == 1030) ? dup_enter(args->fd) : 0;
-}
-TRACEPOINT_PROBE(syscalls, sys_exit_fcntl) { return dup_exit(args->ret); }
-#endif
 
 /* ------------------------------------------------------- mmap / munmap */
 static __always_inline void emit_mapping(struct pending_mmap *p, u8 op, u64 addr, long ret,

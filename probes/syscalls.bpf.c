@@ -3,7 +3,8 @@
  * Only tracepoint arguments are read: no kernel struct layouts. Settings come
  * from the `config` and `uvm_layouts` maps and from -D defines that
  * gputrace/record/driver.py validates; nothing user-supplied is pasted here.
- * The ioctl probes and the RM/UVM decoders are in nv_ioctl.bpf.h.
+ * The ioctl probes and the RM/UVM decoders are in nv_ioctl.bpf.h; close and
+ * dup in nv_fds.bpf.h.
  */
 #include <uapi/linux/ptrace.h>
 #include "gputrace_events.h"
@@ -22,6 +23,7 @@ struct fdval {
     u32 _pad1;
 };
 struct pending_open {
+    u64 ts_ns;
     struct fdval v;
 };
 struct mkey {
@@ -48,7 +50,6 @@ BPF_HASH(targets, u32, u8, 65536);                /* traced tgids (filter mode) 
 BPF_HASH(seen, u32, u8, 65536);                   /* tgids that opened a device */
 BPF_HASH(exit_codes, u32, s32, 16384);
 BPF_HASH(pending_opens, u32, struct pending_open, 16384);
-BPF_HASH(pending_dups, u32, s32, 16384);
 BPF_HASH(pending_mmaps, u32, struct pending_mmap, 16384);
 BPF_HASH(maps, struct mkey, struct pending_mmap, 65536); /* live mmaps */
 struct path_buf {
@@ -101,6 +102,8 @@ static __always_inline void emit_proc(u32 kind, u32 pid, u32 ppid, s32 code)
         count_drop(GT_BUF_PROC, 1);
 }
 
+#include "nv_fds.bpf.h"
+
 /* ------------------------------------------------------------ opens */
 static __always_inline int open_enter(const char *filename)
 {
@@ -128,6 +131,7 @@ static __always_inline int open_enter(const char *filename)
     if (s[0] != 'n' || s[1] != 'v' || s[2] != 'i' || s[3] != 'd' || s[4] != 'i' || s[5] != 'a')
         return 0;
     struct pending_open p = {};
+    p.ts_ns = bpf_ktime_get_ns();
     p.v.gpu = -1;
     if (s[6] == 'c' && s[7] == 't' && s[8] == 'l' && s[9] == 0) {
         p.v.kind = GT_DEV_CTL;
@@ -170,12 +174,13 @@ static __always_inline int open_exit(long ret)
     struct pending_open *p = pending_opens.lookup(&tid);
     if (!p)
         return 0;
-    struct fdval v = p->v;
+    struct pending_open po = *p;
     pending_opens.delete(&tid);
     if (ret < 0)
         return 0;
     u64 k = fdkey(tgid, (s32)ret);
-    fds.update(&k, &v);
+    fds.update(&k, &po.v);
+    emit_fd(GT_FD_OPEN, po.ts_ns, (s32)ret, -1, &po.v, ret, 1);
     if (!seen.lookup(&tgid)) {
         u8 one = 1;
         seen.update(&tgid, &one);

@@ -28,6 +28,8 @@ STRUCTS = {
     "fault_event": decode.FAULT_DTYPE,
     "mblock_key": decode.MBLOCK_KEY_DTYPE,
     "mblock": decode.MBLOCK_DTYPE,
+    # open/close/dup of NVIDIA fds (files table)
+    "fd_event": decode.FD_DTYPE,
 }
 
 
@@ -141,3 +143,49 @@ def test_fault_batches_decode() -> None:
     assert b["block_2m"] == [0x300000000000, 0x300000200000, 0x300000200000]
     assert b["source"] == ["cpu"] * 3 and b["fault_type"] == ["unknown"] * 3
     assert b["gpu_index"] == [None] * 3 and b["comm"] == ["touch"] * 3
+
+
+def test_fd_constants_match_header() -> None:
+    """GT_FD_* are schema.FD_OPS codes; GT_BUF_* index loader.BUFFERS; GT_NBUF counts them."""
+    import re
+
+    from gputrace import schema
+    from gputrace.record import loader
+
+    text = HEADER.read_text()
+    ops = {int(v): k for k, v in re.findall(r"^#define GT_FD_(\w+) (\d+)", text, re.M)}
+    assert {c: n.lower() for c, n in ops.items()} == schema.FD_OPS
+    assert (decode.FD_OPEN, decode.FD_CLOSE, decode.FD_DUP, decode.FD_SEEN) == (1, 2, 3, 4)
+    assert f"#define GT_FV_RET (1u << {decode.FV_RET.bit_length() - 1})" in text
+    bufs = dict(re.findall(r"^#define GT_BUF_(\w+) (\d+)", text, re.M))
+    assert sorted(int(v) for v in bufs.values()) == list(range(len(loader.BUFFERS)))
+    assert f"#define GT_NBUF {len(loader.BUFFERS)}" in text
+    assert loader.BUFFERS[int(bufs["FD"])] == "fd_events"
+
+
+def test_files_batch_decode() -> None:
+    """fd events in, `files` rows out: new_fd only for dups, ret only where valid."""
+    ev = np.zeros(4, decode.FD_DTYPE)
+    ev["ts_ns"] = [40, 10, 20, 30]
+    ev["pid"] = ev["tid"] = 5
+    ev["comm"] = b"wl"
+    ev["op"] = [2, 1, 3, 2]  # close (implicit), open, dup, close
+    ev["device"] = [1, 2, 1, 1]
+    ev["gpu_index"] = [-1, 0, -1, -1]
+    ev["fd"] = [9, 4, 3, 7]
+    ev["new_fd"] = [-1, -1, 7, -1]
+    ev["ret"] = [0, 4, 7, 0]
+    ev["valid"] = [0, 1, 1, 1]
+    b = decode.files_batch(ev).to_pydict()
+    assert b["ts_ns"] == [10, 20, 30, 40]
+    assert b["fd_op"] == ["open", "dup", "close", "close"]
+    assert b["device"] == ["gpu", "ctl", "ctl", "ctl"]
+    assert b["gpu_index"] == [0, None, None, None]
+    assert b["new_fd"] == [None, 7, None, None]
+    assert b["ret"] == [4, 7, 0, None]
+    seen = decode.seen_events({(8, 3): (1, -1), (8, 4): (2, 1)}, 99, {8: "app"})
+    s = decode.files_batch(seen).to_pydict()
+    assert s["fd_op"] == ["seen", "seen"] and s["ts_ns"] == [99, 99]
+    assert s["tid"] == [8, 8] and s["comm"] == ["app", "app"]
+    assert s["fd"] == [3, 4] and s["gpu_index"] == [None, 1]
+    assert s["ret"] == [None, None] and s["new_fd"] == [None, None]

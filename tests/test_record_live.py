@@ -44,6 +44,44 @@ def _minus(a: dict[str, dict[str, int]], b: dict[str, dict[str, int]]) -> dict[s
     return {d: v for d, v in out.items() if v}
 
 
+def _check_files(files: pl.DataFrame, ioctls: pl.DataFrame, exp: dict[str, Any],
+                 pid: int) -> dict[str, int]:
+    """The `files` rows of one workload run replay to a consistent fd set that ends
+    empty (every fd opened, seen or dup'ed is closed once, with ret 0); returns the
+    opens per device. Checks the dup of the ctl fd and the early close of the
+    second uvm fd."""
+    files = files.sort("ts_ns", "fd_op_code", maintain_order=True)
+    assert set(files["pid"].to_list()) == {pid} and set(files["comm"].to_list()) == {"workload"}
+    live: dict[int, str] = {}
+    for r in files.iter_rows(named=True):
+        op, dev, fd = r["fd_op"], r["device"], r["fd"]
+        if op in ("open", "seen"):
+            assert fd not in live and r["new_fd"] is None, r
+            assert r["ret"] == (fd if op == "open" else None), r
+            live[fd] = dev
+        elif op == "dup":
+            assert live.get(fd) == dev and r["new_fd"] not in live and r["ret"] == r["new_fd"], r
+            live[r["new_fd"]] = dev
+        else:
+            assert op == "close" and live.pop(fd, None) == dev and r["ret"] == 0, r
+    assert live == {}
+    dups = files.filter(pl.col("fd_op") == "dup")
+    assert dups.height == exp["dups_of_ctl"] and dups["device"].to_list() == ["ctl"]
+    dup = dups.row(0, named=True)
+    via = ioctls.filter((pl.col("fd") == dup["new_fd"]) & (pl.col("ts_ns") > dup["ts_ns"])
+                        & (pl.col("device") == "ctl"))  # fmt: skip
+    assert _counts(via) == exp["ioctls_via_dup_fd"]
+    # the second uvm fd is closed right after UVM_MM_INITIALIZE, its only ioctl
+    mm = ioctls.filter(pl.col("name") == "UVM_MM_INITIALIZE").row(0, named=True)
+    after = files.filter((pl.col("fd") == mm["fd"]) & (pl.col("ts_ns") > mm["ts_ns"]))
+    close = after.row(0, named=True)
+    assert (close["fd_op"], close["device"]) == ("close", "uvm")
+    between = ioctls.filter(pl.col("ts_ns").is_between(mm["ts_ns"], close["ts_ns"], "none"))
+    assert between.height == 0
+    opens = files.filter(pl.col("fd_op") == "open")
+    return dict(Counter(opens["device"].to_list()))
+
+
 def test_record_command_exact(tmp_path: Path) -> None:
     from tests.standin.standin import build, mounted_driver
 
@@ -113,6 +151,10 @@ def test_record_command_exact(tmp_path: Path) -> None:
     gpu_mmaps = maps.filter((pl.col("op") == "mmap") & (pl.col("device") == "gpu"))
     assert gpu_mmaps.height == exp["gpu_mmaps"]["count"]
     assert gpu_mmaps["length"][0] == exp["gpu_mmaps"]["length"]
+    # files: opens per device, the dup of the ctl fd, closes of every fd; no "seen" rows
+    files = t.scan("files").collect()
+    assert _check_files(files, ioctls, exp, pid) == exp["opens"]
+    assert files.filter(pl.col("fd_op") == "seen").height == 0
     # the trace is private to its owner
     assert (out.stat().st_mode & 0o777) == 0o700
     for p in out.rglob("*"):
@@ -142,6 +184,14 @@ def test_record_attach_pid_seeds_open_fds(tmp_path: Path) -> None:
     procs = t.scan("processes").collect()
     assert procs["pid"].to_list() == [wl.pid]
     assert procs["start_ts_ns"][0] is None and procs["exit_ts_ns"][0] is not None
+    # files: "seen" rows at the start for the fds opened before attaching, the rest live
+    files = t.scan("files").collect()
+    seen = files.filter(pl.col("fd_op") == "seen")
+    assert seen["ts_ns"].to_list() == [t.manifest["start_ts_ns"]] * seen.height
+    assert seen["tid"].to_list() == [wl.pid] * seen.height
+    assert sorted(seen["device"].to_list()) == ["ctl", "gpu", "uvm"]
+    opens = _check_files(files, ioctls, exp, wl.pid)
+    assert Counter(opens) + Counter(seen["device"].to_list()) == Counter(exp["opens"])
 
 
 def test_record_sigkill_leaves_readable_trace(tmp_path: Path) -> None:

@@ -251,6 +251,56 @@ def mappings_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
     return _batch(schema.MAPPINGS, cols)
 
 
+# ------------------------------------------------ open/close/dup of NVIDIA fds (files)
+FD_DTYPE = np.dtype(
+    [
+        ("ts_ns", "<u8"), ("ret", "<i8"), ("pid", "<u4"), ("tid", "<u4"), ("fd", "<i4"),
+        ("new_fd", "<i4"), ("op", "u1"), ("device", "u1"), ("gpu_index", "<i2"),
+        ("valid", "u1"), ("_pad0", "u1"), ("_pad1", "<u2"), ("comm", "S16"),
+    ]
+)  # fmt: skip
+FD_OPEN, FD_CLOSE, FD_DUP, FD_SEEN = 1, 2, 3, 4  # GT_FD_*
+FV_RET = 1  # GT_FV_RET: ret holds a value
+
+
+def files_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
+    """`struct fd_event`s (and the recorder's "seen" rows) as a batch of `files`:
+    new_fd only for dups, ret only where GT_FV_RET is set, gpu_index only for nvidiaN."""
+    order = _order(ev["ts_ns"])
+    if order is not None:
+        ev = ev[order]
+    op = np.ascontiguousarray(ev["op"])
+    dev = np.ascontiguousarray(ev["device"])
+    gpu = ev["gpu_index"]
+    cols: dict[str, Any] = {
+        "ts_ns": pa.array(ev["ts_ns"].astype(np.int64)),
+        "pid": pa.array(ev["pid"].astype(np.int32)),
+        "tid": pa.array(ev["tid"].astype(np.int32)),
+        "comm": _comm(ev["comm"], ev["tid"]),
+        "fd_op_code": pa.array(op),
+        "fd_op": _strings_from(op, schema.FD_OPS),
+        "device_code": pa.array(dev),
+        "device": _strings_from(dev, _DEVICE_NAMES),
+        "gpu_index": pa.array(gpu, mask=gpu < 0),
+        "fd": pa.array(ev["fd"]),
+        "new_fd": pa.array(ev["new_fd"], mask=op != FD_DUP),
+        "ret": pa.array(ev["ret"], mask=(ev["valid"] & FV_RET) == 0),
+    }
+    return _batch(schema.FILES, cols)
+
+
+def seen_events(
+    fds: Mapping[tuple[int, int], tuple[int, int]], ts_ns: int, comms: Mapping[int, str | None]
+) -> npt.NDArray[np.void]:
+    """"seen" rows for fds already open at start ({(pid, fd): (kind, gpu)} as
+    procfs.seed gives them): tid = pid, comm from `comms`, no ret."""
+    ev = np.zeros(len(fds), FD_DTYPE)
+    for i, ((pid, fd), (kind, gpu)) in enumerate(sorted(fds.items())):
+        ev[i] = (ts_ns, 0, pid, pid, fd, -1, FD_SEEN, kind, gpu, 0, 0, 0,
+                 (comms.get(pid) or "").encode()[:16])  # fmt: skip
+    return ev
+
+
 def _batch(t: schema.Table, cols: dict[str, Any]) -> pa.RecordBatch:
     arrays = []
     for c in t.columns:

@@ -49,7 +49,7 @@ HOOKS: tuple[Hook, ...] = (
     *_pair("openat", True, "which fds are NVIDIA devices"),
     *_pair("open", False, "which fds are NVIDIA devices (legacy open)"),
     *_pair("openat2", False, "which fds are NVIDIA devices (openat2)"),
-    Hook("syscalls", "sys_enter_close", True, "forget closed fds"),
+    *_pair("close", True, "forget closed fds; close rows of the files table"),
     *_pair("dup", False, "follow duplicated fds"),
     *_pair("dup2", False, "follow duplicated fds"),
     *_pair("dup3", False, "follow duplicated fds"),

@@ -25,7 +25,8 @@ MAIN = "syscalls.bpf.c"
 FLUSH_CMD = 0x47545246
 IOCTL_RB_PAGES = 16384  # 64 MiB: ~0.4 s of events at 1 M/s
 FAULT_RB_PAGES = 8192  # 32 MiB: ~0.6 s of CPU faults at 1 M/s
-BUFFERS = ("ioctl_events", "mapping_events", "proc_events", "fault_events")  # GT_BUF_* order
+# ring buffers of the syscall program, in GT_BUF_* order (their index in `drops`)
+BUFFERS = ("ioctl_events", "mapping_events", "proc_events", "fault_events", "fd_events")
 STAGED = ("ioctl_events", "fault_events")  # records are count-prefixed batches
 _SYSTEM_DIST = "/usr/lib/python3/dist-packages"
 _INCLUDE_RE = re.compile(r'^#include "([\w.]+\.bpf\.h)"\s*$')

@@ -156,6 +156,9 @@ class Recorder:
             manifest=self._manifest(prefix, drv, attach, skipped, targets, start),
         )  # fmt: skip
         self.writer = writer
+        if seeded:  # fds open before recording: "seen" rows at the start time
+            comms = {p: i.comm for p, i in self.procs.items()}
+            writer.append("files", decode.files_batch(decode.seen_events(seeded, start, comms)))
         self._install_signals()
         print(
             f"gputrace: recording ({probes.attached + self.api.count} hooks attached); "
@@ -287,7 +290,8 @@ class Recorder:
         if flush:
             probes.flush_staging()
         probes.consume()
-        for name in loader.BUFFERS:
+        # process exits last: rows of a process drained with its exit still find it
+        for name in sorted(loader.BUFFERS, key=lambda n: n == "proc_events"):
             raw = probes.take(name)
             if raw:
                 work.put((name, raw))
@@ -318,6 +322,10 @@ class Recorder:
             mev = np.frombuffer(data, decode.MAPPING_DTYPE)
             self._note_pids(mev["pid"])
             writer.append("mappings", decode.mappings_batch(mev))
+        elif kind == "fd_events":
+            fev = np.frombuffer(data, decode.FD_DTYPE)
+            self._note_pids(fev["pid"])
+            writer.append("files", decode.files_batch(fev))
         elif kind == "proc_events":
             self._proc_events(np.frombuffer(data, decode.PROC_DTYPE), writer)
         elif kind.startswith("api:"):
