@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gputrace.record import decode
+from gputrace.record import decode, decode_cuda, decode_faults
 
 HEADER = Path(__file__).resolve().parent.parent / "probes" / "gputrace_events.h"
 
@@ -21,13 +21,13 @@ STRUCTS = {
     "gt_config": decode.CONFIG_DTYPE,
     "uvm_layout": decode.UVM_LAYOUT_DTYPE,
     # API layer (issue 4)
-    "cuda_event": decode.CUDA_DTYPE,
-    "cuda_pause": decode.CUDA_PAUSE_DTYPE,
-    "cuda_config": decode.CUDA_CONFIG_DTYPE,
+    "cuda_event": decode_cuda.CUDA_DTYPE,
+    "cuda_pause": decode_cuda.CUDA_PAUSE_DTYPE,
+    "cuda_config": decode_cuda.CUDA_CONFIG_DTYPE,
     # CPU faults on managed memory (issue 6)
-    "fault_event": decode.FAULT_DTYPE,
-    "mblock_key": decode.MBLOCK_KEY_DTYPE,
-    "mblock": decode.MBLOCK_DTYPE,
+    "fault_event": decode_faults.FAULT_DTYPE,
+    "mblock_key": decode_faults.MBLOCK_KEY_DTYPE,
+    "mblock": decode_faults.MBLOCK_DTYPE,
     # open/close/dup of NVIDIA fds (files table)
     "fd_event": decode.FD_DTYPE,
 }
@@ -73,9 +73,9 @@ def test_struct_layouts_match_numpy(tmp_path: Path) -> None:
     )
     assert c["fault_batch.ev"] == decode.BATCH_HEADER
     assert c["fault_batch"] == (
-        decode.BATCH_HEADER + decode.FAULT_STAGE_EVENTS * decode.FAULT_DTYPE.itemsize
+        decode.BATCH_HEADER + decode_faults.FAULT_STAGE_EVENTS * decode_faults.FAULT_DTYPE.itemsize
     )
-    assert c["managed_proc"] == decode.MANAGED_PROC_DTYPE.itemsize
+    assert c["managed_proc"] == decode_faults.MANAGED_PROC_DTYPE.itemsize
 
 
 def test_valid_bits_match_header() -> None:
@@ -122,14 +122,14 @@ def test_cuda_functions_match_probe() -> None:
     lines = re.findall(r"^GT_API3\((\w+), (\d+), (S_\w+)\)$", text, re.M)
     assert lines == [(f.symbol, str(f.base), f.shape) for f in hooks.CUDA_FUNCS]
     header = HEADER.read_text()
-    for name, bit in decode.CUDA_VALID_BITS.items():
+    for name, bit in decode_cuda.CUDA_VALID_BITS.items():
         macro = "GT_CV_" + ("SIZE" if name == "size_bytes" else name.upper())
         assert f"#define {macro} (1u << {bit})" in header, macro
 
 
 def test_fault_batches_decode() -> None:
     """CPU faults (issue 6): batches in, `faults` rows out (read/write from error bit 1)."""
-    ev = np.zeros(3, decode.FAULT_DTYPE)
+    ev = np.zeros(3, decode_faults.FAULT_DTYPE)
     ev["ts_ns"] = [30, 10, 20]
     ev["address"] = [0x300000200040, 0x300000000040, 0x3000003FF000]
     ev["error_code"] = [0x6, 0x4, 0x7]  # user|write, user read, user|write|present
@@ -137,7 +137,7 @@ def test_fault_batches_decode() -> None:
     ev["comm"] = b"touch"
     raw = b"".join(len(c).to_bytes(4, "little") + b"\0" * 4 + c.tobytes()
                    for c in (ev[:1], ev[1:]))  # fmt: skip
-    b = decode.faults_batch(decode.fault_events_from_batches(raw)).to_pydict()
+    b = decode_faults.faults_batch(decode_faults.fault_events_from_batches(raw)).to_pydict()
     assert b["ts_ns"] == [10, 20, 30]
     assert b["access_type"] == ["read", "write", "write"]
     assert b["block_2m"] == [0x300000000000, 0x300000200000, 0x300000200000]

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gputrace.record import decode
+from gputrace.record import decode_faults
 
 HOOK = "exceptions:page_fault_user"
 LAYER = "cpu_faults"
@@ -88,8 +88,8 @@ def seed(pids: Iterable[int], prefix: str) -> dict[int, tuple[Blocks, list[tuple
 def write(kind: str, data: bytes, writer: Any) -> int:
     """Decode fault batch bodies (`fault_events`) or whole leftover batches
     (`fault_leftover`) into the `faults` table; returns the rows written."""
-    ev = (decode.fault_events(data) if kind == "fault_events"
-          else decode.fault_events_from_batches(data))  # fmt: skip
+    ev = (decode_faults.fault_events(data) if kind == "fault_events"
+          else decode_faults.fault_events_from_batches(data))  # fmt: skip
     if len(ev):
-        writer.append("faults", decode.faults_batch(ev))
+        writer.append("faults", decode_faults.faults_batch(ev))
     return len(ev)

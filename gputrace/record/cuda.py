@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from gputrace import schema
 from gputrace.errors import UsageError
-from gputrace.record import decode, elf, hooks, loader, procfs
+from gputrace.record import decode_cuda, elf, hooks, loader, procfs
 from gputrace.record.symbolize import Symbolizer
 
 MAIN = "cuda.bpf.c"
@@ -232,7 +232,7 @@ class ApiLayer:
             data = b"".join(self.raw)
             self.raw.clear()
             items.append(("api:cuda_calls", data))
-            rows = self._stacks(np.frombuffer(data, decode.CUDA_DTYPE))
+            rows = self._stacks(np.frombuffer(data, decode_cuda.CUDA_DTYPE))
             if rows:
                 items.append(("api:stacks", rows))
         if self.changed or items:
@@ -277,8 +277,8 @@ class ApiLayer:
     def write(self, kind: str, data: Any, writer: Any) -> None:
         """Writer-thread side of the items `drain` made."""
         if kind == "api:cuda_calls":
-            ev = np.frombuffer(data, decode.CUDA_DTYPE)
-            writer.append("cuda_calls", decode.cuda_calls_batch(ev, self.names))
+            ev = np.frombuffer(data, decode_cuda.CUDA_DTYPE)
+            writer.append("cuda_calls", decode_cuda.cuda_calls_batch(ev, self.names))
         elif kind == "api:stacks":
             writer.append("stacks", pa.Table.from_pylist(data, schema=schema.STACKS.arrow_schema))
         elif kind == "api:manifest":

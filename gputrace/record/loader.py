@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gputrace.errors import GputraceError
-from gputrace.record import decode
+from gputrace.record import decode, decode_faults
 from gputrace.record.driver import DriverInfo, slot
 
 PROBES = Path(__file__).resolve().parent.parent.parent / "probes"
@@ -226,7 +226,7 @@ class Probes:
     def leftover_fault_staging(self) -> bytes:
         """Partial fault batches still staged (CPUs we may not run on); call after stop."""
         out = []
-        size = decode.FAULT_DTYPE.itemsize
+        size = decode_faults.FAULT_DTYPE.itemsize
         for per_cpu in self.bpf["fault_staging"][ctypes.c_int(0)]:
             raw = bytes(per_cpu)
             count = int.from_bytes(raw[:4], "little")
@@ -254,7 +254,7 @@ class Probes:
                 mp.gen = 0x80000000 | i  # bit 31: never a generation the probe hands out
             gen = int(mp.gen)
             mp.nblocks += len(per_block)  # nonzero: munmap must clear blocks
-            free = [s for s in range(decode.BIG_RANGES) if mp.big_end[s] == 0]
+            free = [s for s in range(decode_faults.BIG_RANGES) if mp.big_end[s] == 0]
             for s, (lo, hi) in zip(free, big, strict=False):
                 mp.big_start[s], mp.big_end[s] = lo, hi
             procs[ctypes.c_uint(tgid)] = mp

@@ -1,0 +1,57 @@
+"""Numpy mirrors and bulk decoding for the API layer (cuda_event and friends in
+probes/gputrace_events.h): libcuda calls into `cuda_calls` batches."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from gputrace import schema
+from gputrace.record.decode import _batch, _comm, _order, _strings_from
+
+# ---------------------------------------------------------------- API layer (issue 4)
+CUDA_DTYPE = np.dtype(
+    [
+        ("ts_ns", "<u8"), ("latency_ns", "<u8"), ("size_bytes", "<u8"), ("ptr", "<u8"),
+        ("handle", "<u8"), ("flags", "<u8"), ("stream", "<u8"), ("pid", "<u4"), ("tid", "<u4"),
+        ("result", "<i4"), ("stack_id", "<i4"), ("func", "<u2"), ("valid", "u1"),
+        ("_pad0", "u1"), ("_pad1", "<u4"), ("comm", "S16"),
+    ]
+)  # fmt: skip
+CUDA_PAUSE_DTYPE = np.dtype(
+    [("ts_ns", "<u8"), ("kinds", "<u4"), ("fd", "<i4"), ("stopped", "<u4"), ("_pad0", "<u4")]
+)
+CUDA_CONFIG_DTYPE = np.dtype(
+    [("self_tgid", "<u4"), ("filter", "<u4"), ("pause", "<u4"), ("_pad0", "<u4")]
+)
+# GT_CV_* bits of cuda_event.valid, by column
+CUDA_VALID_BITS: dict[str, int] = {"size_bytes": 0, "ptr": 1, "handle": 2, "flags": 3, "stream": 4}
+
+
+def cuda_calls_batch(ev: npt.NDArray[np.void], names: Mapping[int, str]) -> pa.RecordBatch:
+    """Decoded `struct cuda_event`s as a record batch of the `cuda_calls` table;
+    `names` maps function ids to libcuda symbols."""
+    order = _order(ev["ts_ns"])
+    if order is not None:
+        ev = ev[order]
+    valid = ev["valid"]
+    sid = ev["stack_id"]
+    cols: dict[str, Any] = {
+        "ts_ns": pa.array(ev["ts_ns"].astype(np.int64)),
+        "pid": pa.array(ev["pid"].astype(np.int32)),
+        "tid": pa.array(ev["tid"].astype(np.int32)),
+        "comm": _comm(ev["comm"], ev["tid"]),
+        "func": _strings_from(ev["func"], names),
+        "result": pa.array(ev["result"]),
+        "latency_ns": pa.array(ev["latency_ns"].astype(np.int64)),
+        "stack_id": pa.array(sid.astype(np.int64), mask=sid < 0),
+    }
+    for name, bit in CUDA_VALID_BITS.items():
+        cols[name] = pa.array(ev[name], mask=(valid & np.uint8(1 << bit)) == 0)
+    return _batch(schema.CUDA_CALLS, cols)
+
+
