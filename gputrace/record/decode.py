@@ -144,6 +144,16 @@ def _comm(comm: npt.NDArray[np.bytes_], tid: npt.NDArray[np.integer]) -> Any:
     return pa.DictionaryArray.from_arrays(enc.indices, pa.array(names, pa.string()))
 
 
+def _who(ev: npt.NDArray[np.void]) -> dict[str, Any]:
+    """The ts_ns, pid, tid and comm columns every event table starts with."""
+    return {
+        "ts_ns": pa.array(ev["ts_ns"].astype(np.int64)),
+        "pid": pa.array(ev["pid"].astype(np.int32)),
+        "tid": pa.array(ev["tid"].astype(np.int32)),
+        "comm": _comm(ev["comm"], ev["tid"]),
+    }
+
+
 def _uuid_strings(ev: npt.NDArray[np.void], order: Any, valid: npt.NDArray[np.bool_]) -> Any:
     n = len(valid)
     if not valid.any():
@@ -229,10 +239,7 @@ def mappings_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
     ok = ~((ret < 0) & (ret > -4096))
     managed = is_mmap & ok & (dev == DEV_UVM) & (ev["offset"] == ev["addr"])
     cols: dict[str, Any] = {
-        "ts_ns": pa.array(ev["ts_ns"].astype(np.int64)),
-        "pid": pa.array(ev["pid"].astype(np.int32)),
-        "tid": pa.array(ev["tid"].astype(np.int32)),
-        "comm": _comm(ev["comm"], ev["tid"]),
+        **_who(ev),
         "op_code": pa.array(op),
         "op": _strings_from(op, schema.MAPPING_OPS),
         "device_code": pa.array(dev),
@@ -273,10 +280,7 @@ def files_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
     dev = np.ascontiguousarray(ev["device"])
     gpu = ev["gpu_index"]
     cols: dict[str, Any] = {
-        "ts_ns": pa.array(ev["ts_ns"].astype(np.int64)),
-        "pid": pa.array(ev["pid"].astype(np.int32)),
-        "tid": pa.array(ev["tid"].astype(np.int32)),
-        "comm": _comm(ev["comm"], ev["tid"]),
+        **_who(ev),
         "fd_op_code": pa.array(op),
         "fd_op": _strings_from(op, schema.FD_OPS),
         "device_code": pa.array(dev),

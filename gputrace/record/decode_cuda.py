@@ -11,7 +11,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from gputrace import schema
-from gputrace.record.decode import _batch, _comm, _order, _strings_from
+from gputrace.record.decode import _batch, _order, _strings_from, _who
 
 # ---------------------------------------------------------------- API layer (issue 4)
 CUDA_DTYPE = np.dtype(
@@ -41,10 +41,7 @@ def cuda_calls_batch(ev: npt.NDArray[np.void], names: Mapping[int, str]) -> pa.R
     valid = ev["valid"]
     sid = ev["stack_id"]
     cols: dict[str, Any] = {
-        "ts_ns": pa.array(ev["ts_ns"].astype(np.int64)),
-        "pid": pa.array(ev["pid"].astype(np.int32)),
-        "tid": pa.array(ev["tid"].astype(np.int32)),
-        "comm": _comm(ev["comm"], ev["tid"]),
+        **_who(ev),
         "func": _strings_from(ev["func"], names),
         "result": pa.array(ev["result"]),
         "latency_ns": pa.array(ev["latency_ns"].astype(np.int64)),

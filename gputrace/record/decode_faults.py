@@ -10,7 +10,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from gputrace import schema
-from gputrace.record.decode import BATCH_HEADER, _batch, _comm, _order, _strings_from
+from gputrace.record.decode import BATCH_HEADER, _batch, _order, _strings_from, _who
 
 # ---------------------------------------------------- CPU faults on managed memory (issue 6)
 FAULT_DTYPE = np.dtype(
@@ -60,10 +60,7 @@ def faults_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
     source = np.full(n, SOURCE_CPU, np.uint8)
     ftype = np.full(n, FAULT_TYPE_UNKNOWN, np.uint8)
     cols: dict[str, Any] = {
-        "ts_ns": pa.array(ev["ts_ns"].astype(np.int64)),
-        "pid": pa.array(ev["pid"].astype(np.int32)),
-        "tid": pa.array(ev["tid"].astype(np.int32)),
-        "comm": _comm(ev["comm"], ev["tid"]),
+        **_who(ev),
         "source_code": pa.array(source),
         "source": _strings_from(source, schema.FAULT_SOURCES),
         "gpu_index": pa.nulls(n, pa.int16()),
