@@ -27,12 +27,15 @@ KEY = ["layer", "pid"]
 
 
 def live_series(lifetimes: pl.LazyFrame) -> pl.LazyFrame:
-    """Step series of live bytes: (layer, pid, ts_ns, live_bytes) after each event."""
+    """Step series of live bytes: (layer, pid, ts_ns, live_bytes) after each event, in
+    time order; at equal times frees come first. One single-column sort by time (a
+    window sum keeps each series' own order), no sort by key."""
     up = lifetimes.select(*KEY, pl.col("alloc_ts_ns").alias("ts_ns"),
                           pl.col("size_bytes").alias("delta"))
     down = lifetimes.filter(pl.col("free_ts_ns").is_not_null()).select(
         *KEY, pl.col("free_ts_ns").alias("ts_ns"), (-pl.col("size_bytes")).alias("delta"))
-    return (pl.concat([up, down]).sort([*KEY, "ts_ns"])
+    return (pl.concat([up, down])
+            .sort(pl.col("ts_ns") * 2 + (pl.col("delta") > 0).cast(pl.Int64))
             .with_columns(live_bytes=pl.col("delta").cum_sum().over(KEY)).drop("delta"))
 
 
@@ -57,7 +60,8 @@ def growth(lifetimes: pl.LazyFrame) -> pl.DataFrame:
     spans = series.group_by(KEY).agg(
         t0=pl.col("ts_ns").min(), t1=pl.col("ts_ns").max(), events=pl.len(),
         peak_bytes=pl.col("live_bytes").max(), end_bytes=pl.col("live_bytes").last())
-    binned = (series.join(spans, on=KEY)
+    binned = (series.with_columns(t0=pl.col("ts_ns").min().over(KEY),
+                                  t1=pl.col("ts_ns").max().over(KEY))
               .with_columns(bin=((pl.col("ts_ns") - pl.col("t0")) * BINS
                                  // (pl.col("t1") - pl.col("t0") + 1)))
               .group_by([*KEY, "bin"]).agg(pl.col("live_bytes").min().alias("low"),

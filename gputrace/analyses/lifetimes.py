@@ -44,13 +44,16 @@ def api_lifetimes(calls: pl.LazyFrame) -> pl.LazyFrame:
     """cuMem* allocations paired with their frees by (pid, pointer or handle)."""
     c = calls.filter(pl.col("result").fill_null(0) == 0).with_columns(base=_base_func())
 
-    def keyed(table: dict[str, str]) -> pl.LazyFrame:
-        space = pl.col("base").replace_strict(table, default=None)
+    def keyed(table: dict[str, str], *cols: str) -> pl.LazyFrame:
+        # `space`: True for a handle, False for a pointer (a bool keys faster than a string)
+        space = pl.col("base").replace_strict({k: v == "handle" for k, v in table.items()},
+                                              default=None, return_dtype=pl.Boolean)
         return (c.filter(pl.col("base").is_in(list(table)))
-                .with_columns(space=space,
-                              id=pl.when(space == "handle").then("handle").otherwise("ptr")))
+                .select(*cols, "ts_ns", "pid", space.alias("space"),
+                        pl.when(space).then("handle").otherwise("ptr").alias("id")))
 
-    allocs = keyed(API_ALLOCS).filter(pl.col("id").fill_null(0) != 0)
+    allocs = keyed(API_ALLOCS, "comm", "base", "size_bytes", "stack_id").filter(
+        pl.col("id").fill_null(0) != 0)
     out = pair(allocs, keyed(API_FREES), ["pid", "space", "id"])
     return out.select(
         pl.lit("api").alias("layer"), "pid", "comm", "id", pl.col("base").alias("what"),

@@ -53,9 +53,13 @@ def rm_objects(ioctls: pl.LazyFrame) -> pl.LazyFrame:
         "ts_ns", "pid", pl.col("h_client").alias("client"), pl.col("h_object").alias("handle"))
     closes = ioctls.filter(pl.col("name") == CLOSE).select("ts_ns", "pid", "fd")
 
-    objs = pair(allocs, frees, KEY).with_row_index("_oid")
-    objs = _first_after(objs, frees.rename({"handle": "parent"}), ["pid", "client", "parent"],
-                        "_parent_free")
+    # Materialized once, in time order; look-ups only see keys some object has.
+    base = pair(allocs, frees, KEY).with_row_index("_oid").sort("ts_ns").collect().lazy()
+    pkey = ["pid", "client", "parent"]
+    pkeys = base.select(pkey).unique()
+    objs = _first_after(base, frees.rename({"handle": "parent"}).join(pkeys, on=pkey,
+                                                                       how="semi"),
+                        pkey, "_parent_free")
     objs = _first_after(objs, frees.filter(pl.col("handle") == pl.col("client")).drop("handle"),
                         ["pid", "client"], "_client_free")
     objs = _first_after(objs, closes, ["pid", "fd"], "_close")
@@ -69,11 +73,11 @@ def rm_objects(ioctls: pl.LazyFrame) -> pl.LazyFrame:
 
     # Deeper ancestors: the parent instance alive at allocation time, then
     # propagate end = min(end, parent's end) down the tree.
-    parents = objs.select("pid", "client", pl.col("handle").alias("parent"),
-                          pl.col("_oid").alias("_poid"), pl.col("ts_ns").alias("_pts"))
-    objs = objs.sort("ts_ns").join_asof(parents.drop_nulls(["parent"]).sort("_pts"),
-                                        left_on="ts_ns", right_on="_pts",
-                                        by=["pid", "client", "parent"], strategy="backward",
+    parents = base.select("pid", "client", pl.col("handle").alias("parent"),
+                          pl.col("_oid").alias("_poid"), pl.col("ts_ns").alias("_pts")
+                          ).join(pkeys, on=pkey, how="semi")
+    objs = objs.sort("ts_ns").join_asof(parents.sort("_pts"), left_on="ts_ns",
+                                        right_on="_pts", by=pkey, strategy="backward",
                                         check_sortedness=False)
     # `_prow`: the row of each object's parent instance, so a parent's end is a
     # gather (no join per level); no parent instances at all, nothing to propagate.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from gputrace.analyses.common import Inputs, chunk_bytes, quantiles, records, trace_warnings
+from gputrace.analyses.common import Inputs, chunk_bytes, records, trace_warnings
 from gputrace.analyses.growth import live_series
 from gputrace.analyses.leaks import with_exits
 from gputrace.analyses.lifetimes import lifetimes
@@ -25,13 +25,31 @@ FULL_SHARE = 0.95
 
 
 def ioctl_stats(ioctls: pl.LazyFrame) -> pl.LazyFrame:
-    """Per (device, gpu_index, name): calls, failures, latency total and quantiles (ns)."""
+    """Per (device, gpu_index, name): calls, failures, latency total and quantiles (ns).
+
+    Exact nearest-rank quantiles (as `Expr.quantile(q, "nearest")`: rank
+    round((n - 1) q), half away from zero) from a histogram of (group, latency)
+    counts: the q-quantile is the least latency whose running count exceeds the
+    rank. Latencies repeat, so the histogram is far smaller than the calls and
+    nothing holds every call's latency per group."""
+    keys = ["device", "gpu_index", "name"]
     failed = (pl.col("status").fill_null(0) != 0) | (pl.col("ret").fill_null(0) < 0)
-    return (ioctls.group_by("device", "gpu_index", "name")
-            .agg(pl.len().alias("count"), failed.sum().alias("failed"),
-                 pl.col("latency_ns").sum().alias("total_ns"),
-                 pl.col("latency_ns").mean().alias("mean_ns"),
-                 *quantiles("latency_ns", "latency_ns_"))
+    lat = pl.col("latency_ns")
+    stats = ioctls.group_by(keys).agg(
+        pl.len().alias("count"), failed.sum().alias("failed"), lat.sum().alias("total_ns"),
+        lat.mean().alias("mean_ns"))
+    hist = (ioctls.filter(lat.is_not_null()).group_by(*keys, "latency_ns")
+            .agg(pl.len().alias("_c")).sort("latency_ns")
+            .with_columns(_cum=pl.col("_c").cum_sum().over(keys),
+                          _n=pl.col("_c").sum().over(keys)))
+
+    def q(p: float, name: str) -> pl.Expr:
+        rank = ((pl.col("_n") - 1).cast(pl.Float64) * p).round(0, "half_away_from_zero")
+        return lat.filter(pl.col("_cum") > rank).min().cast(pl.Float64).alias(name)
+
+    qs = hist.group_by(keys).agg(q(0.5, "latency_ns_p50"), q(0.9, "latency_ns_p90"),
+                                 q(0.99, "latency_ns_p99"), lat.max().alias("latency_ns_max"))
+    return (stats.join(qs, on=keys, how="left", nulls_equal=True)
             .sort("total_ns", "device", "name", descending=[True, False, False],
                   nulls_last=True))
 
