@@ -167,10 +167,21 @@ class TraceBuilder:
                    h_parent=client if parent is None else parent, h_object=handle,
                    status=status)
 
-    def close(self, t: float, pid: int, *, fd: int = 3) -> None:
-        """close(2) of an NVIDIA fd, as the pseudo-ioctl row `CLOSE` (RM frees the
-        clients a control fd still holds; see docs/analyses/leaks.md)."""
-        self.ioctl(t, pid, "CLOSE", fd=fd, status=None, latency_ns=1_000)
+    def open_fd(self, t: float, pid: int, *, fd: int = 3, device_code: int = 1,
+                seen: bool = False) -> None:
+        """open(2) of an NVIDIA device (or, with seen, an fd open before recording)."""
+        self.row("files", ts_ns=ns(t), pid=pid, fd_op_code=4 if seen else 1,
+                 device_code=device_code, fd=fd, ret=None if seen else fd)
+
+    def dup_fd(self, t: float, pid: int, *, fd: int, new_fd: int, device_code: int = 1) -> None:
+        self.row("files", ts_ns=ns(t), pid=pid, fd_op_code=3, device_code=device_code, fd=fd,
+                 new_fd=new_fd, ret=new_fd)
+
+    def close(self, t: float, pid: int, *, fd: int = 3, device_code: int = 1) -> None:
+        """close(2) of an NVIDIA fd (the RM frees the clients a control fd still holds
+        when its last reference closes)."""
+        self.row("files", ts_ns=ns(t), pid=pid, fd_op_code=2, device_code=device_code, fd=fd,
+                 ret=0)
 
     def uvm(self, t: float, pid: int, name: str, *, base: int | None = None,
             length: int | None = None, h_object: int | None = None, status: int = 0) -> None:

@@ -67,21 +67,23 @@ def test_memory_allocations_decoded() -> None:
             assert got[a["handle"]] == (a["class"], a["size"], a["status"]), a
 
 
-def test_leaks_equal_the_workloads_unfreed_objects() -> None:
-    """--no-exit-free: the process exits holding its kept vidmem and sysmem objects."""
+def test_kept_objects_are_torn_down_by_the_last_close_of_nvidiactl() -> None:
+    """--no-exit-free: the workload never frees its kept objects but closes its fds
+    (nvidiactl twice: fd 3 and its dup) before exiting. The RM frees the client's
+    tree at the last close, so nothing is leaked and the kept memory objects are
+    reported as torn down by the fd release."""
+    files = open_trace(RM).scan("files").collect()
+    assert Counter(files["fd_op"].to_list()) == Counter(
+        {"open": sum(expected()["opens"].values()), "close": 5, "dup": 1})
     leaks = analyze(RM, ["leaks"])["leaks"]
+    assert leaks["allocations"] == []
     kept = [a for a in expected()["memory_allocations"]
             if a["fate"] == "kept" and a["ioctl"] == "RM_ALLOC"]
-    want_mem = sorted((a["handle"], a["size"]) for a in kept if a["class"] in MEMORY_CLASSES)
-    got = sorted((a["id"], a["size_bytes"]) for a in leaks["allocations"] if a["layer"] == "rm")
-    assert got == want_mem
-    assert {a["kind"] for a in leaks["allocations"]} == {"unfreed_at_exit"}
-    assert leaks["bytes_by_layer"]["rm"] == sum(s for _, s in want_mem)
-    virt = [a for a in kept if a["class"] in VIRTUAL_CLASSES]
-    assert leaks["rm_virtual_unreleased"] == {"count": len(virt),
-                                              "bytes": sum(a["size"] for a in virt)}
-    # The managed range and the external range were both released.
-    assert leaks["bytes_by_layer"]["uvm"] == 0
+    mem = [a for a in kept if a["class"] in MEMORY_CLASSES]
+    assert leaks["rm_freed_by_fd_close"] == {"count": len(mem),
+                                             "bytes": sum(a["size"] for a in mem)}
+    assert leaks["rm_virtual_unreleased"] == {"count": 0, "bytes": 0}
+    assert leaks["bytes_by_layer"] == {"api": None, "rm": 0, "uvm": 0}
 
 
 def test_api_calls_counts_sizes_and_results() -> None:

@@ -97,14 +97,18 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
     virt = (classify(every.filter(pl.col("layer") == VIRTUAL_LAYER), inp.scan("processes"),
                      inp.end_ns)
             .select(pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes")))
-    allocs, tot, procs, stacks, sizes, virt_df = pl.collect_all([
+    # Memory the program never freed but the driver tore down when the control fd
+    # holding its client was released: not a leak, but worth knowing.
+    closed = (lt.filter((pl.col("layer") == "rm") & (pl.col("freed_by") == "close"))
+              .select(pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes")))
+    allocs, tot, procs, stacks, sizes, virt_df, closed_df = pl.collect_all([
         leaked.sort("size_bytes", "alloc_ts_ns", "layer", "pid", "id",
                     descending=[True, False, False, False, False]).select(FIELDS),
         totals, by_proc.sort("bytes", "layer", "pid", "kind", descending=[True, False, False,
                                                                            False]),
         by_stack.sort("bytes", "layer", "pid", "stack_id", descending=[True, False, False,
                                                                         False]),
-        by_size.sort("layer", "size_class"), virt])
+        by_size.sort("layer", "size_class"), virt, closed])
     grow = growth(lt)
     if o.top is not None:
         allocs, procs, stacks = allocs.head(o.top), procs.head(o.top), stacks.head(o.top)
@@ -125,6 +129,9 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
         "growing_pids": sorted({int(p) for p in grow.filter("flagged")["pid"]}),
         "rm_virtual_unreleased": {"count": int(virt_df["count"][0]),
                                   "bytes": int(virt_df["bytes"][0] or 0)}
+        if layers["rm"] else None,
+        "rm_freed_by_fd_close": {"count": int(closed_df["count"][0]),
+                                 "bytes": int(closed_df["bytes"][0] or 0)}
         if layers["rm"] else None,
         "filters": {"older_s": o.older_ns / 1e9, "min_size_bytes": o.min_size_bytes,
                     "top": o.top},

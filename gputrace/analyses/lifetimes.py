@@ -98,7 +98,7 @@ def lifetimes(inp: Inputs) -> pl.LazyFrame:
     if inp.has("api"):
         parts.append(api_lifetimes(inp.scan("cuda_calls")))
     if inp.has("syscall"):
-        parts.append(rm_lifetimes(inp.scan("ioctls")))
+        parts.append(rm_lifetimes(inp.scan("ioctls"), inp.scan("files")))
         parts.append(uvm_lifetimes(inp.scan("ioctls"), inp.scan("mappings")))
     if not parts:
         return pl.LazyFrame(schema=COLUMNS)

@@ -3,9 +3,12 @@
 RM objects form a tree (client -> device -> subdevice/memory ...). An object
 ends at the first of: its own RM_FREE; the free of its parent or of any
 ancestor (freeing a parent frees the subtree); the free of its client; the
-close of the control fd it was allocated on, which frees every client that fd
-still holds (nvidia-driver-facts.md §2.3). A process exit closes its fds, so
-memory still held at exit is reclaimed by teardown (`unfreed_at_exit`).
+release of the control fd its client was allocated on (last close of that file
+description, from the `files` table; gputrace.analyses.fds), which frees every
+client that fd still holds (nvidia-driver-facts.md §2.3). When the client's
+allocation is not in the trace, the object's own fd stands in for it. A process
+exit closes its fds, so memory still held at exit is reclaimed by teardown
+(`unfreed_at_exit`).
 
 Memory objects are those of the physical memory classes below and
 RM_VID_HEAP_CONTROL allocations. Virtual reservations (NV50_MEMORY_VIRTUAL
@@ -18,6 +21,7 @@ from __future__ import annotations
 import polars as pl
 
 from gputrace.analyses.common import ok_ioctl, pair
+from gputrace.analyses.fds import release_of
 
 MEMORY_CLASSES = {0x3E: "sysmem", 0x40: "vidmem", 0x71: "os-descriptor", 0xC2: "physical",
                   0xF8: "fabric", 0xFD: "multicast-fabric"}
@@ -25,8 +29,6 @@ VIRTUAL_CLASSES = {0x50A0: "virtual", 0x70: "virtual-range"}
 NVOS32_ALLOC_FLAGS_VIRTUAL = 0x80000
 ALLOCS = ("RM_ALLOC", "RM_ALLOC_MEMORY")
 VID_HEAP = "RM_VID_HEAP_CONTROL"
-CLOSE = "CLOSE"
-"""Pseudo-ioctl name of a close(2) of an NVIDIA fd (proposed; see docs/analyses/leaks.md)."""
 MAX_DEPTH = 8
 VIRTUAL_LAYER = "rm-virtual"
 KEY = ["pid", "client", "handle"]
@@ -40,7 +42,21 @@ def _first_after(objs: pl.LazyFrame, events: pl.LazyFrame, by: list[str], name: 
                                         strategy="forward", check_sortedness=False)
 
 
-def rm_objects(ioctls: pl.LazyFrame) -> pl.LazyFrame:
+def _fd_release(base: pl.LazyFrame, files: pl.LazyFrame) -> pl.LazyFrame:
+    """(_oid, _close): release of the fd of each object's client (else its own fd)."""
+    own = release_of(base.select("_oid", "ts_ns", "pid", "fd", "client"), files)
+    clients = release_of(base.filter(pl.col("handle") == pl.col("client"))
+                         .select("ts_ns", "pid", "client", "fd"), files)
+    clients = clients.select(pl.col("ts_ns").alias("_cts"), "pid", "client",
+                             pl.col("release_ts_ns").alias("_crel")).sort("_cts")
+    return (own.sort("ts_ns")
+            .join_asof(clients, left_on="ts_ns", right_on="_cts", by=["pid", "client"],
+                       strategy="backward", check_sortedness=False)
+            .select("_oid", _close=pl.when(pl.col("_cts").is_not_null()).then("_crel")
+                    .otherwise("release_ts_ns")))
+
+
+def rm_objects(ioctls: pl.LazyFrame, files: pl.LazyFrame) -> pl.LazyFrame:
     """Every RM object instance with its end time (`end_ts_ns`) and cause (`freed_by`)."""
     ok = ioctls.filter(ok_ioctl())
     heap_alloc = (pl.col("name") == VID_HEAP) & (pl.col("size_bytes").fill_null(0) > 0)
@@ -51,7 +67,6 @@ def rm_objects(ioctls: pl.LazyFrame) -> pl.LazyFrame:
     frees = ok.filter((pl.col("name") == "RM_FREE")
                       | ((pl.col("name") == VID_HEAP) & ~heap_alloc)).select(
         "ts_ns", "pid", pl.col("h_client").alias("client"), pl.col("h_object").alias("handle"))
-    closes = ioctls.filter(pl.col("name") == CLOSE).select("ts_ns", "pid", "fd")
 
     # Materialized once, in time order; look-ups only see keys some object has.
     base = pair(allocs, frees, KEY).with_row_index("_oid").sort("ts_ns").collect().lazy()
@@ -62,7 +77,7 @@ def rm_objects(ioctls: pl.LazyFrame) -> pl.LazyFrame:
                         pkey, "_parent_free")
     objs = _first_after(objs, frees.filter(pl.col("handle") == pl.col("client")).drop("handle"),
                         ["pid", "client"], "_client_free")
-    objs = _first_after(objs, closes, ["pid", "fd"], "_close")
+    objs = objs.join(_fd_release(base, files), on="_oid", how="left")
     causes = {"free": "free_ts_ns", "parent": "_parent_free", "client": "_client_free",
               "close": "_close"}
     end = pl.min_horizontal(*causes.values())
@@ -104,10 +119,10 @@ def _is_virtual() -> pl.Expr:
         (pl.col("name") == VID_HEAP) & virt_flag)
 
 
-def rm_lifetimes(ioctls: pl.LazyFrame) -> pl.LazyFrame:
+def rm_lifetimes(ioctls: pl.LazyFrame, files: pl.LazyFrame) -> pl.LazyFrame:
     """Lifetime rows of RM memory objects (layer `rm`) and of virtual reservations
     (layer `rm-virtual`, which leaks and summaries report apart)."""
-    objs = rm_objects(ioctls)
+    objs = rm_objects(ioctls, files)
     is_mem = pl.col("cls").is_in(list(MEMORY_CLASSES)) | (pl.col("name") == VID_HEAP)
     labels = {c: f"{n} 0x{c:X}" for c, n in {**MEMORY_CLASSES, **VIRTUAL_CLASSES}.items()}
     what = (pl.when(pl.col("name") == VID_HEAP).then(pl.lit("vid heap"))

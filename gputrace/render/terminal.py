@@ -96,6 +96,11 @@ def _leaks(con: Console, d: dict[str, Any], limit: int) -> None:
         ("layer", "layer", str), ("pid", "pid", plain), ("peak_bytes", "peak", human_bytes),
         ("end_bytes", "end", human_bytes), ("slope_bytes_per_min", "slope/min", human_bytes),
         ("r2", "R²", num), ("flagged", "growing", num)], limit)
+    if d.get("rm_freed_by_fd_close"):
+        c = d["rm_freed_by_fd_close"]
+        con.print(f"[dim]RM memory never freed by the program, torn down by the driver when "
+                  f"its control fd was released: {c['count']} ({human_bytes(c['bytes'])})"
+                  "[/dim]")
     if d.get("rm_virtual_unreleased"):
         v = d["rm_virtual_unreleased"]
         con.print(f"[dim]RM virtual reservations not released (not memory, not counted): "
