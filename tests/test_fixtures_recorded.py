@@ -128,6 +128,17 @@ def test_cpu_faults_match_the_touch_pattern() -> None:
         want[(p["address"], "write")] += p["writes"]
     assert got == +want
     assert (df["block_2m"] == df["address"] - df["address"] % BLOCK).all()
+    # The fault-rate report's per-block counts are the pattern's.
+    per_block: dict[int, list[int]] = {}
+    for p in exp["pages"]:
+        b = per_block.setdefault(p["address"] - p["address"] % BLOCK, [0, 0, 0])
+        b[0] += p["reads"] + p["writes"]
+        b[1] += p["reads"]
+        b[2] += p["writes"]
+    cpu = analyze(FAULTS, ["fault-rate"], top=100)["fault_rate"]["cpu_faults"]
+    assert {r["block_2m"]: [r["faults"], r["reads"], r["writes"]]
+            for r in cpu["top_blocks"]} == per_block
+    assert (cpu["total"], cpu["reads"], cpu["writes"]) == (27, 10, 17)
 
 
 @pytest.mark.parametrize("fixture", [RM, CUDA, FAULTS], ids=lambda p: p.name)

@@ -35,6 +35,8 @@ class Inputs:
     status: str = "complete"
     drops: Mapping[str, int] = field(default_factory=dict)
     synthetic: bool = False
+    untracked_managed: int = 0
+    """Managed 2 MiB blocks and ranges the CPU-fault filter could not hold."""
 
     def scan(self, name: str) -> pl.LazyFrame:
         if name in self.tables:
@@ -67,6 +69,7 @@ def inputs_from_trace(trace: Any) -> Inputs:
         status=trace.status,
         drops=trace.drops,
         synthetic=bool(m.get("synthetic", False)),
+        untracked_managed=sum(int(v or 0) for v in (m.get("cpu_faults") or {}).values()),
     )
 
 

@@ -4,12 +4,16 @@
   access type; mean over the trace and the peak window.
 - batches: GPU replayable fault batches per GPU: size distribution,
   duplicate share (duplicates / faults fetched) and service time.
-- cpu_faults: CPU faults on managed memory per 2 MiB block, reads vs writes.
+- cpu_faults: CPU faults on managed memory per process and per 2 MiB block,
+  reads vs writes, the blocks faulted most (layer `cpu_faults` or `driver`).
 - thrashing: a 2 MiB block thrashes in a window when at least N of its
   migrations go back to the processor the previous one came from.
 - evictions: migrations caused by eviction, and PMM chunk evictions.
 - oversubscription: peak live managed bytes (managed mmaps, else
   cuMemAllocManaged) against the GPUs' total memory from the manifest.
+
+GPU faults, batches, migrations and evictions need the `driver` layer; a
+trace with only `cpu_faults` reports them as null ("not recorded"), never 0.
 """
 
 from __future__ import annotations
@@ -64,6 +68,18 @@ def cpu_blocks(faults: pl.LazyFrame) -> pl.LazyFrame:
         .sort("faults", "pid", "block_2m", descending=[True, False, False]))
 
 
+def cpu_processes(faults: pl.LazyFrame, start_ns: int, end_ns: int) -> pl.LazyFrame:
+    """CPU faults on managed memory per process: count, reads, writes, blocks, rate."""
+    dur_s = max(end_ns - start_ns, 1) / NS_PER_S
+    return (faults.filter(pl.col("source") == "cpu").group_by("pid").agg(
+        pl.col("comm").drop_nulls().first(), pl.len().alias("faults"),
+        (pl.col("access_type") == "read").sum().alias("reads"),
+        (pl.col("access_type") == "write").sum().alias("writes"),
+        pl.col("block_2m").n_unique().alias("blocks"))
+        .with_columns(per_s=pl.col("faults") / dur_s)
+        .sort("faults", "pid", descending=[True, False]))
+
+
 def thrashing(migrations: pl.LazyFrame, start_ns: int, window_s: float,
               min_reversals: int) -> pl.LazyFrame:
     """Block-windows where >= min_reversals migrations return to the previous source."""
@@ -94,21 +110,30 @@ def managed_peak(inp: Inputs) -> tuple[int, str] | None:
         source = "cuMemAllocManaged"
     else:
         return None
-    s = live_series(lt.with_columns(pid=pl.lit(0, pl.Int32))).collect()
+    s = live_series(lt.with_columns(pid=pl.lit(0, pl.Int32),
+                                    size_bytes=pl.col("size_bytes").cast(pl.Int64))).collect()
     return (int(s["live_bytes"].max() or 0), source) if s.height else None  # type: ignore[arg-type]
 
 
 def fault_rate(inp: Inputs, *, window_s: float = 1.0, min_reversals: int = 3,
                top: int | None = None) -> Report:
     warnings = trace_warnings(inp)
-    if not inp.has("driver"):
-        return not_recorded("fault-rate", QUESTION, ["driver"], warnings)
+    gpu = inp.has("driver")
+    if not gpu and not inp.has("cpu_faults"):
+        return not_recorded("fault-rate", QUESTION, ["cpu_faults", "driver"], warnings)
+    if not gpu:
+        warnings.append("fault-rate: driver layer not recorded: GPU faults, fault batches, "
+                        "migrations, thrashing and evictions are unknown (null), not zero")
+    if inp.untracked_managed:
+        warnings.append(f"fault-rate: {inp.untracked_managed} managed blocks or ranges were "
+                        "too many for the in-kernel filter; their CPU faults are missing")
     n = TOP if top is None else top
     f, mig = inp.scan("faults"), inp.scan("migrations")
     evict = mig.filter(pl.col("cause") == "eviction")
-    r, b, cpu, th, ev, ev_gpu, ch = pl.collect_all([
+    r, b, cpu, procs, th, ev, ev_gpu, ch = pl.collect_all([
         rates(f, inp.start_ns, inp.end_ns, window_s), batches(inp.scan("fault_batches")),
-        cpu_blocks(f), thrashing(mig, inp.start_ns, window_s, min_reversals),
+        cpu_blocks(f), cpu_processes(f, inp.start_ns, inp.end_ns),
+        thrashing(mig, inp.start_ns, window_s, min_reversals),
         evict.select(pl.len().alias("n"), pl.col("size_bytes").sum().alias("bytes")),
         evict.group_by(pl.col("src").alias("processor")).agg(
             pl.len().alias("migrations"), pl.col("size_bytes").sum().alias("bytes"))
@@ -125,14 +150,15 @@ def fault_rate(inp: Inputs, *, window_s: float = 1.0, min_reversals: int = 3,
     data = {
         "window_s": window_s,
         "rates": records(r),
-        "batches": records(b),
+        "batches": records(b) if gpu else None,
         "cpu_faults": {"total": int(cpu["faults"].sum()), "reads": int(cpu["reads"].sum()),
                        "writes": int(cpu["writes"].sum()), "blocks": cpu.height,
-                       "top_blocks": records(cpu.head(n))},
+                       "by_process": records(procs), "top_blocks": records(cpu.head(n))},
         "thrashing": {"window_s": window_s, "min_reversals": min_reversals,
-                      "blocks": records(th if top is None else th.head(top))},
+                      "blocks": records(th if top is None else th.head(top))} if gpu else None,
         "evictions": {"migrations": int(ev["n"][0]), "bytes": int(ev["bytes"][0] or 0),
-                      "chunk_evictions": int(ch.item()), "by_processor": records(ev_gpu)},
+                      "chunk_evictions": int(ch.item()), "by_processor": records(ev_gpu)}
+        if gpu else None,
         "oversubscription": over,
     }
-    return Report("fault-rate", QUESTION, True, data, [], warnings)
+    return Report("fault-rate", QUESTION, True, data, [] if gpu else ["driver"], warnings)

@@ -112,28 +112,42 @@ def _faults(con: Console, d: dict[str, Any], limit: int) -> None:
         ("pid", "pid", plain), ("gpu_index", "gpu", num), ("source", "source", str),
         ("access_type", "access", str), ("faults", "faults", num),
         ("mean_per_s", "mean/s", num), ("peak_per_s", "peak/s", num)], limit)
-    table(con, "GPU fault batches", d["batches"], [
-        ("gpu_index", "gpu", num), ("batches", "batches", num), ("faults", "faults", num),
-        ("duplicate_share", "dup share", num), ("faults_p50", "size p50", num),
-        ("faults_max", "size max", num), ("service_ns_p50", "svc p50 µs", us),
-        ("service_ns_p99", "svc p99 µs", us)], limit)
+    if d["batches"] is not None:
+        table(con, "GPU fault batches", d["batches"], [
+            ("gpu_index", "gpu", num), ("batches", "batches", num), ("faults", "faults", num),
+            ("duplicate_share", "dup share", num), ("faults_p50", "size p50", num),
+            ("faults_max", "size max", num), ("service_ns_p50", "svc p50 µs", us),
+            ("service_ns_p99", "svc p99 µs", us)], limit)
     cpu = d["cpu_faults"]
     con.print(f"CPU faults on managed memory: {num(cpu['total'])} "
               f"(reads {num(cpu['reads'])}, writes {num(cpu['writes'])}) "
               f"in {num(cpu['blocks'])} blocks of 2 MiB")
+    table(con, "CPU faults per process", cpu.get("by_process", []), [
+        ("pid", "pid", plain), ("comm", "comm", str), ("faults", "faults", num),
+        ("reads", "reads", num), ("writes", "writes", num), ("blocks", "blocks", num),
+        ("per_s", "per s", num)], limit)
     table(con, "Top CPU-faulting 2 MiB blocks", cpu["top_blocks"], [
         ("pid", "pid", plain), ("block_2m", "block", hexa), ("faults", "faults", num),
         ("reads", "reads", num), ("writes", "writes", num)], limit)
     th = d["thrashing"]
-    table(con, f"Thrashing blocks (>= {th['min_reversals']} reversals in {th['window_s']} s)",
-          th["blocks"], [("block_2m", "block", hexa), ("pid", "pid", plain),
-                         ("window_start_s", "window s", num), ("migrations", "migr", num),
-                         ("reversals", "reversals", num), ("processors", "procs", str)], limit)
+    if th is not None:
+        table(con, f"Thrashing blocks (>= {th['min_reversals']} reversals in "
+              f"{th['window_s']} s)", th["blocks"], [
+                  ("block_2m", "block", hexa), ("pid", "pid", plain),
+                  ("window_start_s", "window s", num), ("migrations", "migr", num),
+                  ("reversals", "reversals", num), ("processors", "procs", str)], limit)
     ev = d["evictions"]
-    con.print(f"evictions: {num(ev['migrations'])} migrations "
-              f"({human_bytes(ev['bytes'])}), {num(ev['chunk_evictions'])} chunk evictions")
+    if ev is not None:
+        con.print(f"evictions: {num(ev['migrations'])} migrations "
+                  f"({human_bytes(ev['bytes'])}), {num(ev['chunk_evictions'])} chunk evictions")
+    else:
+        con.print("[dim]GPU fault batches, thrashing, evictions: not recorded (driver layer "
+                  "absent)[/dim]")
     o = d["oversubscription"]
-    if o is not None:
+    if o is not None and not o["gpu_memory_bytes"]:
+        con.print(f"managed memory peak {human_bytes(o['managed_peak_bytes'])} (GPU memory "
+                  "unknown: the manifest lists no GPUs)")
+    elif o is not None:
         con.print(f"managed memory peak {human_bytes(o['managed_peak_bytes'])} vs GPU memory "
                   f"{human_bytes(o['gpu_memory_bytes'])}: ratio {num(o['ratio'])}"
                   + (" [bold red]OVERSUBSCRIBED[/bold red]" if o["oversubscribed"] else ""))
