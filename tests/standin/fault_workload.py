@@ -15,7 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.standin.standin import BUILD_DIR, HERE, StandinUnavailable, WaitingWorkload
+from tests.standin.standin import (
+    BUILD_DIR,
+    HERE,
+    StandinUnavailable,
+    WaitingWorkload,
+    started_waiting,
+)
 
 BINARY = BUILD_DIR / "fault_workload"
 
@@ -44,17 +50,5 @@ def run(devdir: Path | str, timeout: float = 60.0) -> subprocess.CompletedProces
 @contextlib.contextmanager
 def waiting(devdir: Path | str, timeout: float = 30.0) -> Iterator[WaitingWorkload]:
     """Start it with --wait (both ranges mapped, nothing touched) and yield at READY."""
-    proc = subprocess.Popen([str(build()), str(devdir), "--wait"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line.startswith("READY "):
-            proc.kill()
-            _, err = proc.communicate(timeout=timeout)
-            raise RuntimeError(f"fault_workload did not get ready: {line!r} {err}")
-        yield WaitingWorkload(proc=proc, pid=int(line.split()[1]))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with started_waiting([str(build()), str(devdir), "--wait"], timeout=timeout) as w:
+        yield w

@@ -24,7 +24,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,29 +192,35 @@ class WaitingWorkload:
 
 
 @contextlib.contextmanager
-def waiting_workload(devdir: Path | str, *args: str,
-                     timeout: float = 30.0) -> Iterator[WaitingWorkload]:
-    """Start ``workload DEVDIR --wait ...`` and yield once it printed ``READY <pid>``."""
-    bins = build("workload")
-    proc = subprocess.Popen(
-        [str(bins.workload), str(devdir), "--wait", *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def started_waiting(argv: list[str], env: Mapping[str, str] | None = None,
+                    timeout: float = 30.0) -> Iterator[WaitingWorkload]:
+    """Start a stand-in workload whose argv includes ``--wait`` and yield once it
+    printed ``READY <pid>``; it is killed on the way out if still running."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=None if env is None else dict(env))
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # blocks until READY or exit; bounded by the workload
         if not line.startswith("READY "):
             proc.kill()
             _, err = proc.communicate(timeout=timeout)
-            raise RuntimeError(f"workload did not get ready: {line!r} {err}")
+            raise RuntimeError(f"{Path(argv[0]).name} did not get ready: {line!r} {err}")
         yield WaitingWorkload(proc=proc, pid=int(line.split()[1]))
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def waiting_workload(devdir: Path | str, *args: str,
+                     timeout: float = 30.0) -> Iterator[WaitingWorkload]:
+    """Start ``workload DEVDIR --wait ...`` and yield once it printed ``READY <pid>``."""
+    bins = build("workload")
+    with started_waiting([str(bins.workload), str(devdir), "--wait", *args],
+                         timeout=timeout) as w:
+        yield w
 
 
 @dataclass

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tests.standin.standin import WaitingWorkload, started_waiting
+
 HERE = Path(__file__).resolve().parent
 BUILD_DIR = HERE / "build"
 EXPECTED_JSON = HERE / "expected.json"
@@ -137,44 +139,19 @@ def run_workload(*args: str, devdir: Path | str | None = None, log: bool = False
                           env=workload_env(devdir, log, env))
 
 
-@dataclass
-class WaitingCudaWorkload:
-    """A workload started with --wait, stopped before its first CUDA call."""
-
-    proc: subprocess.Popen[str]
-    pid: int
-
-    def go(self, timeout: float = 60.0) -> tuple[int, str, str]:
-        """Let it run to the end; returns (exit code, stdout after READY, stderr)."""
-        out, err = self.proc.communicate("go\n", timeout=timeout)
-        return self.proc.returncode, out, err
-
-
 @contextlib.contextmanager
 def waiting_workload(*args: str, devdir: Path | str | None = None, dlopen: bool = False,
                      log: bool = False, env: Mapping[str, str] | None = None,
-                     timeout: float = 30.0) -> Iterator[WaitingCudaWorkload]:
+                     timeout: float = 30.0) -> Iterator[WaitingWorkload]:
     """Start ``cuda_workload --wait ...`` and yield once it printed ``READY <pid>``.
 
     dlopen=True starts the twin that has never mapped libcuda at that point.
     """
     paths = build()
     exe = paths.workload_dlopen if dlopen else paths.workload
-    proc = subprocess.Popen([str(exe), "--wait", *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=workload_env(devdir, log, env))
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line.startswith("READY "):
-            proc.kill()
-            _, err = proc.communicate(timeout=timeout)
-            raise RuntimeError(f"cuda_workload did not get ready: {line!r} {err}")
-        yield WaitingCudaWorkload(proc=proc, pid=int(line.split()[1]))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with started_waiting([str(exe), "--wait", *args], env=workload_env(devdir, log, env),
+                         timeout=timeout) as w:
+        yield w
 
 
 def expected() -> dict[str, Any]:
