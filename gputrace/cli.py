@@ -103,12 +103,14 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo(f"gputrace: error: {first}", err=True)
         return 1
     except Exception as e:
-        import click
         import polars.exceptions as plx
 
-        if isinstance(e, click.ClickException):
-            e.show()
-            return e.exit_code
+        # Usage errors: click's ClickException, vendored by typer >= 0.2x (where it is
+        # also a TyperException); both know how to print themselves.
+        show, code = getattr(e, "show", None), getattr(e, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            return code
         if isinstance(e, plx.PolarsError):
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             typer.echo(f"gputrace: error: corrupt or unreadable trace data: {first}", err=True)

@@ -111,3 +111,9 @@ def test_damage_leaves_the_original_untouched(copy: Path) -> None:
     gputrace("dump", str(copy), "ioctls", "--format", "csv")
     after = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
     assert before == after
+
+
+def test_unknown_option_is_a_usage_error_not_a_traceback(copy: Path) -> None:
+    r = gputrace("dump", str(copy), "ioctls", "--nope")
+    assert r.returncode == 2
+    assert "No such option" in r.stderr and "Traceback" not in r.stderr
