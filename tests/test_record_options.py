@@ -32,6 +32,8 @@ def test_ebpf_prints_program_and_cflags() -> None:
     assert r.returncode == 0, r.stderr
     assert "TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)" in r.stdout
     assert "-DGT_NVOS21_STATUS_OFF=24" in r.stdout
+    # Both programs, as bcc tools print theirs: the API layer's uprobes too.
+    assert "// ---- API layer" in r.stdout and "-DGT_CUDA_RB_PAGES=" in r.stdout
 
 
 def test_bad_driver_version() -> None:

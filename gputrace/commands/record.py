@@ -80,8 +80,14 @@ def register(app: typer.Typer) -> None:
             libcuda=libcuda,
         )
         if ebpf:
+            from gputrace.record import cuda
+
             source, flags, _drv, _plan = build_program(opts)
+            typer.echo("// ---- syscall layer (one bcc program: tracepoints)")
             typer.echo(source)
             typer.echo("// cflags: " + " ".join(flags))
+            typer.echo("// ---- API layer (one bcc program: uprobes on libcuda)")
+            typer.echo(cuda.probe_source())
+            typer.echo("// cflags: " + " ".join(cuda.cflags()))
             raise typer.Exit(0)
         raise typer.Exit(Recorder(opts).run())
