@@ -16,9 +16,11 @@ import polars as pl
 
 from gputrace.analyses.common import Inputs, records, size_class, trace_warnings
 from gputrace.analyses.growth import growth
-from gputrace.analyses.lifetimes import lifetimes, recorded_layers
+from gputrace.analyses.lifetimes import recorded_layers
+from gputrace.analyses.partition import per_slice
 from gputrace.analyses.report import Report, not_recorded
 from gputrace.analyses.rm_objects import VIRTUAL_LAYER
+from gputrace.analyses.stacks import stack_frames
 
 QUESTION = "What memory was never freed, by whom, and is any process's memory growing?"
 FIELDS = ["layer", "pid", "comm", "kind", "id", "size_bytes", "alloc_ts_ns", "stack_id",
@@ -55,25 +57,44 @@ def classify(lt: pl.LazyFrame, processes: pl.LazyFrame, end_ns: int) -> pl.LazyF
                           / 1e9))
 
 
-def stack_frames(stacks: pl.LazyFrame) -> pl.LazyFrame:
-    """(pid, stack_id, frames): symbols innermost first, joined by ' < '."""
-    return (stacks.sort("pid", "stack_id", "depth")
-            .group_by("pid", "stack_id", maintain_order=True)
-            .agg(pl.coalesce("symbol", _unresolved()).str.join(" < ").alias("frames")))
+def leak_part(inp: Inputs, every: pl.LazyFrame, opts: LeakOptions | None = None,
+              ) -> dict[str, pl.DataFrame]:
+    """The leak findings of one pid slice (`every`: its lifetimes, virtual included):
+    per-process frames to concatenate and per-layer sums to add up (`leak_report`)."""
+    o = opts or LeakOptions()
+    lt = every.filter(pl.col("layer") != VIRTUAL_LAYER)
+    leaked = classify(lt, inp.scan("processes"), inp.end_ns).filter(
+        (pl.col("age_s") * 1e9 >= o.older_ns) & (pl.col("size_bytes") >= o.min_size_bytes))
+    count_bytes = [pl.len().cast(pl.Int64).alias("count"), pl.col("size_bytes").sum()]
+    by_stack = (leaked.filter(pl.col("stack_id").is_not_null())
+                .group_by("layer", "pid", "stack_id")
+                .agg(pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes"))
+                .join(stack_frames(inp.scan("stacks")), on=["pid", "stack_id"], how="left"))
+    virt = classify(every.filter(pl.col("layer") == VIRTUAL_LAYER), inp.scan("processes"),
+                    inp.end_ns)
+    # Memory the program never freed but the driver tore down when the control fd
+    # holding its client was released: not a leak, but worth knowing.
+    closed = lt.filter((pl.col("layer") == "rm") & (pl.col("freed_by") == "close"))
+    names = ["allocations", "totals", "by_process", "by_stack", "by_size", "virt", "closed"]
+    frames = pl.collect_all([
+        leaked.select(FIELDS), leaked.group_by("layer").agg(count_bytes),
+        leaked.group_by("layer", "pid", "comm", "kind").agg(
+            pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes")),
+        by_stack, leaked.group_by("layer", size_class=size_class()).agg(count_bytes),
+        virt.select(count_bytes), closed.select(count_bytes)])
+    return {**dict(zip(names, frames, strict=True)), "growth": growth(lt)}
 
 
-def _unresolved() -> pl.Expr:
-    """An unsymbolized frame as perf prints it: module+0xoffset, else 0xip."""
-    def hexa(c: str) -> pl.Expr:
-        return pl.col(c).map_elements(lambda v: f"0x{v:x}", return_dtype=pl.String)
-
-    module = pl.col("module").str.extract(r"([^/]+)$")
-    return pl.coalesce(pl.format("{}+{}", module, hexa("offset")), hexa("ip"))
+def _sums(parts: list[dict[str, pl.DataFrame]], name: str, *by: str) -> pl.DataFrame:
+    """Per-slice counts and byte sums of `name` added up (grouped by `by`)."""
+    df = pl.concat([p[name] for p in parts])
+    agg = [pl.col("count").sum(), pl.col("size_bytes").sum()]
+    return df.group_by(by).agg(agg) if by else df.select(agg)
 
 
 def leaks(inp: Inputs, opts: LeakOptions | None = None,
-          lt: pl.LazyFrame | None = None) -> Report:
-    """The leak report (pass `lt` to reuse lifetimes computed for the summary)."""
+          parts: list[dict[str, pl.DataFrame]] | None = None) -> Report:
+    """The leak report, from the `leak_part` of each pid slice (computed when not given)."""
     o = opts or LeakOptions()
     layers = recorded_layers(inp)
     warnings = trace_warnings(inp)
@@ -81,35 +102,20 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
     if not any(layers.values()):
         return not_recorded("leaks", QUESTION, missing, warnings,
                             {"allocations": [], "total_bytes": None})
-    every = lifetimes(inp) if lt is None else lt
-    lt = every.filter(pl.col("layer") != VIRTUAL_LAYER)
-    leaked = classify(lt, inp.scan("processes"), inp.end_ns).filter(
-        (pl.col("age_s") * 1e9 >= o.older_ns) & (pl.col("size_bytes") >= o.min_size_bytes))
-    totals = leaked.group_by("layer").agg(pl.col("size_bytes").sum(), pl.len().alias("count"))
-    by_proc = leaked.group_by("layer", "pid", "comm", "kind").agg(
-        pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes"))
-    by_stack = (leaked.filter(pl.col("stack_id").is_not_null())
-                .group_by("layer", "pid", "stack_id")
-                .agg(pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes"))
-                .join(stack_frames(inp.scan("stacks")), on=["pid", "stack_id"], how="left"))
-    by_size = leaked.with_columns(size_class=size_class()).group_by("layer", "size_class").agg(
-        pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes"))
-    virt = (classify(every.filter(pl.col("layer") == VIRTUAL_LAYER), inp.scan("processes"),
-                     inp.end_ns)
-            .select(pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes")))
-    # Memory the program never freed but the driver tore down when the control fd
-    # holding its client was released: not a leak, but worth knowing.
-    closed = (lt.filter((pl.col("layer") == "rm") & (pl.col("freed_by") == "close"))
-              .select(pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes")))
-    allocs, tot, procs, stacks, sizes, virt_df, closed_df = pl.collect_all([
-        leaked.sort("size_bytes", "alloc_ts_ns", "layer", "pid", "id",
-                    descending=[True, False, False, False, False]).select(FIELDS),
-        totals, by_proc.sort("bytes", "layer", "pid", "kind", descending=[True, False, False,
-                                                                           False]),
-        by_stack.sort("bytes", "layer", "pid", "stack_id", descending=[True, False, False,
-                                                                        False]),
-        by_size.sort("layer", "size_class"), virt, closed])
-    grow = growth(lt)
+    if parts is None:
+        parts = per_slice(inp, {"leaks": lambda p, lt: leak_part(p, lt, o)})["leaks"]
+    allocs = pl.concat([p["allocations"] for p in parts]).sort(
+        "size_bytes", "alloc_ts_ns", "layer", "pid", "id",
+        descending=[True, False, False, False, False])
+    tot = _sums(parts, "totals", "layer")
+    procs = pl.concat([p["by_process"] for p in parts]).sort(
+        "bytes", "layer", "pid", "kind", descending=[True, False, False, False])
+    stacks = pl.concat([p["by_stack"] for p in parts]).sort(
+        "bytes", "layer", "pid", "stack_id", descending=[True, False, False, False])
+    sizes = (_sums(parts, "by_size", "layer", "size_class").sort("layer", "size_class")
+             .select("layer", "size_class", "count", pl.col("size_bytes").alias("bytes")))
+    virt_df, closed_df = _sums(parts, "virt"), _sums(parts, "closed")
+    grow = pl.concat([p["growth"] for p in parts]).sort("layer", "pid")
     if o.top is not None:
         allocs, procs, stacks = allocs.head(o.top), procs.head(o.top), stacks.head(o.top)
     by_layer = {k: (int(tot.filter(pl.col("layer") == k)["size_bytes"].sum()) if v else None)
@@ -128,10 +134,10 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
         "growth": records(grow),
         "growing_pids": sorted({int(p) for p in grow.filter("flagged")["pid"]}),
         "rm_virtual_unreleased": {"count": int(virt_df["count"][0]),
-                                  "bytes": int(virt_df["bytes"][0] or 0)}
+                                  "bytes": int(virt_df["size_bytes"][0] or 0)}
         if layers["rm"] else None,
         "rm_freed_by_fd_close": {"count": int(closed_df["count"][0]),
-                                 "bytes": int(closed_df["bytes"][0] or 0)}
+                                 "bytes": int(closed_df["size_bytes"][0] or 0)}
         if layers["rm"] else None,
         "filters": {"older_s": o.older_ns / 1e9, "min_size_bytes": o.min_size_bytes,
                     "top": o.top},

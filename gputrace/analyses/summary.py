@@ -11,17 +11,19 @@
 
 from __future__ import annotations
 
+import functools
+
 import polars as pl
 
-from gputrace.analyses.common import Inputs, chunk_bytes, records, trace_warnings
+from gputrace.analyses.common import Inputs, records, trace_warnings
+from gputrace.analyses.gpus import gpu_table, pmm_gpus, replay_steps
 from gputrace.analyses.growth import live_series
 from gputrace.analyses.leaks import with_exits
-from gputrace.analyses.lifetimes import lifetimes
+from gputrace.analyses.partition import per_slice
 from gputrace.analyses.report import Report, not_recorded
 from gputrace.analyses.rm_objects import VIRTUAL_LAYER
 
 QUESTION = "Which driver calls cost what, and who holds how much GPU memory, on which GPU?"
-FULL_SHARE = 0.95
 
 
 def ioctl_stats(ioctls: pl.LazyFrame) -> pl.LazyFrame:
@@ -38,8 +40,9 @@ def ioctl_stats(ioctls: pl.LazyFrame) -> pl.LazyFrame:
     stats = ioctls.group_by(keys).agg(
         pl.len().alias("count"), failed.sum().alias("failed"), lat.sum().alias("total_ns"),
         lat.mean().alias("mean_ns"))
+    # Collected apart: a plan reading the scan twice would cache the whole scan.
     hist = (ioctls.filter(lat.is_not_null()).group_by(*keys, "latency_ns")
-            .agg(pl.len().alias("_c")).sort("latency_ns")
+            .agg(pl.len().alias("_c")).collect().lazy().sort("latency_ns")
             .with_columns(_cum=pl.col("_c").cum_sum().over(keys),
                           _n=pl.col("_c").sum().over(keys)))
 
@@ -55,7 +58,7 @@ def ioctl_stats(ioctls: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def process_memory(lt: pl.LazyFrame, processes: pl.LazyFrame) -> pl.LazyFrame:
-    """Per (layer, pid, comm): peak live bytes and bytes live at trace end."""
+    """Per (layer, pid, comm): peak live bytes and bytes live at trace end (unsorted)."""
     peak = live_series(lt).group_by("layer", "pid").agg(
         pl.col("live_bytes").max().alias("peak_bytes"))
     live = (with_exits(lt, processes, "alloc_ts_ns")
@@ -64,68 +67,43 @@ def process_memory(lt: pl.LazyFrame, processes: pl.LazyFrame) -> pl.LazyFrame:
             .group_by("layer", "pid")
             .agg(pl.col("comm").drop_nulls().first(), pl.len().alias("allocations"),
                  pl.col("size_bytes").filter("live").sum().alias("live_end_bytes")))
-    return live.join(peak, on=["layer", "pid"]).sort("layer", "peak_bytes", "pid",
-                                                    descending=[False, True, False])
+    return live.join(peak, on=["layer", "pid"])
 
 
-def gpu_memory(chunks: pl.LazyFrame) -> pl.LazyFrame:
-    """Per GPU: peak and final allocated bytes replayed from PMM chunk events."""
-    size = chunk_bytes()
-    delta = (pl.when(pl.col("chunk_op") == "alloc").then(size)
-             .when(pl.col("chunk_op").is_in(["free", "evict"])).then(-size).otherwise(0))
-    return (chunks.sort("gpu_index", "ts_ns")
-            .with_columns(used=delta.cum_sum().over("gpu_index"))
-            .group_by("gpu_index").agg(pl.col("used").max().alias("peak_bytes"),
-                                       pl.col("used").last().alias("end_bytes"))
-            .sort("gpu_index"))
+def summary_part(inp: Inputs, lt: pl.LazyFrame, rm_gpu: bool) -> dict[str, pl.DataFrame]:
+    """What one pid slice (`lt`: its lifetimes) adds: its processes' memory and, when
+    `rm_gpu`, the (gpu_index, ts_ns, d) steps of its RM allocations with a known GPU."""
+    lt = lt.filter(pl.col("layer") != VIRTUAL_LAYER)
+    rm = (lt.filter((pl.col("layer") == "rm") & pl.col("gpu_index").is_not_null()
+                    & pl.lit(rm_gpu))
+          .select("gpu_index", pl.col("alloc_ts_ns").alias("ts_ns"), "size_bytes",
+                  "free_ts_ns"))
+    steps = pl.concat([
+        rm.select("gpu_index", "ts_ns", pl.col("size_bytes").alias("d")),
+        rm.filter(pl.col("free_ts_ns").is_not_null()).select(
+            "gpu_index", pl.col("free_ts_ns").alias("ts_ns"), (-pl.col("size_bytes")).alias("d"))
+    ])
+    procs, steps_df = pl.collect_all([process_memory(lt, inp.scan("processes")), steps])
+    return {"processes": procs, "rm_gpu": steps_df}
 
 
-def gpu_table(inp: Inputs, df: pl.DataFrame, source: str) -> dict[str, object]:
-    """Per-GPU rows with capacity and share, plus imbalance (max / mean)."""
-    cap = dict(enumerate(inp.gpu_memory_bytes))
-    idx = {int(g) for g in df["gpu_index"]} | set(cap)
-    rows = []
-    for g in sorted(idx):
-        hit = df.filter(pl.col("gpu_index") == g)
-        peak = int(hit["peak_bytes"][0]) if hit.height else 0
-        end = int(hit["end_bytes"][0]) if hit.height else 0
-        total = cap.get(g) or None
-        rows.append({"gpu_index": g, "peak_bytes": peak, "end_bytes": end,
-                     "memory_bytes": total,
-                     "peak_share": round(peak / total, 6) if total else None,
-                     "full": bool(total and peak >= FULL_SHARE * total)})
-
-    def imbalance(col: str) -> float | None:
-        vals = [float(r[col]) for r in rows]  # type: ignore[arg-type]
-        mean = sum(vals) / len(vals) if vals else 0.0
-        return round(max(vals) / mean, 6) if mean > 0 else None
-
-    return {"source": source, "gpus": rows, "imbalance_peak": imbalance("peak_bytes"),
-            "imbalance_end": imbalance("end_bytes")}
-
-
-def summary(inp: Inputs, lt: pl.LazyFrame | None = None) -> Report:
-    """The summary report (pass `lt` to reuse lifetimes computed for leaks)."""
+def summary(inp: Inputs, parts: list[dict[str, pl.DataFrame]] | None = None,
+            pmm: pl.DataFrame | None = None) -> Report:
+    """The summary report, from the `summary_part` of each pid slice (computed when not
+    given; `pmm` must then be `pmm_gpus(inp)` and the parts' `rm_gpu` follow it)."""
     warnings = trace_warnings(inp)
     if not (inp.has("syscall") or inp.has("api") or inp.has("driver")):
         return not_recorded("summary", QUESTION, ["api", "driver", "syscall"], warnings)
-    lt = (lifetimes(inp) if lt is None else lt).filter(pl.col("layer") != VIRTUAL_LAYER)
-    rm_gpu = (lt.filter((pl.col("layer") == "rm") & pl.col("gpu_index").is_not_null())
-              .select("gpu_index", pl.col("alloc_ts_ns").alias("ts_ns"), "size_bytes",
-                      "free_ts_ns"))
-    rm_gpu_series = pl.concat([
-        rm_gpu.select("gpu_index", "ts_ns", pl.col("size_bytes").alias("d")),
-        rm_gpu.filter(pl.col("free_ts_ns").is_not_null()).select(
-            "gpu_index", pl.col("free_ts_ns").alias("ts_ns"), (-pl.col("size_bytes")).alias("d"))
-    ]).sort("gpu_index", "ts_ns").with_columns(used=pl.col("d").cum_sum().over("gpu_index")
-    ).group_by("gpu_index").agg(pl.col("used").max().alias("peak_bytes"),
-                                pl.col("used").last().alias("end_bytes"))
-    io, procs, chunk_gpus, rm_gpus = pl.collect_all([
-        ioctl_stats(inp.scan("ioctls")), process_memory(lt, inp.scan("processes")),
-        gpu_memory(inp.scan("chunks")), rm_gpu_series])
-    if inp.has("driver") and chunk_gpus.height:
-        gpus: dict[str, object] | None = gpu_table(inp, chunk_gpus, "pmm chunks")
-    elif rm_gpus.height:
+    if parts is None:
+        pmm = pmm_gpus(inp)
+        step = functools.partial(summary_part, rm_gpu=pmm is None)
+        parts = per_slice(inp, {"summary": step})["summary"]
+    io = ioctl_stats(inp.scan("ioctls")).collect()
+    procs = pl.concat([p["processes"] for p in parts]).sort(
+        "layer", "peak_bytes", "pid", descending=[False, True, False])
+    if pmm is not None:
+        gpus: dict[str, object] | None = gpu_table(inp, pmm, "pmm chunks")
+    elif (rm_gpus := replay_steps(pl.concat([p["rm_gpu"] for p in parts]))).height:
         gpus = gpu_table(inp, rm_gpus, "rm allocations")
     else:
         gpus = None

@@ -100,19 +100,29 @@ def run_reports(inp: Inputs, names: list[str], opts: dict[str, Any],
     """Compute the reports named (CLI names) and return the JSON document."""
     from gputrace.analyses.faults import fault_rate
     from gputrace.analyses.fragmentation import fragmentation
-    from gputrace.analyses.leaks import LeakOptions, leaks
-    from gputrace.analyses.lifetimes import lifetimes
-    from gputrace.analyses.summary import summary
+    from gputrace.analyses.gpus import pmm_gpus
+    from gputrace.analyses.leaks import LeakOptions, leak_part, leaks
+    from gputrace.analyses.partition import per_slice
+    from gputrace.analyses.summary import summary, summary_part
 
-    lt = lifetimes(inp).collect().lazy() if {"leaks", "summary"} & set(names) else None
+    lopts = LeakOptions(opts["older_ns"], opts["min_size"], opts["top"])
+    # Leaks and summary share each pid slice's lifetimes: one pass over the slices.
+    pmm = pmm_gpus(inp) if "summary" in names else None
+    steps: dict[str, Callable[[Inputs, Any], dict[str, Any]]] = {}
+    if "leaks" in names:
+        steps["leaks"] = lambda part, lt: leak_part(part, lt, lopts)
+    if "summary" in names:
+        steps["summary"] = lambda part, lt: summary_part(part, lt, pmm is None)
+    parts: dict[str, list[dict[str, Any]]] = {}
     reports: dict[str, Report | None] = dict.fromkeys(REPORT_KEYS)
     for name in names:
         step(name)
+        if name in steps and not parts:
+            parts = per_slice(inp, steps)
         if name == "leaks":
-            reports[name] = leaks(inp, LeakOptions(opts["older_ns"], opts["min_size"],
-                                                   opts["top"]), lt)
+            reports[name] = leaks(inp, lopts, parts["leaks"])
         elif name == "summary":
-            reports[name] = summary(inp, lt)
+            reports[name] = summary(inp, parts["summary"], pmm)
         elif name == "fault-rate":
             reports[name] = fault_rate(inp, window_s=opts["window_s"],
                                        min_reversals=opts["thrash_min"], top=opts["top"])

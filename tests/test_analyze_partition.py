@@ -1,0 +1,44 @@
+"""Leaks and summary computed one pid slice at a time (as on large traces) give the
+same JSON as in one piece: every scenario and recorded fixture, cut 2 and 5 ways."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputrace.analyses import partition
+from gputrace.analyses.common import inputs_from_trace
+from gputrace.tracedir import open_trace
+from tests.analyze_helpers import GOLDEN, SCENARIO_DIR, analyze, scenarios
+from tests.conftest import FIXTURES
+
+TRACES = [SCENARIO_DIR / n for n in scenarios().SCENARIOS] + [
+    FIXTURES / n for n in ("standin-rm", "standin-cuda", "standin-faults")]
+
+
+def golden(path: Path) -> dict[str, Any]:
+    name = (f"analyze_{path.name}" if path.parent == SCENARIO_DIR
+            else f"recorded_{path.name.replace('-', '_')}")
+    doc: dict[str, Any] = json.loads((GOLDEN / f"{name}.json").read_text())
+    return doc
+
+
+@pytest.mark.parametrize("k", [2, 5])
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_sliced_reports_equal_whole(path: Path, k: int,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(partition, "slice_count", lambda inp, slice_rows=None: k)
+    assert analyze(path) == golden(path)
+
+
+def test_slices_cover_every_pid_once() -> None:
+    inp = inputs_from_trace(open_trace(FIXTURES / "standin-rm"))
+    whole = inp.scan("ioctls").collect()
+    parts = [p.scan("ioctls").collect() for p in partition.pid_slices(inp, 3)]
+    assert sum(p.height for p in parts) == whole.height
+    assert all(set(a["pid"]).isdisjoint(b["pid"]) for i, a in enumerate(parts)
+               for b in parts[i + 1:])
+    assert partition.slice_count(inp) == 1
