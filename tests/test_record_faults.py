@@ -49,7 +49,7 @@ def _blocks_of(faults: pl.LazyFrame) -> dict[int, tuple[int, int, int]]:
     """Per-block counts from the fault-rate analysis (gputrace.analyses.faults.cpu_blocks)
     when it is there, else the same group_by here."""
     try:
-        from gputrace.analyses.faults import cpu_blocks
+        from gputrace.analyses.cpu_faults import cpu_blocks
     except ImportError:  # pragma: no cover - analyses not present
         cpu_blocks = None
     if cpu_blocks is not None:

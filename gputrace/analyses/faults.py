@@ -28,6 +28,7 @@ from gputrace.analyses.common import (
     records,
     trace_warnings,
 )
+from gputrace.analyses.cpu_faults import cpu_blocks, cpu_processes
 from gputrace.analyses.growth import live_series
 from gputrace.analyses.lifetimes import api_lifetimes, uvm_lifetimes
 from gputrace.analyses.report import Report, not_recorded
@@ -45,7 +46,8 @@ def rates(faults: pl.LazyFrame, start_ns: int, end_ns: int, window_s: float) -> 
     return (per.group_by(key).agg(
         pl.col("n").sum().alias("faults"),
         (pl.col("n").max() / window_s).alias("peak_per_s"),
-        (pl.col("win").sort_by("n", descending=True).first() * window_s)
+        # earliest of the busiest windows, so ties give the same answer every run
+        (pl.col("win").sort_by(["n", "win"], descending=[True, False]).first() * window_s)
         .alias("peak_window_start_s"))
         .with_columns(mean_per_s=pl.col("faults") / dur_s)
         .sort("faults", *key, descending=[True, False, False, False, False], nulls_last=True))
@@ -59,25 +61,6 @@ def batches(fb: pl.LazyFrame) -> pl.LazyFrame:
         .with_columns(duplicate_share=pl.when(pl.col("faults") > 0)
                       .then(pl.col("duplicates") / pl.col("faults")))
         .sort("gpu_index"))
-
-
-def cpu_blocks(faults: pl.LazyFrame) -> pl.LazyFrame:
-    return (faults.filter(pl.col("source") == "cpu").group_by("pid", "block_2m").agg(
-        pl.len().alias("faults"), (pl.col("access_type") == "read").sum().alias("reads"),
-        (pl.col("access_type") == "write").sum().alias("writes"))
-        .sort("faults", "pid", "block_2m", descending=[True, False, False]))
-
-
-def cpu_processes(faults: pl.LazyFrame, start_ns: int, end_ns: int) -> pl.LazyFrame:
-    """CPU faults on managed memory per process: count, reads, writes, blocks, rate."""
-    dur_s = max(end_ns - start_ns, 1) / NS_PER_S
-    return (faults.filter(pl.col("source") == "cpu").group_by("pid").agg(
-        pl.col("comm").drop_nulls().first(), pl.len().alias("faults"),
-        (pl.col("access_type") == "read").sum().alias("reads"),
-        (pl.col("access_type") == "write").sum().alias("writes"),
-        pl.col("block_2m").n_unique().alias("blocks"))
-        .with_columns(per_s=pl.col("faults") / dur_s)
-        .sort("faults", "pid", descending=[True, False]))
 
 
 def thrashing(migrations: pl.LazyFrame, start_ns: int, window_s: float,
