@@ -156,7 +156,8 @@ class TraceBuilder:
         self.ioctl(
             t, pid, "RM_ALLOC", cmd=RM_ALLOC_CMD, nr=0x2B, h_client=client,
             h_parent=client if parent is None else parent, h_object=h, h_class=h_class,
-            size_bytes=size if size else None, status=status, gpu_index=None,
+            size_bytes=size if size else None, status=status,
+            gpu_index=gpu if h_class == CLASS_DEVICE else None,
             flags=0, attr=0, attr2=0, alignment=0 if size else None,
         )
         return h

@@ -177,7 +177,9 @@ IOCTLS = Table(
     (
         *_who(),
         *_enum("device", DEVICE_KINDS, "device file kind"),
-        Column("gpu_index", I16, "", "N of /dev/nvidiaN (null for other devices)"),
+        Column("gpu_index", I16, "",
+               "N of /dev/nvidiaN; for RM_ALLOC of a device (0x80) its deviceId (the RM "
+               "device instance); null otherwise"),
         Column("fd", I32, "", "file descriptor", False),
         Column("cmd", U32, "", "raw ioctl request number", False),
         Column("nr", U32, "", "RM escape number (_IOC_NR) or UVM command number", False),

@@ -30,6 +30,11 @@ static __always_inline void rm_alloc_params(struct ioctl_event *e, u32 cls, u64 
         SET(offset, GT_V_OFFSET, W64(0));
         if (W64(8) >= W64(0) && W64(8) != 0)
             SET(size_bytes, GT_V_SIZE, W64(8) - W64(0) + 1);
+    } else if (cls == 0x80) { /* NV0080_ALLOCATION_PARAMETERS: deviceId @0 (cl0080.h) */
+        if (bpf_probe_read_user(w, 4, (void *)ap))
+            return;
+        if (W32(0) < 0x8000) /* the RM device instance: which GPU the subtree is on */
+            e->gpu_index = (s16)W32(0);
     } else if (cls == 0xF8) { /* NV00F8_ALLOCATION_PARAMETERS */
         if (bpf_probe_read_user(w, 28, (void *)ap))
             return;

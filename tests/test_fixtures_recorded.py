@@ -149,3 +149,15 @@ def test_golden_report(fixture: Path, update_golden: bool) -> None:
     if update_golden or not golden.exists():
         golden.write_text(text)
     assert golden.read_text() == text, "rerun with --update-golden if the change is intended"
+
+
+def test_gpu_peak_equals_the_stand_in_drivers_own_peak() -> None:
+    """Memory objects inherit their device's GPU (deviceId of the 0x80 alloc); the
+    GPU-0 peak replayed from the trace equals the peak the FUSE driver counted."""
+    dev = (open_trace(CUDA).scan("ioctls").filter(pl.col("h_class") == 0x80)
+           .select("gpu_index").collect())
+    assert dev["gpu_index"].to_list() == [0]
+    gpus = analyze(CUDA, ["summary"])["summary"]["gpus"]
+    assert gpus["source"] == "rm allocations"
+    (g0,) = gpus["gpus"]
+    assert (g0["gpu_index"], g0["peak_bytes"]) == (0, expected(CUDA)["driver"]["peak_vidmem_bytes"])

@@ -98,6 +98,14 @@ def rm_objects(ioctls: pl.LazyFrame, files: pl.LazyFrame) -> pl.LazyFrame:
     # gather (no join per level); no parent instances at all, nothing to propagate.
     df = objs.collect()
     df = df.with_columns(_prow=df["_oid"].arg_sort().gather(df["_poid"]))
+    # Memory is allocated on nvidiactl, so its GPU is its device's (RM_ALLOC of class
+    # 0x80 carries the device instance): inherit the nearest ancestor's gpu_index.
+    for _ in range(MAX_DEPTH if df["_prow"].null_count() < df.height else 0):
+        nxt = df.with_columns(gpu_index=pl.coalesce(
+            "gpu_index", pl.col("gpu_index").gather(pl.col("_prow"))))
+        if nxt["gpu_index"].null_count() == df["gpu_index"].null_count():
+            break
+        df = nxt
     for _ in range(MAX_DEPTH if df["_prow"].null_count() < df.height else 0):
         pend = pl.col("end_ts_ns").gather(pl.col("_prow"))
         pend = pl.when(pend >= pl.col("ts_ns")).then(pend)

@@ -35,6 +35,10 @@ def ioctl_stats(ioctls: pl.LazyFrame) -> pl.LazyFrame:
     rank. Latencies repeat, so the histogram is far smaller than the calls and
     nothing holds every call's latency per group."""
     keys = ["device", "gpu_index", "name"]
+    # gpu_index names the /dev/nvidiaN file; on nvidiactl rows it can hold the GPU a
+    # device object was allocated for, which is no reason to split a command's row.
+    ioctls = ioctls.with_columns(
+        gpu_index=pl.when(pl.col("device") == "gpu").then("gpu_index"))
     failed = (pl.col("status").fill_null(0) != 0) | (pl.col("ret").fill_null(0) < 0)
     lat = pl.col("latency_ns")
     stats = ioctls.group_by(keys).agg(
