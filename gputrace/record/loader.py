@@ -104,7 +104,7 @@ def load_bpf(bcc: Any, text: str, flags: list[str], what: str) -> Any:
     with tempfile.TemporaryFile() as log:
         os.dup2(log.fileno(), 2)
         try:
-            return bcc.BPF(text=text, cflags=[*flags, "-w"])
+            return bcc.BPF(text=text.encode(), cflags=[*flags, "-w"])
         except Exception as e:
             os.dup2(saved, 2)
             log.seek(0)
