@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-"${PYTHON:-python3}" -m gputrace.cli info fixtures/default
-exec "${PYTHON:-python3}" -m gputrace.cli analyze fixtures/default "$@"
+"${PYTHON:-python3}" -m gputrace.cli info fixtures/standin-cuda
+exec "${PYTHON:-python3}" -m gputrace.cli analyze fixtures/standin-cuda "$@"
