@@ -18,8 +18,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE.parent))
+
+from common import start_recorder  # noqa: E402
 
 SYMS = ("cuMemAlloc_v2", "cuMemFree_v2")
 FLOOR = "int on_entry(void *ctx) { return 0; }\nint on_return(void *ctx) { return 0; }\n"
@@ -75,13 +76,7 @@ def traced(exe: Path, n: int, tmp: Path) -> dict[str, float]:
                          stdout=subprocess.PIPE, env=env())  # fmt: skip
     assert w.stdout is not None and w.stdin is not None
     pid = int(w.stdout.readline().split()[1])
-    rec = subprocess.Popen([sys.executable, "-m", "gputrace.cli", "record", "-o", str(out),
-                            "--force", "-p", str(pid)], cwd=ROOT, stderr=subprocess.PIPE,
-                           text=True)  # fmt: skip
-    assert rec.stderr is not None
-    while not rec.stderr.readline().startswith("gputrace: recording"):
-        if rec.poll() is not None:
-            raise RuntimeError("recorder failed")
+    rec = start_recorder(out, "-p", str(pid)).proc
     w.stdin.write("go\n")
     w.stdin.flush()
     per_call = parse(w.communicate()[0])

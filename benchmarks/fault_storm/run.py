@@ -23,14 +23,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE.parent))
 
-
-def build(tmp: Path) -> Path:
-    exe = tmp / "storm"
-    subprocess.run(["gcc", "-O2", "-o", str(exe), str(HERE / "storm.c")], check=True)
-    return exe
+from common import build_storm, start_recorder  # noqa: E402
 
 
 def fresh_dev(tmp: Path) -> Path:
@@ -75,15 +70,8 @@ def run(storm: Path, tmp: Path, mib: int, procs: int, anon: bool, traced: bool) 
     rec = None
     out = tmp / "trace"
     if traced:
-        args = [sys.executable, "-m", "gputrace.cli", "record", "-o", str(out), "--force",
-                "--device-dir", str(dev)]  # fmt: skip
-        for p in pids:
-            args += ["-p", str(p)]
-        rec = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-        assert rec.stderr is not None
-        while not rec.stderr.readline().startswith("gputrace: recording"):
-            if rec.poll() is not None:
-                raise RuntimeError("recorder failed")
+        rec = start_recorder(out, "--device-dir", str(dev),
+                             *[a for p in pids for a in ("-p", str(p))]).proc
     res, wall = go(ws)
     faults = sum(n for n, _ in res)
     r: dict[str, float] = {
@@ -109,7 +97,7 @@ def main() -> None:
         sys.exit("run as root")
     with tempfile.TemporaryDirectory(dir="/dev/shm") as td:
         tmp = Path(td)
-        storm = build(tmp)
+        storm = build_storm(HERE / "storm.c", tmp)
         res = {}
         for name, procs, anon in (("managed", 1, False), ("managed_2procs", 2, False),
                                   ("anon", 1, True)):  # fmt: skip

@@ -21,14 +21,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE.parent))
 
-
-def build(tmp: Path) -> Path:
-    exe = tmp / "storm"
-    subprocess.run(["gcc", "-O2", "-o", str(exe), str(HERE / "storm.c")], check=True)
-    return exe
+from common import build_storm, start_recorder  # noqa: E402
 
 
 def parse(out: str) -> float:
@@ -60,24 +55,8 @@ def traced(storm: Path, dev: Path, n: int, tmp: Path, procs: int = 1) -> dict[st
         for _ in range(procs)
     ]
     pids = [int(w.stdout.readline().split()[1]) for w in ws]  # type: ignore[union-attr]
-    args = [
-        sys.executable,
-        "-m",
-        "gputrace.cli",
-        "record",
-        "-o",
-        str(out),
-        "--force",
-        "--device-dir",
-        str(dev),
-    ]
-    for p in pids:
-        args += ["-p", str(p)]
-    rec = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    assert rec.stderr is not None
-    while not rec.stderr.readline().startswith("gputrace: recording"):
-        if rec.poll() is not None:
-            raise RuntimeError("recorder failed")
+    rec = start_recorder(out, "--device-dir", str(dev),
+                         *[a for p in pids for a in ("-p", str(p))]).proc
     c0 = cpu_of(rec.pid)
     t0 = time.monotonic()
     for w in ws:
@@ -149,7 +128,7 @@ def main() -> int:
         dev = tmp / "dev"
         dev.mkdir()
         os.mknod(dev / "nvidiactl", 0o666 | 0o020000, os.makedev(1, 3))
-        storm = build(tmp)
+        storm = build_storm(HERE / "storm.c", tmp)
         base = untraced(storm, dev, a.calls)
         rec1 = traced(storm, dev, a.calls, tmp, 1)
         rec2 = traced(storm, dev, a.calls, tmp, 2)

@@ -1,0 +1,28 @@
+"""What the storm benchmarks share: building a storm program and starting
+`gputrace record` the way the live tests do (waiting on its ready line, with a
+deadline, while a thread keeps draining its stderr)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.record_helpers import RecorderProc, record_cmd  # noqa: E402
+
+
+def build_storm(source: Path, tmp: Path) -> Path:
+    """gcc -O2 the storm program `source` into tmp; returns the executable."""
+    exe = tmp / "storm"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(source)], check=True)
+    return exe
+
+
+def start_recorder(out: Path, *args: str) -> RecorderProc:
+    """`gputrace record -o out --force ARGS`, returned once every probe is attached."""
+    rec = RecorderProc(record_cmd(out, "--force", *args))
+    rec.wait_ready()
+    return rec
