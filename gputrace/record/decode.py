@@ -174,6 +174,23 @@ def _order(ts: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp] | None:
     return np.argsort(ts, kind="stable")
 
 
+def _by_time(ev: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
+    """The events in time order (staged batches from several CPUs interleave)."""
+    order = _order(ev["ts_ns"])
+    return ev if order is None else ev[order]
+
+
+def _device(ev: npt.NDArray[np.void]) -> dict[str, Any]:
+    """device_code, device and gpu_index (null unless /dev/nvidiaN) columns."""
+    dev = np.ascontiguousarray(ev["device"])
+    gpu = ev["gpu_index"]
+    return {
+        "device_code": pa.array(dev),
+        "device": _strings_from(dev, schema.DEVICE_KINDS),
+        "gpu_index": pa.array(gpu, mask=gpu < 0),
+    }
+
+
 def _col(ev: npt.NDArray[np.void], name: str, order: npt.NDArray[np.intp] | None) -> Any:
     a = ev[name]
     return np.ascontiguousarray(a) if order is None else a[order]
@@ -228,12 +245,9 @@ _DEVICE_NAMES = schema.DEVICE_KINDS
 
 
 def mappings_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
-    order = _order(ev["ts_ns"])
-    if order is not None:
-        ev = ev[order]
+    ev = _by_time(ev)
     op = ev["op"]
     dev = ev["device"]
-    gpu = ev["gpu_index"]
     ret = ev["ret"]
     is_mmap = op == 1
     ok = ~((ret < 0) & (ret > -4096))
@@ -242,9 +256,7 @@ def mappings_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
         **_who(ev),
         "op_code": pa.array(op),
         "op": _strings_from(op, schema.MAPPING_OPS),
-        "device_code": pa.array(dev),
-        "device": _strings_from(dev, _DEVICE_NAMES),
-        "gpu_index": pa.array(gpu, mask=gpu < 0),
+        **_device(ev),
         "fd": pa.array(ev["fd"]),
         "addr": pa.array(ev["addr"], mask=is_mmap & ~ok),
         "length": pa.array(ev["length"]),
@@ -273,19 +285,13 @@ FV_RET = 1  # GT_FV_RET: ret holds a value
 def files_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
     """`struct fd_event`s (and the recorder's "seen" rows) as a batch of `files`:
     new_fd only for dups, ret only where GT_FV_RET is set, gpu_index only for nvidiaN."""
-    order = _order(ev["ts_ns"])
-    if order is not None:
-        ev = ev[order]
+    ev = _by_time(ev)
     op = np.ascontiguousarray(ev["op"])
-    dev = np.ascontiguousarray(ev["device"])
-    gpu = ev["gpu_index"]
     cols: dict[str, Any] = {
         **_who(ev),
         "fd_op_code": pa.array(op),
         "fd_op": _strings_from(op, schema.FD_OPS),
-        "device_code": pa.array(dev),
-        "device": _strings_from(dev, _DEVICE_NAMES),
-        "gpu_index": pa.array(gpu, mask=gpu < 0),
+        **_device(ev),
         "fd": pa.array(ev["fd"]),
         "new_fd": pa.array(ev["new_fd"], mask=op != FD_DUP),
         "ret": pa.array(ev["ret"], mask=(ev["valid"] & FV_RET) == 0),

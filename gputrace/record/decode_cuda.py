@@ -11,7 +11,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from gputrace import schema
-from gputrace.record.decode import _batch, _order, _strings_from, _who
+from gputrace.record.decode import _batch, _by_time, _strings_from, _who
 
 # ---------------------------------------------------------------- API layer (issue 4)
 CUDA_DTYPE = np.dtype(
@@ -35,9 +35,7 @@ CUDA_VALID_BITS: dict[str, int] = {"size_bytes": 0, "ptr": 1, "handle": 2, "flag
 def cuda_calls_batch(ev: npt.NDArray[np.void], names: Mapping[int, str]) -> pa.RecordBatch:
     """Decoded `struct cuda_event`s as a record batch of the `cuda_calls` table;
     `names` maps function ids to libcuda symbols."""
-    order = _order(ev["ts_ns"])
-    if order is not None:
-        ev = ev[order]
+    ev = _by_time(ev)
     valid = ev["valid"]
     sid = ev["stack_id"]
     cols: dict[str, Any] = {

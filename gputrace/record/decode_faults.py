@@ -10,7 +10,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from gputrace import schema
-from gputrace.record.decode import BATCH_HEADER, _batch, _order, _strings_from, _who
+from gputrace.record.decode import BATCH_HEADER, _batch, _by_time, _strings_from, _who
 
 # ---------------------------------------------------- CPU faults on managed memory (issue 6)
 FAULT_DTYPE = np.dtype(
@@ -50,9 +50,7 @@ def fault_events_from_batches(raw: bytes) -> npt.NDArray[np.void]:
 def faults_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
     """CPU faults as a record batch of the `faults` table (source cpu, fault type unknown,
     read/write from bit 1 of the error code, block_2m = address rounded down to 2 MiB)."""
-    order = _order(ev["ts_ns"])
-    if order is not None:
-        ev = ev[order]
+    ev = _by_time(ev)
     n = len(ev)
     addr = np.ascontiguousarray(ev["address"])
     access = np.where((ev["error_code"] & PF_WRITE) != 0, ACCESS_WRITE, ACCESS_READ)
