@@ -67,10 +67,12 @@ def file_descriptions(files: pl.LazyFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
             pl.DataFrame(releases, schema=RELEASES, orient="row"))
 
 
-def release_of(calls: pl.LazyFrame, files: pl.LazyFrame) -> pl.LazyFrame:
+def release_of(calls: pl.LazyFrame,
+               descriptions: tuple[pl.DataFrame, pl.DataFrame]) -> pl.LazyFrame:
     """`calls` (ts_ns, pid, fd, ...) plus `release_ts_ns`: when the file description
-    the call's fd named at that time was released (null: not in the trace)."""
-    defs, releases = file_descriptions(files)
+    the call's fd named at that time was released (null: not in the trace).
+    `descriptions` is `file_descriptions(files)`, replayed once for all callers."""
+    defs, releases = descriptions
     named = (calls.sort("ts_ns")
              .join_asof(defs.lazy().sort("ts_ns").rename({"ts_ns": "_def_ts"}),
                         left_on="ts_ns", right_on="_def_ts", by=["pid", "fd"],

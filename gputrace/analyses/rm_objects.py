@@ -21,7 +21,7 @@ from __future__ import annotations
 import polars as pl
 
 from gputrace.analyses.common import ok_ioctl, pair
-from gputrace.analyses.fds import release_of
+from gputrace.analyses.fds import file_descriptions, release_of
 
 MEMORY_CLASSES = {0x3E: "sysmem", 0x40: "vidmem", 0x71: "os-descriptor", 0xC2: "physical",
                   0xF8: "fabric", 0xFD: "multicast-fabric"}
@@ -44,9 +44,10 @@ def _first_after(objs: pl.LazyFrame, events: pl.LazyFrame, by: list[str], name: 
 
 def _fd_release(base: pl.LazyFrame, files: pl.LazyFrame) -> pl.LazyFrame:
     """(_oid, _close): release of the fd of each object's client (else its own fd)."""
-    own = release_of(base.select("_oid", "ts_ns", "pid", "fd", "client"), files)
+    descs = file_descriptions(files)
+    own = release_of(base.select("_oid", "ts_ns", "pid", "fd", "client"), descs)
     clients = release_of(base.filter(pl.col("handle") == pl.col("client"))
-                         .select("ts_ns", "pid", "client", "fd"), files)
+                         .select("ts_ns", "pid", "client", "fd"), descs)
     clients = clients.select(pl.col("ts_ns").alias("_cts"), "pid", "client",
                              pl.col("release_ts_ns").alias("_crel")).sort("_cts")
     return (own.sort("ts_ns")
