@@ -16,6 +16,13 @@ ROOT = Path(__file__).resolve().parent.parent
 READY = "gputrace: recording ("
 
 
+def standin_driver_args() -> list[str]:
+    """--driver-version for traces of the FUSE stand-in (it answers with those layouts)."""
+    from tests.standin.standin import DRIVER_VERSION
+
+    return ["--driver-version", DRIVER_VERSION]
+
+
 def live_skip_reason() -> str | None:
     """Why live recording cannot run here (None when it can)."""
     if os.geteuid() != 0:

@@ -15,14 +15,20 @@ import polars as pl
 import pytest
 
 from gputrace.tracedir import open_trace
-from tests.record_helpers import ROOT, RecorderProc, live_skip_reason, record_cmd
+from tests.record_helpers import (
+    ROOT,
+    RecorderProc,
+    live_skip_reason,
+    record_cmd,
+    standin_driver_args,
+)
 
 pytestmark = [pytest.mark.live]
 _SKIP = live_skip_reason()
 if _SKIP is not None:
     pytestmark.append(pytest.mark.skip(reason=_SKIP))
 
-DRIVER = ["--driver-version", "580.142"]
+DRIVER = standin_driver_args()
 PROBED = {
     "cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemFree_v2", "cuMemAllocManaged",
     "cuMemAllocHost_v2", "cuMemHostAlloc", "cuMemFreeHost", "cuMemCreate", "cuMemRelease",

@@ -14,7 +14,13 @@ import pytest
 
 from gputrace.record import cpufaults
 from gputrace.tracedir import open_trace
-from tests.record_helpers import ROOT, RecorderProc, live_skip_reason, record_cmd
+from tests.record_helpers import (
+    ROOT,
+    RecorderProc,
+    live_skip_reason,
+    record_cmd,
+    standin_driver_args,
+)
 
 pytestmark = [pytest.mark.live]
 _SKIP = live_skip_reason()
@@ -23,7 +29,7 @@ if _SKIP is None and platform.machine() != "x86_64":
 if _SKIP is not None:
     pytestmark.append(pytest.mark.skip(reason=_SKIP))
 
-DRIVER = ["--driver-version", "580.142"]
+DRIVER = standin_driver_args()
 BLOCK = 2 << 20
 
 

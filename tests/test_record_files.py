@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from gputrace.tracedir import open_trace
-from tests.record_helpers import ROOT, live_skip_reason, record_cmd
+from tests.record_helpers import ROOT, live_skip_reason, record_cmd, standin_driver_args
 
 pytestmark = [pytest.mark.live]
 _SKIP = live_skip_reason()
@@ -38,7 +38,7 @@ def test_files_dup2_dup3_fcntl(tmp_path: Path) -> None:
     out = tmp_path / "trace"
     with mounted_driver(tmp_path, budget=1 << 30) as dev:
         r = subprocess.run(
-            record_cmd(out, "--device-dir", str(dev), "--driver-version", "580.142", "--",
+            record_cmd(out, "--device-dir", str(dev), *standin_driver_args(), "--",
                        sys.executable, "-c", SCRIPT, str(dev)),
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip

@@ -16,14 +16,20 @@ import polars as pl
 import pytest
 
 from gputrace.tracedir import open_trace
-from tests.record_helpers import ROOT, RecorderProc, live_skip_reason, record_cmd
+from tests.record_helpers import (
+    ROOT,
+    RecorderProc,
+    live_skip_reason,
+    record_cmd,
+    standin_driver_args,
+)
 
 pytestmark = [pytest.mark.live]
 _SKIP = live_skip_reason()
 if _SKIP is not None:
     pytestmark.append(pytest.mark.skip(reason=_SKIP))
 
-DRIVER = ["--driver-version", "580.142"]  # the stand-in answers with 580 layouts
+DRIVER = standin_driver_args()
 
 
 def _expected() -> dict[str, Any]:

@@ -9,7 +9,6 @@ ranges and touches a known pattern of pages (see fault_workload.c);
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from tests.standin.standin import (
     HERE,
     StandinUnavailable,
     WaitingWorkload,
+    print_expected,
     started_waiting,
 )
 
@@ -36,10 +36,7 @@ def build() -> Path:
 
 def expected() -> dict[str, Any]:
     """The pattern: managed_ranges, pages (address, op, reads, writes), outside, totals."""
-    r = subprocess.run([str(build()), "--print-expected"], capture_output=True, text=True,
-                       check=True)  # fmt: skip
-    data: dict[str, Any] = json.loads(r.stdout)
-    return data
+    return print_expected(build())
 
 
 def run(devdir: Path | str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:

@@ -33,6 +33,8 @@ HERE = Path(__file__).resolve().parent
 BUILD_DIR = HERE / "build"
 EXPECTED_JSON = HERE / "expected.json"
 DEFAULT_BUDGET = 16 << 30
+DRIVER_VERSION = "580.142"
+"""The driver whose parameter layouts nvstandin.h copies: recorders must decode as it."""
 MOUNT_TIMEOUT_S = 10.0
 UNMOUNT_TIMEOUT_S = 10.0
 
@@ -163,13 +165,17 @@ def run_workload(
     )
 
 
-def expected(*args: str) -> dict[str, Any]:
-    """What the workload issues for the given options (``--repeat N``, ``--no-exit-free``)."""
-    bins = build("workload")
-    r = subprocess.run([str(bins.workload), "--print-expected", *args], capture_output=True,
-                       text=True, check=True)
+def print_expected(exe: Path, *args: str) -> dict[str, Any]:
+    """``EXE --print-expected ARGS``, parsed: every stand-in workload says what it does."""
+    r = subprocess.run([str(exe), "--print-expected", *args], capture_output=True, text=True,
+                       check=True)  # fmt: skip
     data: dict[str, Any] = json.loads(r.stdout)
     return data
+
+
+def expected(*args: str) -> dict[str, Any]:
+    """What the workload issues for the given options (``--repeat N``, ``--no-exit-free``)."""
+    return print_expected(build("workload").workload, *args)
 
 
 def load_expected_json() -> dict[str, Any]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tests.standin.standin import WaitingWorkload, started_waiting
+from tests.standin.standin import WaitingWorkload, print_expected, started_waiting
 
 HERE = Path(__file__).resolve().parent
 BUILD_DIR = HERE / "build"
@@ -156,11 +156,7 @@ def waiting_workload(*args: str, devdir: Path | str | None = None, dlopen: bool 
 
 def expected() -> dict[str, Any]:
     """``cuda_workload --print-expected``, parsed."""
-    paths = build()
-    r = subprocess.run([str(paths.workload), "--print-expected"], capture_output=True,
-                       text=True, check=True)
-    data: dict[str, Any] = json.loads(r.stdout)
-    return data
+    return print_expected(build().workload)
 
 
 def load_expected_json() -> dict[str, Any]:
