@@ -10,6 +10,7 @@ import pytest
 
 from gputrace.builder import T0_NS, GiB, MiB
 from tests.analyze_helpers import GOLDEN, SCENARIO_DIR, analyze, scenarios
+from tests.goldens import check_text
 
 NAMES = list(scenarios().SCENARIOS)
 
@@ -150,11 +151,7 @@ def test_committed_fixtures_match_build_script(tmp_path: Path,
 def test_golden_json(name: str, docs: dict[str, Any], update_golden: bool) -> None:
     from gputrace.render.json import render_json
 
-    text = render_json(docs[name])
-    golden = GOLDEN / f"analyze_{name}.json"
-    if update_golden or not golden.exists():
-        golden.write_text(text)
-    assert golden.read_text() == text, f"rerun with --update-golden if {name} changed on purpose"
+    check_text(GOLDEN / f"analyze_{name}.json", render_json(docs[name]), update_golden)
 
 
 def test_default_fixture_story() -> None:

@@ -20,6 +20,7 @@ import pytest
 from gputrace.tracedir import open_trace
 from tests.analyze_helpers import GOLDEN, analyze
 from tests.conftest import FIXTURES
+from tests.goldens import check_text
 
 RM = FIXTURES / "standin-rm"
 CUDA = FIXTURES / "standin-cuda"
@@ -145,10 +146,7 @@ def test_cpu_faults_match_the_touch_pattern() -> None:
 def test_golden_report(fixture: Path, update_golden: bool) -> None:
     doc = analyze(fixture)
     text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
-    golden = GOLDEN / f"recorded_{fixture.name.replace('-', '_')}.json"
-    if update_golden or not golden.exists():
-        golden.write_text(text)
-    assert golden.read_text() == text, "rerun with --update-golden if the change is intended"
+    check_text(GOLDEN / f"recorded_{fixture.name.replace('-', '_')}.json", text, update_golden)
 
 
 def test_gpu_peak_equals_the_stand_in_drivers_own_peak() -> None:
