@@ -276,6 +276,7 @@ def test_frame_pointer_backtrace_reaches_main(paths: Paths) -> None:
 # ------------------------------------------------------ with the FUSE stand-in driver
 
 
+@pytest.mark.live  # needs the FUSE stand-in: CI fails when it skips
 @pytest.mark.skipif(FUSE_SKIP is not None, reason=FUSE_SKIP or "")
 def test_workload_on_fuse_driver(tmp_path: Path, exp: dict[str, Any]) -> None:
     with mounted_driver(tmp_path, budget=64 * MIB, gpus=1) as dev:
@@ -292,6 +293,7 @@ def test_workload_on_fuse_driver(tmp_path: Path, exp: dict[str, Any]) -> None:
         assert st.gpus[0]["used"] == 0
 
 
+@pytest.mark.live  # needs the FUSE stand-in: CI fails when it skips
 @pytest.mark.skipif(FUSE_SKIP is not None, reason=FUSE_SKIP or "")
 def test_leaked_blocks_live_on_fuse_driver_until_exit(paths: Paths, tmp_path: Path,
                                                       exp: dict[str, Any]) -> None:
@@ -319,6 +321,7 @@ def test_leaked_blocks_live_on_fuse_driver_until_exit(paths: Paths, tmp_path: Pa
         assert st.gpus[0]["used"] == 0  # closing the fds freed the client's tree
 
 
+@pytest.mark.live  # needs the FUSE stand-in: CI fails when it skips
 @pytest.mark.skipif(FUSE_SKIP is not None, reason=FUSE_SKIP or "")
 def test_over_budget_fails_in_the_driver(tmp_path: Path) -> None:
     with mounted_driver(tmp_path, budget=64 * MIB) as dev:
@@ -331,6 +334,7 @@ def test_over_budget_fails_in_the_driver(tmp_path: Path) -> None:
         assert st.gpus[0]["failed"] == 1
 
 
+@pytest.mark.live  # needs the FUSE stand-in: CI fails when it skips
 @pytest.mark.skipif(FUSE_SKIP is not None, reason=FUSE_SKIP or "")
 def test_budget_too_small_gives_out_of_memory(tmp_path: Path) -> None:
     with mounted_driver(tmp_path, budget=8 * MIB) as dev:
