@@ -233,7 +233,9 @@ class Trace:
         parts = self.parts(table)
         if not parts:
             return pl.LazyFrame(schema=t.polars_schema)
-        return pl.scan_parquet([str(p) for p in parts]).select(
+        # Parts written before a nullable column was added read it as nulls.
+        return pl.scan_parquet([str(p) for p in parts], schema=t.polars_schema,
+                               missing_columns="insert").select(
             [pl.col(n).cast(dt) for n, dt in t.polars_schema.items()]
         )
 
@@ -264,7 +266,8 @@ def _check_part(t: schema.Table, path: Path) -> None:
             f"{path} has schema version {version}, newer than this gputrace "
             f"({schema.SCHEMA_VERSION}); upgrade gputrace"
         )
-    missing = [c.name for c in t.columns if c.name not in arrow_schema.names]
+    missing = [c.name for c in t.columns if c.name not in arrow_schema.names
+               and not c.nullable]
     if missing:
         raise TraceError(f"{path}: columns missing from table {t.name}: {', '.join(missing)}")
 

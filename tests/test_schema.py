@@ -16,7 +16,8 @@ def test_docs_trace_format_is_generated_from_schema() -> None:
 def test_required_tables_and_columns() -> None:
     assert set(schema.TABLES) == {
         "processes", "ioctls", "files", "mappings", "cuda_calls", "stacks",
-        "faults", "fault_batches", "migrations", "chunks",
+        "faults", "fault_batches", "migrations", "chunks", "uvm_events", "uvm_counters",
+        "gpu_memory",
     }
     ioctls = {c.name for c in schema.IOCTLS.columns}
     assert {
@@ -54,3 +55,24 @@ def test_every_enum_has_code_and_name_columns() -> None:
 def test_polars_schema_matches_arrow_schema() -> None:
     for t in schema.TABLES.values():
         assert list(t.polars_schema.names()) == [c.name for c in t.columns]
+
+
+def test_tools_enum_mappings_land_on_known_codes() -> None:
+    """The tools ABI numbers its enums differently; every mapped value must exist."""
+    for mapping, target in (
+        (schema.TOOLS_FAULT_TYPES, schema.FAULT_TYPES),
+        (schema.TOOLS_ACCESS_TYPES, schema.ACCESS_TYPES),
+        (schema.TOOLS_CLIENT_TYPES, schema.FAULT_SOURCES),
+        (schema.TOOLS_MIGRATION_CAUSES, schema.MIGRATION_CAUSES),
+        (schema.TOOLS_FATAL_REASONS, schema.UVM_EVENT_REASONS),
+        (schema.TOOLS_MAP_REMOTE_CAUSES, schema.UVM_EVENT_REASONS),
+    ):
+        assert set(mapping.values()) <= set(target)
+    assert schema.FAULT_TYPES[schema.TOOLS_FAULT_TYPES[1]] == "invalid_pde"
+    assert schema.FAULT_TYPES[schema.TOOLS_FAULT_TYPES[2]] == "invalid_pte"
+    assert schema.MIGRATION_CAUSES[schema.TOOLS_MIGRATION_CAUSES[4]] == "eviction"
+
+
+def test_layers_name_every_table() -> None:
+    named = {n for tables in schema.LAYERS.values() for n in tables}
+    assert named == set(schema.TABLES)
