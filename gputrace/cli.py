@@ -17,6 +17,8 @@ from gputrace.commands import analyze, record
 from gputrace.commands.dump import FORMATS, dump_table
 from gputrace.commands.info import render_info, trace_info
 from gputrace.errors import GputraceError, UsageError
+from gputrace.options import parse_count
+from gputrace.render.safe import printable
 from gputrace.tracedir import open_trace
 
 EPILOG = """\b
@@ -67,7 +69,9 @@ def info(
 def dump(
     trace: Annotated[str, typer.Argument(help="Trace directory.")],
     table: Annotated[str, typer.Argument(help="Table name, e.g. ioctls, cuda_calls.")],
-    limit: Annotated[int | None, typer.Option("--limit", "-n", help="At most N rows.")] = None,
+    limit: Annotated[
+        str | None, typer.Option("--limit", "-n", metavar="N", help="At most N rows.")
+    ] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json (lines).")] = (
         "table"
     ),
@@ -75,10 +79,9 @@ def dump(
     """Print the rows of one table."""
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-    if limit is not None and limit < 0:
-        raise UsageError("--limit must be >= 0")
+    rows = parse_count(limit, "--limit") if limit is not None else None
     t = open_trace(trace)
-    dump_table(t, table, limit=limit, fmt=fmt)
+    dump_table(t, table, limit=rows, fmt=fmt)
 
 
 record.register(app)
@@ -90,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = app(args=argv, standalone_mode=False)
     except GputraceError as e:
-        typer.echo(f"gputrace: error: {e}", err=True)
+        # Messages quote paths, manifest fields and option text: one line, no escapes.
+        typer.echo(f"gputrace: error: {printable(e)}", err=True)
         return e.exit_code
     except typer.Exit as e:
         return int(e.exit_code or 0)
@@ -100,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     except (pa.ArrowException, OSError) as e:
         # Corruption that footer checks cannot see surfaces while reading data.
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        typer.echo(f"gputrace: error: {first}", err=True)
+        typer.echo(f"gputrace: error: {printable(first)}", err=True)
         return 1
     except Exception as e:
         import polars.exceptions as plx
@@ -113,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             return code
         if isinstance(e, plx.PolarsError):
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            typer.echo(f"gputrace: error: corrupt or unreadable trace data: {first}", err=True)
+            typer.echo(f"gputrace: error: corrupt or unreadable trace data: {printable(first)}",
+                       err=True)
             return 1
         raise
     # With standalone_mode=False click returns typer.Exit's code instead of raising.

@@ -10,37 +10,19 @@ from typing import Annotated, Any
 
 import typer
 
-from gputrace.analyses.common import Inputs, inputs_from_trace, trace_warnings
+from gputrace.analyses.common import NS_PER_S, Inputs, inputs_from_trace, trace_warnings
 from gputrace.analyses.report import REPORT_KEYS, Report, document
 from gputrace.errors import GputraceError, UsageError
+from gputrace.options import parse_count, parse_duration_ns, parse_fraction, parse_size
 
 FORMATS = ("terminal", "json")
 PROGRESS_ROWS = 2_000_000
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40,
-          "tb": 10**12, "tib": 1 << 40}
-_DURATIONS = {"ns": 1, "us": 10**3, "ms": 10**6, "s": 10**9, "": 10**9, "m": 60 * 10**9,
-              "min": 60 * 10**9, "h": 3600 * 10**9}
 
 
 class FindingsTriggered(GputraceError):
     """A `--fail-on` condition held; exit status 3 for CI gates."""
 
     exit_code = 3
-
-
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise UsageError(f"--min-size: cannot read {text!r} (e.g. 4096, 64KiB, 2MiB, 1G)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def parse_duration(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", text)
-    if not m or m.group(2) not in _DURATIONS:
-        raise UsageError(f"--older: cannot read {text!r} (e.g. 30s, 5m, 1h, 500ms)")
-    return int(float(m.group(1)) * _DURATIONS[m.group(2)])
 
 
 def parse_only(text: str | None) -> list[str]:
@@ -57,9 +39,10 @@ def parse_only(text: str | None) -> list[str]:
 def parse_fail_on(text: str | None) -> list[tuple[str, float]]:
     out: list[tuple[str, float]] = []
     for part in (p.strip() for p in (text or "").split(",") if p.strip()):
-        m = re.fullmatch(r"fragmentation\s*>\s*(\d*\.?\d+)", part)
+        m = re.fullmatch(r"fragmentation\s*>\s*(.*)", part)
         if m:
-            out.append(("fragmentation", float(m.group(1))))
+            out.append(("fragmentation", parse_fraction(m.group(1), "--fail-on fragmentation>X:"
+                                                                    " X")))
         elif part in ("leaks", "thrashing", "growth"):
             out.append((part, 0.0))
         else:
@@ -72,8 +55,27 @@ GATE_REPORT = {"leaks": "leaks", "growth": "leaks", "thrashing": "fault-rate",
                "fragmentation": "fragmentation"}
 
 
+def unmeasured(doc: dict[str, Any], conds: list[tuple[str, float]]) -> list[str]:
+    """Which --fail-on conditions cannot be checked because their layer was not recorded?
+
+    A gate on a layer that is absent would pass whatever the program did, so it
+    is a usage error, never a silent pass.
+    """
+    out = []
+    for name, _ in conds:
+        rep = doc[REPORT_KEYS[GATE_REPORT[name]]]
+        if rep is None:
+            continue  # not asked for: refused before any work (see analyze)
+        if not rep["recorded"]:
+            missing = ", ".join(rep["not_recorded_layers"]) or "needed"
+            out.append(f"{name} (layer {missing} not recorded)")
+        elif name == "thrashing" and rep.get("thrashing") is None:
+            out.append("thrashing (layer driver not recorded)")
+    return out
+
+
 def gates(doc: dict[str, Any], conds: list[tuple[str, float]]) -> list[str]:
-    """Messages for each --fail-on condition that holds."""
+    """Messages for each --fail-on condition that holds (those `unmeasured` names never do)."""
     hits = []
     for name, x in conds:
         rep = doc[REPORT_KEYS[GATE_REPORT[name]]]
@@ -85,7 +87,7 @@ def gates(doc: dict[str, Any], conds: list[tuple[str, float]]) -> list[str]:
                 hits.append(f"leaks: {n} leaked allocations ({rep['total_bytes']} bytes)")
         elif name == "growth" and rep["growing_pids"]:
             hits.append(f"growth: memory climbing in pid(s) {rep['growing_pids']}")
-        elif name == "thrashing" and rep["thrashing"]["blocks"]:
+        elif name == "thrashing" and (rep.get("thrashing") or {}).get("blocks"):
             hits.append(f"thrashing: {len(rep['thrashing']['blocks'])} block-windows")
         elif name == "fragmentation":
             worst = max((s[at]["fragmentation_index"] or 0.0 for s in rep["gpus"]
@@ -150,39 +152,46 @@ def register(app: typer.Typer) -> None:
             "--fail-on", help="Exit 3 when: leaks, growth, thrashing, fragmentation>X.")
         ] = None,
         older: Annotated[str | None, typer.Option(
-            "--older", help="Leaks older than DURATION only (30s, 5m, 1h).")] = None,
+            "--older", metavar="DURATION",
+            help="Leaks older than DURATION only (30s, 5m, 1h).")] = None,
         min_size: Annotated[str | None, typer.Option(
-            "--min-size", help="Leaks of at least BYTES only (4096, 2MiB).")] = None,
-        top: Annotated[int | None, typer.Option("--top", help="At most N rows per list.")
-                       ] = None,
-        window: Annotated[float, typer.Option("--window", help="Fault-rate window, s.")] = 1.0,
-        thrash_min: Annotated[int, typer.Option(
-            "--thrash-min", help="Reversals per window that make a block thrash.")] = 3,
+            "--min-size", metavar="BYTES", help="Leaks of at least BYTES only (4096, 2MiB).")
+        ] = None,
+        top: Annotated[str | None, typer.Option(
+            "--top", metavar="N", help="At most N rows per list.")] = None,
+        window: Annotated[str, typer.Option(
+            "--window", metavar="DURATION",
+            help="Fault-rate window (seconds, or 500ms, 2s; at least 1ns).")] = "1",
+        thrash_min: Annotated[str, typer.Option(
+            "--thrash-min", metavar="N",
+            help="Reversals per window that make a block thrash.")] = "3",
     ) -> None:
         """Leak, fault-rate, fragmentation and summary reports."""
         from gputrace.tracedir import open_trace
 
         if fmt not in FORMATS:
             raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-        if top is not None and top < 0:
-            raise UsageError("--top must be >= 0")
-        if window <= 0 or thrash_min < 1:
-            raise UsageError("--window must be > 0 and --thrash-min >= 1")
         names = parse_only(only)
         conds = parse_fail_on(fail_on)
         for name, _ in conds:
             if GATE_REPORT[name] not in names:
                 raise UsageError(f"--fail-on {name} needs the {GATE_REPORT[name]} report; "
                                  "add it to --only")
-        opts = {"older_ns": parse_duration(older) if older else 0,
-                "min_size": parse_size(min_size) if min_size else 0, "top": top,
-                "window_s": window, "thrash_min": thrash_min}
+        opts = {"older_ns": parse_duration_ns(older, "--older", minimum_ns=0) if older else 0,
+                "min_size": parse_size(min_size, "--min-size") if min_size else 0,
+                "top": parse_count(top, "--top") if top is not None else None,
+                "window_s": parse_duration_ns(window, "--window") / NS_PER_S,
+                "thrash_min": parse_count(thrash_min, "--thrash-min", minimum=1)}
         t = open_trace(trace)
         inp = inputs_from_trace(t)
         big = sum(t.rows(n) for n in ("ioctls", "cuda_calls", "faults", "chunks",
                                       "migrations", "mappings")) >= PROGRESS_ROWS
         doc = _with_progress(inp, names, opts, big and sys.stderr.isatty())
-        _emit(doc, fmt, output, top)
+        blind = unmeasured(doc, conds)
+        if blind:
+            raise UsageError("--fail-on cannot check " + "; ".join(blind)
+                             + " in this trace; record that layer or drop the condition")
+        _emit(doc, fmt, output, opts["top"])
         hits = gates(doc, conds)
         if hits:
             raise FindingsTriggered("--fail-on: " + "; ".join(hits))

@@ -1,4 +1,11 @@
-"""Reports as rich tables for a 100-column terminal. Formats values; computes nothing."""
+"""Reports as rich tables for a 100-column terminal. Formats values; computes nothing.
+
+Every string of the document may come from the traced host (a process names
+itself; symbols come from its binaries), so `render_terminal` first makes each
+one `printable` (control characters escaped), and cells and messages are
+handed to rich as plain text, never as markup: `[link=...]` in a `comm` stays
+those characters.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,9 @@ from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from gputrace.render.safe import printable_tree
 
 Fmt = Callable[[Any], str]
 WIDTH = 100
@@ -61,23 +71,24 @@ Col = tuple[str, str, Fmt]
 def table(con: Console, title: str, rows: Sequence[dict[str, Any]], cols: Sequence[Col],
           limit: int = ROWS) -> None:
     if not rows:
-        con.print(f"[dim]{title}: none[/dim]")
+        con.print(Text(f"{title}: none", style="dim"))
         return
-    t = Table(title=title, title_justify="left", expand=False, show_edge=False, pad_edge=False)
+    t = Table(title=Text(title), title_justify="left", expand=False, show_edge=False,
+              pad_edge=False)
     for i, (_, header, _) in enumerate(cols):
         # Only the last column may wrap: ids and kinds broken over lines are unreadable.
         t.add_column(header, overflow="fold", no_wrap=i < len(cols) - 1)
     for r in rows[:limit]:
-        t.add_row(*(f(r.get(k)) for k, _, f in cols))
+        t.add_row(*(Text(f(r.get(k))) for k, _, f in cols))
     con.print(t)
     if len(rows) > limit:
         con.print(f"[dim]... {len(rows) - limit} more (use --top or --format json)[/dim]")
 
 
 def _leaks(con: Console, d: dict[str, Any], limit: int) -> None:
-    con.print(f"leaked: {human_bytes(d['total_bytes'])} (largest layer); by layer: "
-              + ", ".join(f"{k} {human_bytes(v) if v is not None else 'not recorded'}"
-                          for k, v in sorted(d["bytes_by_layer"].items())))
+    con.print(Text(f"leaked: {human_bytes(d['total_bytes'])} (largest layer); by layer: "
+                   + ", ".join(f"{k} {human_bytes(v) if v is not None else 'not recorded'}"
+                               for k, v in sorted(d["bytes_by_layer"].items()))))
     table(con, "Leaked allocations", d["allocations"], [
         ("layer", "layer", str), ("pid", "pid", plain), ("comm", "comm", str),
         ("kind", "kind", short_kind), ("what", "what", str), ("id", "id", hexa),
@@ -119,9 +130,9 @@ def _faults(con: Console, d: dict[str, Any], limit: int) -> None:
             ("faults_max", "size max", num), ("service_ns_p50", "svc p50 µs", us),
             ("service_ns_p99", "svc p99 µs", us)], limit)
     cpu = d["cpu_faults"]
-    con.print(f"CPU faults on managed memory: {num(cpu['total'])} "
-              f"(reads {num(cpu['reads'])}, writes {num(cpu['writes'])}) "
-              f"in {num(cpu['blocks'])} blocks of 2 MiB")
+    con.print(Text(f"CPU faults on managed memory: {num(cpu['total'])} "
+                   f"(reads {num(cpu['reads'])}, writes {num(cpu['writes'])}) "
+                   f"in {num(cpu['blocks'])} blocks of 2 MiB"))
     table(con, "CPU faults per process", cpu.get("by_process", []), [
         ("pid", "pid", plain), ("comm", "comm", str), ("faults", "faults", num),
         ("reads", "reads", num), ("writes", "writes", num), ("blocks", "blocks", num),
@@ -138,15 +149,16 @@ def _faults(con: Console, d: dict[str, Any], limit: int) -> None:
                   ("reversals", "reversals", num), ("processors", "procs", str)], limit)
     ev = d["evictions"]
     if ev is not None:
-        con.print(f"evictions: {num(ev['migrations'])} migrations "
-                  f"({human_bytes(ev['bytes'])}), {num(ev['chunk_evictions'])} chunk evictions")
+        con.print(Text(f"evictions: {num(ev['migrations'])} migrations "
+                       f"({human_bytes(ev['bytes'])}), {num(ev['chunk_evictions'])} chunk "
+                       "evictions"))
     else:
         con.print("[dim]GPU fault batches, thrashing, evictions: not recorded (driver layer "
                   "absent)[/dim]")
     o = d["oversubscription"]
     if o is not None and not o["gpu_memory_bytes"]:
-        con.print(f"managed memory peak {human_bytes(o['managed_peak_bytes'])} (GPU memory "
-                  "unknown: the manifest lists no GPUs)")
+        con.print(Text(f"managed memory peak {human_bytes(o['managed_peak_bytes'])} (GPU "
+                       "memory unknown: the manifest lists no GPUs)"))
     elif o is not None:
         con.print(f"managed memory peak {human_bytes(o['managed_peak_bytes'])} vs GPU memory "
                   f"{human_bytes(o['gpu_memory_bytes'])}: ratio {num(o['ratio'])}"
@@ -186,33 +198,38 @@ def _summary(con: Console, d: dict[str, Any], limit: int) -> None:
             ("gpu_index", "gpu", num), ("peak_bytes", "peak", human_bytes),
             ("end_bytes", "end", human_bytes), ("memory_bytes", "memory", human_bytes),
             ("peak_share", "peak share", num), ("full", "full", num)], limit)
-        con.print(f"imbalance across GPUs (max / mean): peak {num(g['imbalance_peak'])}, "
-                  f"end {num(g['imbalance_end'])}")
+        con.print(Text(f"imbalance across GPUs (max / mean): peak {num(g['imbalance_peak'])}, "
+                       f"end {num(g['imbalance_end'])}"))
 
 
 SECTIONS = {"leaks": ("Leaks", _leaks), "fault_rate": ("Fault rate", _faults),
             "fragmentation": ("Fragmentation", _frag), "summary": ("Summary", _summary)}
 
 
+def _warn(con: Console, text: str) -> None:
+    con.print(Text.assemble(("warning:", "yellow"), " ", text))
+
+
 def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True,
                     top: int | None = None) -> None:
     """Print every report in `document` (the JSON document's shape)."""
     con = Console(file=out, width=WIDTH, force_terminal=color, no_color=not color,
-                  highlight=False, soft_wrap=False)
+                  highlight=False, soft_wrap=False, emoji=False)
+    document = printable_tree(document)
     limit = top if top is not None else ROWS
     for w in document["warnings"]:
-        con.print(f"[yellow]warning:[/yellow] {w}")
+        _warn(con, w)
     for key, (title, fn) in SECTIONS.items():
         rep = document.get(key)
         if rep is None:
             continue
         con.rule(f"[bold]{title}[/bold]")
-        con.print(f"[dim]{rep['question']}[/dim]")
+        con.print(Text(rep["question"], style="dim"))
         for w in rep["warnings"]:
             if w not in document["warnings"]:
-                con.print(f"[yellow]warning:[/yellow] {w}")
+                _warn(con, w)
         if not rep["recorded"]:
-            con.print("not recorded: layer(s) " + ", ".join(rep["not_recorded_layers"])
-                      + " missing from this trace")
+            con.print(Text("not recorded: layer(s) " + ", ".join(rep["not_recorded_layers"])
+                           + " missing from this trace"))
             continue
         fn(con, rep, limit)
