@@ -75,6 +75,7 @@ struct ofile {
 /* Physical or virtual memory behind one or more handles (RM_DUP_OBJECT shares it). */
 struct backing {
     uint64_t size;
+    uint64_t offset; /* vidmem: where the heap placed it */
     int gpu;
     enum mem_kind kind;
     int refs;
@@ -107,12 +108,19 @@ struct urange {
     struct urange *next;
 };
 
+/* A free extent of a GPU heap (first-fit, coalesced on free). */
+struct extent {
+    uint64_t off, len;
+    struct extent *next;
+};
+
 #define HBUCKETS 4096
 static struct {
     uint64_t budget;
     int ngpus;
     int verbose;
-    uint64_t used[MAX_GPUS], peak[MAX_GPUS], fb_next[MAX_GPUS];
+    uint64_t used[MAX_GPUS], peak[MAX_GPUS];
+    struct extent *heap_free[MAX_GPUS]; /* free extents of each GPU's heap, by offset */
     unsigned failed[MAX_GPUS];
     uint64_t sys_bytes, virt_bytes, sys_next, virt_next;
     unsigned nclients, nobjects, nfiles, nmaps, nranges;
@@ -226,6 +234,98 @@ static struct obj *obj_new(NvHandle client, NvHandle handle, NvU32 hclass, struc
     return o;
 }
 
+/* ------------------------------------------------------------------ */
+/* GPU heap: first fit over [0, budget), coalescing on free              */
+/* ------------------------------------------------------------------ */
+
+static void heap_init(void)
+{
+    for (int i = 0; i < g.ngpus; i++) {
+        struct extent *e = calloc(1, sizeof *e);
+        if (!e)
+            abort();
+        e->len = g.budget;
+        g.heap_free[i] = e;
+    }
+}
+
+/* Lowest aligned offset where `size` fits, as RM's heap does for a plain allocation. */
+static int heap_alloc(int gpu, uint64_t size, uint64_t align, uint64_t *off)
+{
+    for (struct extent **pp = &g.heap_free[gpu]; *pp; pp = &(*pp)->next) {
+        struct extent *e = *pp;
+        uint64_t start = (e->off + align - 1) & ~(align - 1);
+        if (start < e->off || start - e->off > e->len || e->len - (start - e->off) < size)
+            continue;
+        uint64_t head = start - e->off, tail = e->len - head - size;
+        if (head && tail) {
+            struct extent *t = calloc(1, sizeof *t);
+            if (!t)
+                abort();
+            t->off = start + size;
+            t->len = tail;
+            t->next = e->next;
+            e->next = t;
+            e->len = head;
+        } else if (head) {
+            e->len = head;
+        } else if (tail) {
+            e->off = start + size;
+            e->len = tail;
+        } else {
+            *pp = e->next;
+            free(e);
+        }
+        *off = start;
+        return 0;
+    }
+    return -1;
+}
+
+static void heap_free(int gpu, uint64_t off, uint64_t len)
+{
+    struct extent **pp = &g.heap_free[gpu], *prev = NULL;
+    while (*pp && (*pp)->off < off) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    struct extent *next = *pp;
+    if (prev && prev->off + prev->len == off) {
+        prev->len += len;
+        if (next && prev->off + prev->len == next->off) {
+            prev->len += next->len;
+            prev->next = next->next;
+            free(next);
+        }
+        return;
+    }
+    if (next && off + len == next->off) {
+        next->off = off;
+        next->len += len;
+        return;
+    }
+    struct extent *e = calloc(1, sizeof *e);
+    if (!e)
+        abort();
+    e->off = off;
+    e->len = len;
+    e->next = next;
+    *pp = e;
+}
+
+/* Free bytes, the largest free extent and its base: what FB_GET_INFO_V2 reports. */
+static void heap_stats(int gpu, uint64_t *freeb, uint64_t *largest, uint64_t *largest_base)
+{
+    *freeb = *largest = *largest_base = 0;
+    for (struct extent *e = g.heap_free[gpu]; e; e = e->next) {
+        *freeb += e->len;
+        if (e->len > *largest) {
+            *largest = e->len;
+            *largest_base = e->off;
+        }
+    }
+}
+
 static void backing_release(struct backing *m)
 {
     if (!m || --m->refs > 0)
@@ -233,6 +333,7 @@ static void backing_release(struct backing *m)
     switch (m->kind) {
     case MEM_VID:
         g.used[m->gpu] -= m->size;
+        heap_free(m->gpu, m->offset, m->size);
         break;
     case MEM_SYS:
         g.sys_bytes -= m->size;
@@ -333,11 +434,10 @@ static uint64_t page_size_for(NvU32 attr, NvU32 attr2)
 static NV_STATUS mem_charge(enum mem_kind kind, int gpu, uint64_t size, uint64_t align,
                             struct backing **out, uint64_t *offset)
 {
-    if (kind == MEM_VID) {
-        if (size > g.budget || g.used[gpu] > g.budget - size) {
-            g.failed[gpu]++;
-            return NV_ERR_NO_MEMORY;
-        }
+    uint64_t vid_off = 0;
+    if (kind == MEM_VID && heap_alloc(gpu, size, align, &vid_off)) {
+        g.failed[gpu]++;
+        return NV_ERR_NO_MEMORY;
     }
     struct backing *m = calloc(1, sizeof *m);
     if (!m)
@@ -346,9 +446,13 @@ static NV_STATUS mem_charge(enum mem_kind kind, int gpu, uint64_t size, uint64_t
     m->gpu = gpu;
     m->kind = kind;
     m->refs = 1;
-    uint64_t *cursor = kind == MEM_VID ? &g.fb_next[gpu] : kind == MEM_SYS ? &g.sys_next : &g.virt_next;
-    *offset = (*cursor + align - 1) & ~(align - 1);
-    *cursor = *offset + size;
+    if (kind == MEM_VID) {
+        *offset = m->offset = vid_off;
+    } else {
+        uint64_t *cursor = kind == MEM_SYS ? &g.sys_next : &g.virt_next;
+        *offset = (*cursor + align - 1) & ~(align - 1);
+        *cursor = *offset + size;
+    }
     switch (kind) {
     case MEM_VID:
         g.used[gpu] += size;
@@ -505,12 +609,154 @@ static NV_STATUS rm_free(NvHandle hRoot, NvHandle hOld)
     return NV_OK;
 }
 
+/* GPU i's UUID: the workload's WL_GPU0_UUID with i in the last byte. */
+static void gpu_uuid(int gpu, NvU8 out[16])
+{
+    static const NvU8 base[16] = WL_GPU0_UUID;
+    memcpy(out, base, 16);
+    out[15] = (NvU8)gpu;
+}
+
+static void gpu_uuid_ascii(int gpu, char out[41])
+{
+    NvU8 u[16];
+    gpu_uuid(gpu, u);
+    snprintf(out, 41,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+static int gpu_by_id(NvU32 id)
+{
+    for (int i = 0; i < g.ngpus; i++)
+        if (STANDIN_GPU_ID(i) == id)
+            return i;
+    return -1;
+}
+
+/* The UUID in binary (16 bytes) or ASCII form, as GET_UUID_FROM_GPU_ID and GET_GID_INFO give it. */
+static NvU32 uuid_fill(int gpu, NvU32 flags, NvU8 *out)
+{
+    if ((flags & 3u) == NV_GID_FLAGS_FORMAT_BINARY) {
+        gpu_uuid(gpu, out);
+        return 16;
+    }
+    char a[41];
+    gpu_uuid_ascii(gpu, a);
+    memcpy(out, a, 41);
+    return 40;
+}
+
+#define CTRL_IO(T)                                                              \
+    T q;                                                                        \
+    if (p->paramsSize != sizeof q)                                              \
+        return NV_ERR_INVALID_ARGUMENT;                                         \
+    if (pmem_read(c->pid, p->params, &q, sizeof q))                             \
+        return NV_ERR_INVALID_ADDRESS
+#define CTRL_OUT()                                                              \
+    return pmem_write(c->pid, p->params, &q, sizeof q) ? NV_ERR_INVALID_ADDRESS : NV_OK
+
+/* NV0000 controls on the client: the open sequence nvidia-smi uses, and UUIDs. */
+static NV_STATUS rm_control_client(struct call *c, NVOS54_PARAMETERS *p)
+{
+    switch (p->cmd) {
+    case NV0000_CTRL_CMD_GPU_GET_PROBED_IDS: {
+        CTRL_IO(NV0000_CTRL_GPU_GET_PROBED_IDS_PARAMS);
+        for (unsigned i = 0; i < NV0000_CTRL_GPU_MAX_PROBED_GPUS; i++) {
+            q.gpuIds[i] = i < (unsigned)g.ngpus ? STANDIN_GPU_ID(i) : NV0000_CTRL_GPU_INVALID_ID;
+            q.excludedGpuIds[i] = NV0000_CTRL_GPU_INVALID_ID;
+            q.gpuFlags[i] = 0;
+        }
+        CTRL_OUT();
+    }
+    case NV0000_CTRL_CMD_GPU_GET_ATTACHED_IDS: {
+        CTRL_IO(NV0000_CTRL_GPU_ATTACH_IDS_PARAMS); /* gpuIds[32] leads both structs */
+        for (unsigned i = 0; i < NV0000_CTRL_GPU_MAX_PROBED_GPUS; i++)
+            q.gpuIds[i] = i < (unsigned)g.ngpus ? STANDIN_GPU_ID(i) : NV0000_CTRL_GPU_INVALID_ID;
+        CTRL_OUT();
+    }
+    case NV0000_CTRL_CMD_GPU_ATTACH_IDS: {
+        CTRL_IO(NV0000_CTRL_GPU_ATTACH_IDS_PARAMS);
+        q.failedId = NV0000_CTRL_GPU_INVALID_ID;
+        for (unsigned i = 0; i < NV0000_CTRL_GPU_MAX_PROBED_GPUS; i++) {
+            if (q.gpuIds[i] == NV0000_CTRL_GPU_INVALID_ID || q.gpuIds[i] == 0xffffu)
+                break;
+            if (gpu_by_id(q.gpuIds[i]) < 0) {
+                q.failedId = q.gpuIds[i];
+                pmem_write(c->pid, p->params, &q, sizeof q);
+                return NV_ERR_INVALID_ARGUMENT;
+            }
+        }
+        CTRL_OUT();
+    }
+    case NV0000_CTRL_CMD_GPU_GET_ID_INFO_V2: {
+        CTRL_IO(NV0000_CTRL_GPU_GET_ID_INFO_V2_PARAMS);
+        int gpu = gpu_by_id(q.gpuId);
+        if (gpu < 0)
+            return NV_ERR_INVALID_ARGUMENT;
+        q.deviceInstance = (NvU32)gpu;
+        q.subDeviceInstance = 0;
+        q.numaId = -1;
+        CTRL_OUT();
+    }
+    case NV0000_CTRL_CMD_GPU_GET_UUID_FROM_GPU_ID: {
+        CTRL_IO(NV0000_CTRL_GPU_GET_UUID_FROM_GPU_ID_PARAMS);
+        int gpu = gpu_by_id(q.gpuId);
+        if (gpu < 0)
+            return NV_ERR_OBJECT_NOT_FOUND;
+        q.uuidStrLen = uuid_fill(gpu, q.flags, q.gpuUuid);
+        CTRL_OUT();
+    }
+    default:
+        return NV_OK;
+    }
+}
+
+/* FB_GET_INFO_V2 from the heap model: exact free / largest-free values, in KiB. */
+static NV_STATUS rm_fb_get_info(struct call *c, NVOS54_PARAMETERS *p, int gpu)
+{
+    CTRL_IO(NV2080_CTRL_FB_GET_INFO_V2_PARAMS);
+    if (q.fbInfoListSize > NV2080_CTRL_FB_INFO_MAX_LIST_SIZE)
+        return NV_ERR_INVALID_ARGUMENT;
+    uint64_t freeb, largest, base;
+    heap_stats(gpu, &freeb, &largest, &base);
+    for (NvU32 i = 0; i < q.fbInfoListSize; i++) {
+        uint64_t v;
+        switch (q.fbInfoList[i].index) {
+        case NV2080_CTRL_FB_INFO_INDEX_RAM_SIZE:
+        case NV2080_CTRL_FB_INFO_INDEX_TOTAL_RAM_SIZE:
+        case NV2080_CTRL_FB_INFO_INDEX_USABLE_RAM_SIZE:
+        case NV2080_CTRL_FB_INFO_INDEX_HEAP_SIZE: v = g.budget; break;
+        case NV2080_CTRL_FB_INFO_INDEX_HEAP_FREE: v = freeb; break;
+        case NV2080_CTRL_FB_INFO_INDEX_LARGEST_FREE_REGION_SIZE_KB: v = largest; break;
+        case NV2080_CTRL_FB_INFO_INDEX_LARGEST_FREE_REGION_BASE_KB: v = base; break;
+        default:
+            if (q.fbInfoList[i].index > NV2080_CTRL_FB_INFO_INDEX_MAX)
+                return NV_ERR_INVALID_ARGUMENT;
+            v = 0; /* FB_TAX, HEAP_BASE, HEAP_START, HEAP_OFFLINE and the rest */
+            break;
+        }
+        q.fbInfoList[i].data = (NvU32)(v >> 10);
+    }
+    CTRL_OUT();
+}
+
 static NV_STATUS rm_control(struct call *c, NVOS54_PARAMETERS *p)
 {
     if (!client_find(p->hClient))
         return NV_ERR_INVALID_OBJECT_HANDLE;
-    if (p->hObject != p->hClient && !obj_find(p->hClient, p->hObject))
+    struct obj *target = p->hObject == p->hClient ? NULL : obj_find(p->hClient, p->hObject);
+    if (p->hObject != p->hClient && !target)
         return NV_ERR_INVALID_OBJECT_HANDLE;
+    if (!target)
+        return rm_control_client(c, p);
+    if (target->hclass == NV20_SUBDEVICE_0 && p->cmd == NV2080_CTRL_CMD_FB_GET_INFO_V2)
+        return rm_fb_get_info(c, p, target->gpu);
+    if (target->hclass == NV20_SUBDEVICE_0 && p->cmd == NV2080_CTRL_CMD_GPU_GET_GID_INFO) {
+        CTRL_IO(NV2080_CTRL_GPU_GET_GID_INFO_PARAMS);
+        q.length = uuid_fill(target->gpu, q.flags, q.data);
+        CTRL_OUT();
+    }
     if (p->cmd == NV0080_CTRL_CMD_GPU_GET_NUM_SUBDEVICES &&
         p->paramsSize >= sizeof(NV0080_CTRL_GPU_GET_NUM_SUBDEVICES_PARAMS)) {
         NV0080_CTRL_GPU_GET_NUM_SUBDEVICES_PARAMS out = {1};
@@ -694,6 +940,8 @@ static const char *esc_name(unsigned nr)
     case NV_ESC_RM_MAP_MEMORY: return "RM_MAP_MEMORY";
     case NV_ESC_RM_UNMAP_MEMORY: return "RM_UNMAP_MEMORY";
     case NV_ESC_REGISTER_FD: return "REGISTER_FD";
+    case NV_ESC_WAIT_OPEN_COMPLETE: return "WAIT_OPEN_COMPLETE";
+    case NV_ESC_CHECK_VERSION_STR: return "CHECK_VERSION_STR";
     case NV_ESC_IOCTL_XFER_CMD: return "XFER_CMD";
     default: return "?";
     }
@@ -786,6 +1034,33 @@ static int rm_escape(struct call *c, unsigned nr, void *buf, size_t size)
         if (ctl)
             return -EINVAL;
         break;
+    case NV_ESC_WAIT_OPEN_COMPLETE: {
+        NEED(sizeof(nv_ioctl_wait_open_complete_t), 0);
+        nv_ioctl_wait_open_complete_t *p = buf;
+        p->rc = 0;
+        p->adapterStatus = NV_OK;
+        break;
+    }
+    case NV_ESC_CHECK_VERSION_STR: {
+        NEED(sizeof(nv_ioctl_rm_api_version_t), 1);
+        nv_ioctl_rm_api_version_t *p = buf;
+        /* QUERY ('2') asks for the version; STRICT (0) compares; RELAXED ('1') accepts. */
+        if (p->cmd == '2') {
+            memset(p->versionString, 0, sizeof p->versionString);
+            strcpy(p->versionString, STANDIN_DRIVER_VERSION);
+            p->reply = NV_RM_API_VERSION_REPLY_RECOGNIZED;
+        } else {
+            p->reply = p->cmd == '1' || !strncmp(p->versionString, STANDIN_DRIVER_VERSION,
+                                                 sizeof p->versionString)
+                           ? NV_RM_API_VERSION_REPLY_RECOGNIZED
+                           : 0;
+            if (!p->reply) {
+                memset(p->versionString, 0, sizeof p->versionString);
+                strcpy(p->versionString, STANDIN_DRIVER_VERSION);
+            }
+        }
+        break;
+    }
     default:
         return -EINVAL;
     }
@@ -1420,6 +1695,7 @@ int main(int argc, char **argv)
     g.next_client = 0xc1d00001u;
     g.sys_next = 1ull << 40;
     g.virt_next = 1ull << 44;
+    heap_init();
 
     /* allow_other: a traced workload may run as another user than the server. */
     char opts[128];

@@ -21,6 +21,7 @@ typedef uint8_t NvU8;
 typedef uint32_t NvU32;
 typedef int32_t NvS32;
 typedef int16_t NvS16;
+typedef uint16_t NvU16;
 typedef uint64_t NvU64;
 typedef uint32_t NvHandle;
 typedef uint32_t NvV32;
@@ -37,6 +38,7 @@ typedef uint64_t NvU64A __attribute__((aligned(8)));
 #define NV_OK 0x00000000u
 #define NV_ERR_ILLEGAL_ACTION 0x00000016u
 #define NV_ERR_INSERT_DUPLICATE_NAME 0x00000019u
+#define NV_ERR_INSUFFICIENT_PERMISSIONS 0x0000001Bu
 #define NV_ERR_INVALID_ADDRESS 0x0000001Eu
 #define NV_ERR_INVALID_ARGUMENT 0x0000001Fu
 #define NV_ERR_INVALID_LIMIT 0x0000002Eu
@@ -44,6 +46,8 @@ typedef uint64_t NvU64A __attribute__((aligned(8)));
 #define NV_ERR_INVALID_OBJECT_PARENT 0x00000036u
 #define NV_ERR_NO_MEMORY 0x00000051u
 #define NV_ERR_NOT_SUPPORTED 0x00000056u
+#define NV_ERR_OBJECT_NOT_FOUND 0x00000057u
+#define NV_ERR_INVALID_DEVICE 0x00000026u
 #define NV_ERR_UVM_ADDRESS_IN_USE 0x00000068u
 #define NV_WARN_NOTHING_TO_DO 0x00010006u
 
@@ -388,6 +392,9 @@ typedef struct {
         NvU32 data;
     } fbInfoList[NV2080_CTRL_FB_INFO_MAX_LIST_SIZE];
 } NV2080_CTRL_FB_GET_INFO_V2_PARAMS;
+NVSA_SIZE(NV2080_CTRL_FB_GET_INFO_V2_PARAMS, 1028);
+/* The driver the stand-in answers as (standin.py DRIVER_VERSION says the same). */
+#define STANDIN_DRIVER_VERSION "580.142"
 
 /* ---- UVM (sections 1.2-1.4), driver 580 ---- */
 typedef struct {
@@ -621,6 +628,359 @@ typedef struct {
     X(80, "UVM_DISCARD", 32, 24, 0)                                      \
     X(UVM_INITIALIZE, "UVM_INITIALIZE", 16, 8, 0)                        \
     X(UVM_DEINITIALIZE, "UVM_DEINITIALIZE", 0, UINT32_MAX, 0)
+
+/* ---- UVM tools (facts sections 1.3, 5), driver 580 (565+ ABI: separate V1/V2 ioctls) ---- */
+#define UVM_TOOLS_INIT_EVENT_TRACKER 56u
+#define UVM_TOOLS_SET_NOTIFICATION_THRESHOLD 57u
+#define UVM_TOOLS_EVENT_QUEUE_ENABLE_EVENTS 58u
+#define UVM_TOOLS_EVENT_QUEUE_DISABLE_EVENTS 59u
+#define UVM_TOOLS_ENABLE_COUNTERS 60u
+#define UVM_TOOLS_DISABLE_COUNTERS 61u
+#define UVM_TOOLS_GET_PROCESSOR_UUID_TABLE 64u
+#define UVM_TOOLS_FLUSH_EVENTS 67u
+#define UVM_TOOLS_INIT_EVENT_TRACKER_V2 76u
+#define UVM_TOOLS_GET_PROCESSOR_UUID_TABLE_V2 77u
+
+typedef struct {
+    NvU64A queueBuffer;
+    NvU64A queueBufferSize; /* entry count, a power of two >= 2; 0 = counter tracker */
+    NvU64A controlBuffer;
+    NvProcessorUuid processor;
+    NvU32 allProcessors;
+    NvU32 uvmFd;
+    NV_STATUS rmStatus;
+} UVM_TOOLS_INIT_EVENT_TRACKER_PARAMS;
+NVSA_SIZE(UVM_TOOLS_INIT_EVENT_TRACKER_PARAMS, 56);
+NVSA_OFF(UVM_TOOLS_INIT_EVENT_TRACKER_PARAMS, queueBufferSize, 8);
+NVSA_OFF(UVM_TOOLS_INIT_EVENT_TRACKER_PARAMS, controlBuffer, 16);
+NVSA_OFF(UVM_TOOLS_INIT_EVENT_TRACKER_PARAMS, processor, 24);
+NVSA_OFF(UVM_TOOLS_INIT_EVENT_TRACKER_PARAMS, allProcessors, 40);
+NVSA_OFF(UVM_TOOLS_INIT_EVENT_TRACKER_PARAMS, uvmFd, 44);
+NVSA_OFF(UVM_TOOLS_INIT_EVENT_TRACKER_PARAMS, rmStatus, 48);
+
+typedef struct {
+    NvU64A flags; /* eventTypeFlags or counterTypeFlags: bit 1 << type */
+    NV_STATUS rmStatus;
+} UVM_TOOLS_FLAGS_PARAMS; /* ENABLE/DISABLE_EVENTS and ENABLE/DISABLE_COUNTERS */
+NVSA_SIZE(UVM_TOOLS_FLAGS_PARAMS, 16);
+NVSA_OFF(UVM_TOOLS_FLAGS_PARAMS, rmStatus, 8);
+
+typedef struct {
+    NvU32 notificationThreshold;
+    NV_STATUS rmStatus;
+} UVM_TOOLS_SET_NOTIFICATION_THRESHOLD_PARAMS;
+NVSA_SIZE(UVM_TOOLS_SET_NOTIFICATION_THRESHOLD_PARAMS, 8);
+
+typedef struct {
+    NvU64A tablePtr;
+    NV_STATUS rmStatus;
+} UVM_TOOLS_GET_PROCESSOR_UUID_TABLE_PARAMS;
+NVSA_SIZE(UVM_TOOLS_GET_PROCESSOR_UUID_TABLE_PARAMS, 16);
+NVSA_OFF(UVM_TOOLS_GET_PROCESSOR_UUID_TABLE_PARAMS, rmStatus, 8);
+
+/*
+ * Processor ids (facts section 0, driver's uvm_processors.h): 0 is the CPU. The V1 table
+ * and V1 records use parent GPU ids (GPU i -> i + 1, 33 entries); the V2 table and V2
+ * records use sub-processor ids (8 per parent: GPU i -> 8 * i + 1, 257 entries). With one
+ * GPU both give index 1, as seen on the H200.
+ */
+#define UVM_MAX_PROCESSORS_V1 33u
+#define UVM_MAX_PROCESSORS_V2 257u
+#define UVM_SUB_PROCESSORS 8u
+#define UVM_V1_GPU_ID(i) ((i) + 1u)
+#define UVM_V2_GPU_ID(i) (UVM_SUB_PROCESSORS * (i) + 1u)
+#define UVM_PROCESSOR_MASK_WORDS 5u /* (257 + 63) / 64 */
+/* NV_PROCESSOR_UUID_CPU_DEFAULT, entry 0 of both tables (the driver's nvCpuUuid.c). */
+#define NV_PROCESSOR_UUID_CPU_DEFAULT_BYTES {0xa6, 0x5e, 0x0f, 0x4e, 0xd7, 0xd4, 0x7b, 0xa2, \
+                                             0x50, 0x47, 0x41, 0x2c, 0x14, 0x2a, 0x77, 0x73}
+
+/* UvmToolsEventControlData (528 B, facts 5.2): indices are entry indices modulo the count. */
+#define UVM_EVENT_NUM_TYPES_ALL 64u
+typedef struct {
+    NvU32 get_ahead;
+    NvU32 get_behind;
+    NvU32 put_ahead;
+    NvU32 put_behind;
+    NvU64A dropped[UVM_EVENT_NUM_TYPES_ALL];
+} UvmToolsEventControlData;
+NVSA_SIZE(UvmToolsEventControlData, 528);
+NVSA_OFF(UvmToolsEventControlData, put_behind, 12);
+NVSA_OFF(UvmToolsEventControlData, dropped, 16);
+
+/* UvmCounterName; a counter tracker's control buffer holds UVM_TOTAL_COUNTERS u64s. */
+#define UVM_TOTAL_COUNTERS 10u
+#define UVM_COUNTER_BYTES_HTD 0u
+#define UVM_COUNTER_BYTES_DTH 1u
+#define UVM_COUNTER_CPU_FAULTS 2u
+#define UVM_COUNTER_PREFETCH_BYTES_HTD 7u
+#define UVM_COUNTER_PREFETCH_BYTES_DTH 8u
+#define UVM_COUNTER_GPU_FAULTS 9u
+
+/* UvmEventType (facts 5.1) */
+#define UVM_EV_CPU_FAULT 1u
+#define UVM_EV_MIGRATION 2u
+#define UVM_EV_GPU_FAULT 3u
+#define UVM_EV_GPU_FAULT_REPLAY 4u
+#define UVM_EV_FATAL_FAULT 6u
+#define UVM_EV_READ_DUPLICATE 7u
+#define UVM_EV_READ_DUPLICATE_INVALIDATE 8u
+#define UVM_EV_THRASHING_DETECTED 10u
+#define UVM_EV_THROTTLING_START 11u
+#define UVM_EV_THROTTLING_END 12u
+#define UVM_EV_MAP_REMOTE 13u
+/* UvmEventMemoryAccessType, UvmEventFaultType, UvmEventMigrationCause, UvmEventMapRemoteCause */
+#define UVM_ACCESS_READ 1u
+#define UVM_ACCESS_WRITE 2u
+#define UVM_ACCESS_ATOMIC 3u
+#define UVM_ACCESS_PREFETCH 4u
+#define UVM_FAULT_INVALID_PDE 1u
+#define UVM_FAULT_INVALID_PTE 2u
+#define UVM_FAULT_WRITE 3u
+#define UVM_CAUSE_USER 1u
+#define UVM_CAUSE_COHERENCE 2u
+#define UVM_CAUSE_PREFETCH 3u
+#define UVM_CAUSE_EVICTION 4u
+#define UVM_MAP_REMOTE_CAUSE_THRASHING 2u
+#define UVM_CLIENT_TYPE_GPC 1u /* replayable (UvmEventFaultClientTypeGpc) */
+
+/* Event records, V1 (64-byte queue entries) then V2 (72-byte entries), driver 580. */
+typedef struct {
+    NvU8 eventType, accessType;
+    NvU16 pad;
+    NvU32 cpuId;
+    NvU64A address, timeStamp;
+    NvU32 pid, threadId;
+    NvU64A pc;
+} UvmEventCpuFaultInfo; /* the same struct in both entry versions */
+NVSA_SIZE(UvmEventCpuFaultInfo, 40);
+NVSA_OFF(UvmEventCpuFaultInfo, cpuId, 4);
+NVSA_OFF(UvmEventCpuFaultInfo, pid, 24);
+NVSA_OFF(UvmEventCpuFaultInfo, pc, 32);
+
+typedef struct {
+    NvU8 eventType, migrationCause, srcIndex, dstIndex;
+    NvU32 pad;
+    NvU64A address, migratedBytes, beginTimeStamp, endTimeStamp, rangeGroupId;
+    NvU64A beginTimeStampGpu, endTimeStampGpu;
+} UvmEventMigrationInfo_V1;
+NVSA_SIZE(UvmEventMigrationInfo_V1, 64);
+NVSA_OFF(UvmEventMigrationInfo_V1, migratedBytes, 16);
+NVSA_OFF(UvmEventMigrationInfo_V1, endTimeStampGpu, 56);
+typedef struct {
+    NvU8 eventType, migrationCause;
+    NvU16 pad, srcIndex, dstIndex;
+    NvS32 srcNid, dstNid;
+    NvU64A address, migratedBytes, beginTimeStamp, endTimeStamp, rangeGroupId;
+    NvU64A beginTimeStampGpu, endTimeStampGpu;
+} UvmEventMigrationInfo_V2;
+NVSA_SIZE(UvmEventMigrationInfo_V2, 72);
+NVSA_OFF(UvmEventMigrationInfo_V2, srcIndex, 4);
+NVSA_OFF(UvmEventMigrationInfo_V2, address, 16);
+NVSA_OFF(UvmEventMigrationInfo_V2, endTimeStampGpu, 64);
+
+typedef struct {
+    NvU8 eventType, faultType, accessType, gpuIndex;
+    NvU16 gpcId, clientId;
+    NvU64A address, timeStamp, timeStampGpu;
+    NvU32 batchId;
+    NvU8 clientType, pad8;
+    NvU16 pad16;
+} UvmEventGpuFaultInfo_V1;
+NVSA_SIZE(UvmEventGpuFaultInfo_V1, 40);
+NVSA_OFF(UvmEventGpuFaultInfo_V1, gpuIndex, 3);
+NVSA_OFF(UvmEventGpuFaultInfo_V1, batchId, 32);
+NVSA_OFF(UvmEventGpuFaultInfo_V1, clientType, 36);
+typedef struct {
+    NvU8 eventType, faultType;
+    NvU16 gpuIndex, gpcId, clientId;
+    NvU64A address, timeStamp, timeStampGpu;
+    NvU32 batchId;
+    NvU8 clientType, accessType;
+    NvU16 pad16;
+} UvmEventGpuFaultInfo_V2;
+NVSA_SIZE(UvmEventGpuFaultInfo_V2, 40);
+NVSA_OFF(UvmEventGpuFaultInfo_V2, gpuIndex, 2);
+NVSA_OFF(UvmEventGpuFaultInfo_V2, clientId, 6);
+NVSA_OFF(UvmEventGpuFaultInfo_V2, batchId, 32);
+NVSA_OFF(UvmEventGpuFaultInfo_V2, accessType, 37);
+
+typedef struct {
+    NvU8 eventType, gpuIndex, clientType, pad8;
+    NvU32 batchId;
+    NvU64A timeStamp, timeStampGpu;
+} UvmEventGpuFaultReplayInfo_V1;
+NVSA_SIZE(UvmEventGpuFaultReplayInfo_V1, 24);
+NVSA_OFF(UvmEventGpuFaultReplayInfo_V1, batchId, 4);
+typedef struct {
+    NvU8 eventType, clientType;
+    NvU16 gpuIndex;
+    NvU32 batchId;
+    NvU64A timeStamp, timeStampGpu;
+} UvmEventGpuFaultReplayInfo_V2;
+NVSA_SIZE(UvmEventGpuFaultReplayInfo_V2, 24);
+NVSA_OFF(UvmEventGpuFaultReplayInfo_V2, gpuIndex, 2);
+
+typedef struct {
+    NvU8 eventType, pad8;
+    NvU16 pad16;
+    NvU32 pad32;
+    NvU64A processors, address, size, timeStamp;
+} UvmEventThrashingDetectedInfo_V1;
+NVSA_SIZE(UvmEventThrashingDetectedInfo_V1, 40);
+typedef struct {
+    NvU8 eventType, pad8;
+    NvU16 pad16;
+    NvU32 pad32;
+    NvU64A address, size, timeStamp;
+    NvU64A processors[UVM_PROCESSOR_MASK_WORDS];
+} UvmEventThrashingDetectedInfo_V2;
+NVSA_SIZE(UvmEventThrashingDetectedInfo_V2, 72);
+NVSA_OFF(UvmEventThrashingDetectedInfo_V2, processors, 32);
+
+typedef struct {
+    NvU8 eventType, processorIndex;
+    NvU16 pad16;
+    NvU32 pad32;
+    NvU64A address, timeStamp;
+} UvmEventThrottlingInfo_V1; /* ThrottlingStart and ThrottlingEnd */
+NVSA_SIZE(UvmEventThrottlingInfo_V1, 24);
+typedef struct {
+    NvU8 eventType, pad8;
+    NvU16 processorIndex;
+    NvU32 pad32;
+    NvU64A address, timeStamp;
+} UvmEventThrottlingInfo_V2;
+NVSA_SIZE(UvmEventThrottlingInfo_V2, 24);
+
+typedef struct {
+    NvU8 eventType, srcIndex, dstIndex, mapRemoteCause;
+    NvU32 pad32;
+    NvU64A address, size, timeStamp, timeStampGpu;
+} UvmEventMapRemoteInfo_V1;
+NVSA_SIZE(UvmEventMapRemoteInfo_V1, 40);
+typedef struct {
+    NvU8 eventType, mapRemoteCause;
+    NvU16 pad16, srcIndex, dstIndex;
+    NvU64A address, size, timeStamp, timeStampGpu;
+} UvmEventMapRemoteInfo_V2;
+NVSA_SIZE(UvmEventMapRemoteInfo_V2, 40);
+NVSA_OFF(UvmEventMapRemoteInfo_V2, srcIndex, 4);
+NVSA_OFF(UvmEventMapRemoteInfo_V2, address, 8);
+
+#define UVM_ENTRY_SIZE_V1 64u
+#define UVM_ENTRY_SIZE_V2 72u
+
+/*
+ * ---- NOT PART OF THE REAL PROTOCOL: stand-in-only command on nvidia-uvm ----
+ * UVM_STANDIN_TEST drives the stand-in's managed-memory model (README "test command").
+ * No real driver routes this number; on a real driver it fails like any unrouted cmd.
+ */
+#define UVM_STANDIN_TEST 0x5e570001u
+#define UVM_STANDIN_IDENTIFY 0x5e570002u /* the server's own probe; refused from others */
+enum standin_op {
+    STANDIN_OP_REGISTER_RANGE = 1, /* base, length: a managed range the workload mmap'ed */
+    STANDIN_OP_CPU_TOUCH = 2,      /* base, length, access: the workload touched these pages */
+    STANDIN_OP_GPU_KERNEL = 3,     /* gpu, base, length, access, batch, dup_every, prefetch */
+    STANDIN_OP_MIGRATE = 4,        /* base, length, dest (0 = CPU, g + 1 = GPU g): cause user */
+    STANDIN_OP_SET_CAPACITY = 5,   /* gpu, length = managed bytes the GPU holds (0 = no limit) */
+};
+typedef struct {
+    NvU32 op;
+    NvU32 gpu;
+    NvU64A base;
+    NvU64A length;
+    NvU32 access;    /* UvmEventMemoryAccessType of the touches */
+    NvU32 batch;     /* GPU kernel: unique faults per fault batch (>= 1) */
+    NvU32 dup_every; /* GPU kernel: every dup_every-th fault is reported twice (0: none) */
+    NvU32 prefetch;  /* GPU kernel: prefetch region in pages, a power of two (0: off) */
+    NvU32 dest;      /* MIGRATE: 0 = CPU, g + 1 = GPU g */
+    NV_STATUS rmStatus;
+} UVM_STANDIN_TEST_PARAMS;
+NVSA_SIZE(UVM_STANDIN_TEST_PARAMS, 48);
+NVSA_OFF(UVM_STANDIN_TEST_PARAMS, rmStatus, 44);
+#define STANDIN_PAGE 4096ull
+#define STANDIN_THRASH_THRESHOLD 3u /* migrations of one page before thrashing is detected */
+
+/* ---- RM: what nvidia-smi's open sequence and the recorder's sampling use ---- */
+#define NV_ESC_CARD_INFO 200
+#define NV_ESC_CHECK_VERSION_STR 210
+#define NV_ESC_WAIT_OPEN_COMPLETE 218
+typedef struct {
+    NvU32 cmd;
+    NvU32 reply;
+    char versionString[64];
+} nv_ioctl_rm_api_version_t;
+NVSA_SIZE(nv_ioctl_rm_api_version_t, 72);
+#define NV_RM_API_VERSION_REPLY_RECOGNIZED 1u
+typedef struct {
+    int ctl_fd;
+} nv_ioctl_register_fd_t;
+typedef struct {
+    int rc;
+    NvU32 adapterStatus;
+} nv_ioctl_wait_open_complete_t;
+NVSA_SIZE(nv_ioctl_wait_open_complete_t, 8);
+#define NV_IOCTL_CHECK_VERSION_STR _IOWR(NV_IOCTL_MAGIC, NV_ESC_CHECK_VERSION_STR, nv_ioctl_rm_api_version_t)
+#define NV_IOCTL_REGISTER_FD _IOWR(NV_IOCTL_MAGIC, NV_ESC_REGISTER_FD, nv_ioctl_register_fd_t)
+#define NV_IOCTL_WAIT_OPEN_COMPLETE _IOWR(NV_IOCTL_MAGIC, NV_ESC_WAIT_OPEN_COMPLETE, nv_ioctl_wait_open_complete_t)
+
+/* NV0000 (root client) controls, ctrl0000gpu.h */
+#define NV0000_CTRL_CMD_GPU_GET_ATTACHED_IDS 0x201u
+#define NV0000_CTRL_CMD_GPU_GET_ID_INFO_V2 0x205u
+#define NV0000_CTRL_CMD_GPU_GET_PROBED_IDS 0x214u
+#define NV0000_CTRL_CMD_GPU_ATTACH_IDS 0x215u
+#define NV0000_CTRL_CMD_GPU_GET_UUID_FROM_GPU_ID 0x275u
+#define NV0000_CTRL_GPU_MAX_PROBED_GPUS 32u
+#define NV0000_CTRL_GPU_INVALID_ID 0xffffffffu
+typedef struct {
+    NvU32 gpuIds[NV0000_CTRL_GPU_MAX_PROBED_GPUS];
+    NvU32 excludedGpuIds[NV0000_CTRL_GPU_MAX_PROBED_GPUS];
+    NvU32 gpuFlags[NV0000_CTRL_GPU_MAX_PROBED_GPUS];
+} NV0000_CTRL_GPU_GET_PROBED_IDS_PARAMS;
+NVSA_SIZE(NV0000_CTRL_GPU_GET_PROBED_IDS_PARAMS, 384);
+typedef struct {
+    NvU32 gpuIds[NV0000_CTRL_GPU_MAX_PROBED_GPUS];
+    NvU32 failedId;
+} NV0000_CTRL_GPU_ATTACH_IDS_PARAMS;
+NVSA_SIZE(NV0000_CTRL_GPU_ATTACH_IDS_PARAMS, 132);
+typedef struct {
+    NvU32 gpuId, gpuFlags, deviceInstance, subDeviceInstance, sliStatus, boardId, gpuInstance;
+    NvS32 numaId;
+} NV0000_CTRL_GPU_GET_ID_INFO_V2_PARAMS;
+NVSA_SIZE(NV0000_CTRL_GPU_GET_ID_INFO_V2_PARAMS, 32);
+typedef struct {
+    NvU32 gpuId;
+    NvU32 flags; /* FORMAT bits 1:0: ASCII 0, BINARY 2 */
+    NvU8 gpuUuid[256];
+    NvU32 uuidStrLen;
+} NV0000_CTRL_GPU_GET_UUID_FROM_GPU_ID_PARAMS;
+NVSA_SIZE(NV0000_CTRL_GPU_GET_UUID_FROM_GPU_ID_PARAMS, 268);
+/* NV2080 (subdevice) GID: the GPU UUID, binary (16 bytes) or ASCII "GPU-xxxxxxxx-...". */
+#define NV2080_CTRL_CMD_GPU_GET_GID_INFO 0x2080014au
+typedef struct {
+    NvU32 index;
+    NvU32 flags;
+    NvU32 length;
+    NvU8 data[256];
+} NV2080_CTRL_GPU_GET_GID_INFO_PARAMS;
+NVSA_SIZE(NV2080_CTRL_GPU_GET_GID_INFO_PARAMS, 268);
+#define NV_GID_FLAGS_FORMAT_BINARY 2u
+/* The stand-in's RM GPU ids: GPU i is 0x100 * (i + 1) (real ids are PCI-derived, e.g. 0x6). */
+#define STANDIN_GPU_ID(i) (0x100u * ((NvU32)(i) + 1u))
+
+/* FB_GET_INFO_V2 indices answered from the heap model (ctrl2080fb.h); values in KiB. */
+#define NV2080_CTRL_FB_INFO_INDEX_RAM_SIZE 0x07u
+#define NV2080_CTRL_FB_INFO_INDEX_TOTAL_RAM_SIZE 0x08u
+#define NV2080_CTRL_FB_INFO_INDEX_HEAP_SIZE 0x09u
+#define NV2080_CTRL_FB_INFO_INDEX_FB_TAX_SIZE_KB 0x10u
+#define NV2080_CTRL_FB_INFO_INDEX_HEAP_BASE_KB 0x11u
+#define NV2080_CTRL_FB_INFO_INDEX_LARGEST_FREE_REGION_SIZE_KB 0x12u
+#define NV2080_CTRL_FB_INFO_INDEX_LARGEST_FREE_REGION_BASE_KB 0x13u
+#define NV2080_CTRL_FB_INFO_INDEX_HEAP_FREE 0x16u
+#define NV2080_CTRL_FB_INFO_INDEX_HEAP_START 0x1Eu
+#define NV2080_CTRL_FB_INFO_INDEX_USABLE_RAM_SIZE 0x20u
+#define NV2080_CTRL_FB_INFO_INDEX_HEAP_OFFLINE_SIZE 0x27u
+#define NV2080_CTRL_FB_INFO_INDEX_MAX 0x3Bu
 
 /* ====================================================================== */
 /* The known workload (workload.c). nvfuse does not use anything below.   */
