@@ -95,25 +95,64 @@ def command_name(device: int, nr: int) -> str:
     return RM_NAMES.get(nr, f"NV_ESC_{nr:#x}")
 
 
+# ------------------------------------------------------------ reading raw records
+# Kernel records should always be whole and hold known codes; if a probe or a
+# decoder is wrong they may not, and that must cost the bad records, never the
+# recording. These return what can be read and how many records were skipped
+# (the recorder adds them up in the manifest's `decode_errors`).
+
+
+def records(raw: bytes, dtype: np.dtype[Any]) -> tuple[npt.NDArray[np.void], int]:
+    """The whole `dtype` records in `raw`; a partial one at the end is skipped (1)."""
+    n, rest = divmod(len(raw), dtype.itemsize)
+    return np.frombuffer(raw, dtype, n), int(rest > 0)
+
+
+def batched(
+    raw: bytes, dtype: np.dtype[Any], max_count: int
+) -> tuple[npt.NDArray[np.void], int]:
+    """Events from concatenated count-prefixed batches (`struct ioctl_batch`,
+    `struct fault_batch`). A batch whose count is past `max_count` or past the
+    bytes left cannot be trusted, nor can anything after it (where the next
+    batch starts is unknown): the events before it are returned, and the bytes
+    from it on are counted as skipped records (at least 1)."""
+    out: list[npt.NDArray[np.void]] = []
+    pos, n, size = 0, len(raw), dtype.itemsize
+    bad = 0
+    while pos + BATCH_HEADER <= n:
+        count = int.from_bytes(raw[pos : pos + 4], "little")
+        end = pos + BATCH_HEADER + count * size
+        if count > max_count or end > n:
+            bad = max(1, (n - pos - BATCH_HEADER) // size)
+            pos = n
+            break
+        out.append(np.frombuffer(raw, dtype, count, pos + BATCH_HEADER))
+        pos = end
+    if pos < n:  # a header cut short
+        bad += 1
+    return (np.concatenate(out) if out else np.empty(0, dtype)), bad
+
+
+def known(
+    ev: npt.NDArray[np.void], codes: Mapping[str, Mapping[int, str]]
+) -> tuple[npt.NDArray[np.void], int]:
+    """The events whose code fields ({field: names}) hold only known codes, and
+    how many were skipped for an unknown one."""
+    ok = np.ones(len(ev), bool)
+    for name, names in codes.items():
+        ok &= np.isin(ev[name], np.fromiter(names, np.int64, len(names)))
+    bad = int(len(ev) - np.count_nonzero(ok))
+    return (ev if bad == 0 else ev[ok]), bad
+
+
 def ioctl_events(bodies: bytes) -> npt.NDArray[np.void]:
     """Events from concatenated batch bodies (the records with their 8-byte header cut)."""
-    n = len(bodies) // IOCTL_DTYPE.itemsize
-    return np.frombuffer(bodies, IOCTL_DTYPE, n)
+    return records(bodies, IOCTL_DTYPE)[0]
 
 
 def ioctl_events_from_batches(raw: bytes) -> npt.NDArray[np.void]:
     """Events from concatenated `struct ioctl_batch` records (each count-prefixed)."""
-    out: list[npt.NDArray[np.void]] = []
-    pos, n = 0, len(raw)
-    size = IOCTL_DTYPE.itemsize
-    while pos + BATCH_HEADER <= n:
-        count = int.from_bytes(raw[pos : pos + 4], "little")
-        body = count * size
-        out.append(np.frombuffer(raw, IOCTL_DTYPE, count, pos + BATCH_HEADER))
-        pos += BATCH_HEADER + body
-    if not out:
-        return np.empty(0, IOCTL_DTYPE)
-    return np.concatenate(out)
+    return batched(raw, IOCTL_DTYPE, STAGE_EVENTS)[0]
 
 
 def _strings_from(codes: npt.NDArray[np.integer], names: Mapping[int, str]) -> Any:

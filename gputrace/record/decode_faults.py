@@ -10,7 +10,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from gputrace import schema
-from gputrace.record.decode import BATCH_HEADER, _batch, _by_time, _strings_from, _who
+from gputrace.record.decode import _batch, _by_time, _strings_from, _who, batched, records
 
 # ---------------------------------------------------- CPU faults on managed memory (issue 6)
 FAULT_DTYPE = np.dtype(
@@ -33,18 +33,12 @@ SOURCE_CPU, FAULT_TYPE_UNKNOWN, ACCESS_READ, ACCESS_WRITE = 1, 255, 1, 2
 
 def fault_events(bodies: bytes) -> npt.NDArray[np.void]:
     """Faults from concatenated batch bodies (the records with their 8-byte header cut)."""
-    return np.frombuffer(bodies, FAULT_DTYPE, len(bodies) // FAULT_DTYPE.itemsize)
+    return records(bodies, FAULT_DTYPE)[0]
 
 
 def fault_events_from_batches(raw: bytes) -> npt.NDArray[np.void]:
     """Faults from concatenated `struct fault_batch` records (each count-prefixed)."""
-    out: list[npt.NDArray[np.void]] = []
-    pos, n = 0, len(raw)
-    while pos + BATCH_HEADER <= n:
-        count = int.from_bytes(raw[pos : pos + 4], "little")
-        out.append(np.frombuffer(raw, FAULT_DTYPE, count, pos + BATCH_HEADER))
-        pos += BATCH_HEADER + count * FAULT_DTYPE.itemsize
-    return np.concatenate(out) if out else np.empty(0, FAULT_DTYPE)
+    return batched(raw, FAULT_DTYPE, FAULT_STAGE_EVENTS)[0]
 
 
 def faults_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
@@ -71,5 +65,11 @@ def faults_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
         "instances": pa.nulls(n, pa.uint16()),
         "batch_id": pa.nulls(n, pa.uint32()),
         "ip": pa.array(np.ascontiguousarray(ev["ip"])),
+        # GPU-fault and uvm_tools columns: a CPU fault from the tracepoint has none
+        "ts_gpu_ns": pa.nulls(n, pa.uint64()),
+        "gpc_id": pa.nulls(n, pa.uint16()),
+        "channel_id": pa.nulls(n, pa.uint16()),
+        "client_id": pa.nulls(n, pa.uint16()),
+        "cpu_id": pa.nulls(n, pa.uint32()),
     }
     return _batch(schema.FAULTS, cols)
