@@ -1,0 +1,387 @@
+"""The driver layer the recorder polls: UVM tools trackers on the traced processes
+(GPU faults, fault batches, migrations, thrashing, counters) and GPU memory
+sampled from RM, with no kernel probe. docs/driver-layer.md describes the API.
+
+One consumer thread drains every tracker's queue every `drain_ms` as bytes and
+closes a tracker within one period of its process's exit (its pidfd turns
+readable). `poll()`, called from the recorder's loop, decodes what was drained
+in bulk (`decode_uvm`) and returns Arrow tables ready for the trace writer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from gputrace.record import decode_uvm, driver, rm_client, uvm_tools
+from gputrace.record.decode_uvm import UvmStreamContext, UvmStreamDecoder
+
+DEFAULT_DRAIN_MS = 10.0
+CLOCK_NOTE = (
+    "CLOCK_MONOTONIC_RAW converted to CLOCK_MONOTONIC with offsets measured at start "
+    "and during recording"
+)
+TABLE_REREAD_NS = 1_000_000_000  # re-read a processor table at most once a second
+
+
+def mono_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def clock_offset_ns() -> int:
+    """CLOCK_MONOTONIC - CLOCK_MONOTONIC_RAW, the monotonic read bracketed by two raw ones."""
+    r0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW)
+    m = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    r1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW)
+    return m - (r0 + r1) // 2
+
+
+Tables = dict[str, list[pa.Table]]
+
+
+@dataclass
+class _Target:
+    """One traced process with a tracker; the decoder is touched only by poll()."""
+
+    pid: int
+    tracker: uvm_tools.Tracker
+    attached_ts_ns: int
+    chunks: list[tuple[bytes, int]] = field(default_factory=list)  # (records, offset)
+    table: list[bytes] | None = None
+    table_ts_ns: int = 0
+    dropped: list[int] = field(default_factory=lambda: [0] * uvm_tools.NUM_EVENT_TYPES)
+    counters: list[int] | None = None
+    counters_ts_ns: int = 0
+    closed_ts_ns: int | None = None
+    decoder: UvmStreamDecoder | None = None
+    bytes_drained: int = 0
+
+
+def _set_processors(dec: UvmStreamDecoder, mapping: dict[int, int]) -> None:
+    """Tell a live decoder about GPUs the process registered after it was built."""
+    setter = getattr(dec, "set_processors", None)
+    if callable(setter):
+        setter(mapping)
+        return
+    proc = getattr(dec, "_proc", None)  # the decoder's lookup array (decode_uvm)
+    if proc is not None:
+        for k, v in mapping.items():
+            if 0 <= k < len(proc):
+                proc[k] = v
+
+
+class DriverLayer:
+    """UVM tools trackers plus the RM GPU memory sampler, behind one poll() call."""
+
+    def __init__(
+        self,
+        devdir: str,
+        driver_version: str | None,
+        queue_entries: int = uvm_tools.DEFAULT_QUEUE_ENTRIES,
+        sample_ms: float = rm_client.DEFAULT_SAMPLE_MS,
+        drain_ms: float = DEFAULT_DRAIN_MS,
+        proc_root: str = "/",
+        rm: bool = True,
+        gpu_uuids: Mapping[bytes, int] | None = None,
+    ) -> None:
+        self.devdir = os.path.abspath(devdir)
+        self.sample_ms = rm_client.validate_interval_ms(sample_ms)
+        self.drain_s = rm_client.validate_interval_ms(drain_ms) / 1000.0
+        if queue_entries < 2 or queue_entries & (queue_entries - 1):
+            raise uvm_tools.ToolsError(
+                f"queue entries must be a power of two >= 2, not {queue_entries}"
+            )
+        self.queue_entries = queue_entries
+        self.info = driver.resolve(driver_version)
+        self.version = driver.parse_version(self.info.layout_version)
+        self.abi = uvm_tools.tools_abi(self.version)
+        self.proc_root = proc_root
+        self.want_rm = rm
+        self.rm: rm_client.RmClient | None = None
+        self.sampler: rm_client.MemorySampler | None = None
+        self.rm_error: str | None = None
+        self._targets: dict[int, _Target] = {}
+        self._done: list[_Target] = []  # closed and fully collected (manifest)
+        self.failures: list[dict[str, Any]] = []
+        self.missed: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.consumer_tid: int | None = None
+        self.error: str | None = None
+        self.offsets: list[int] = []
+        self._last_counters_ns = 0
+        self._given_uuids = dict(gpu_uuids or {})
+        self._gpu_uuids: dict[bytes, int] = dict(self._given_uuids)
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Open the RM client and start the sampler and the consumer thread."""
+        self.offsets.append(clock_offset_ns())
+        self._gpu_uuids = {**rm_client.proc_gpu_uuids(self.proc_root), **self._given_uuids}
+        if self.want_rm:
+            try:
+                self.rm = rm_client.RmClient.open(self.devdir, self.version, self.proc_root)
+            except rm_client.RmError as e:
+                self.rm_error = str(e)
+            else:
+                self._gpu_uuids = {**self.rm.gpu_uuids(), **self._gpu_uuids}
+                self.sampler = rm_client.MemorySampler(self.rm, self.sample_ms)
+                self.sampler.start()
+        self._thread = threading.Thread(target=self._run, name="gputrace-uvm-tools", daemon=True)
+        self._thread.start()
+
+    @property
+    def pid(self) -> int:
+        """The process whose ioctls the syscall layer must not record (the recorder)."""
+        return os.getpid()
+
+    def own_tids(self) -> list[int]:
+        """Threads of this layer that issue ioctls (sampler, consumer)."""
+        tids = [self.consumer_tid, self.sampler.tid if self.sampler else None]
+        return [t for t in tids if t is not None]
+
+    def attach(
+        self, pid: int, *, already_running: bool = False, fds: Sequence[int] | None = None
+    ) -> bool:
+        """Attach a tracker to `pid` (after its UVM_INITIALIZE, or at start when it
+        already has a uvm fd: `already_running`). False, with the reason in the
+        manifest, when it cannot be attached."""
+        with self._lock:
+            if pid in self._targets:
+                return True
+        try:
+            tr = uvm_tools.Tracker.open(pid, self.devdir, self.abi, self.queue_entries, fds)
+        except uvm_tools.ToolsError as e:
+            self.failures.append({"pid": pid, "error": str(e)})
+            return False
+        except OSError as e:  # unexpected: still one line in the manifest, not a crash
+            self.failures.append({"pid": pid, "error": f"{e.strerror or e}"})
+            return False
+        now = mono_ns()
+        t = _Target(pid, tr, now)
+        if tr.info is not None and tr.info.counters_error:
+            self.failures.append({"pid": pid, "error": f"counters: {tr.info.counters_error}"})
+        if already_running:
+            self.missed.append({"pid": pid, "attached_ts_ns": now})
+        with self._lock:
+            self._targets[pid] = t
+        return True
+
+    def poll(self) -> Tables:
+        """Drain all queues, close trackers of exited processes, and return the
+        decoded tables (by table name) ready for the trace writer."""
+        self._service()
+        return self._collect(final=False)
+
+    def stop(self) -> Tables:
+        """Flush and drain every tracker, close everything, return the last tables."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._lock:
+            for t in self._targets.values():
+                if t.closed_ts_ns is None:
+                    self._close(t, self.offsets[-1] if self.offsets else clock_offset_ns())
+        if self.sampler is not None:
+            self.sampler.stop()
+        out = self._collect(final=True)
+        if self.rm is not None:
+            self.rm.close()
+        return out
+
+    # ------------------------------------------------------------ consumer
+    def _run(self) -> None:
+        self.consumer_tid = threading.get_native_id()
+        while not self._stop.wait(self.drain_s):
+            try:
+                self._service()
+            except Exception as e:  # keep recording the other layers; say what stopped
+                self.error = f"driver layer consumer stopped: {type(e).__name__}: {e}"
+                return
+
+    def _service(self) -> None:
+        """Drain every open tracker; close those whose process exited."""
+        with self._lock:
+            live = [t for t in self._targets.values() if t.closed_ts_ns is None]
+            if not live:
+                return
+            off = clock_offset_ns()
+            self.offsets.append(off)
+            for t in live:
+                # Check exit before draining: records written before the exit
+                # are then all in this drain, with the flush in _close.
+                gone = t.tracker.exited()
+                self._drain(t, off)
+                if gone:
+                    self._close(t, off)
+
+    def _drain(self, t: _Target, off: int) -> None:
+        data = t.tracker.drain()
+        if data:
+            t.chunks.append((data, off))
+            t.bytes_drained += len(data)
+            now = mono_ns()
+            if t.table is None or now - t.table_ts_ns >= TABLE_REREAD_NS:
+                table = t.tracker.processors()
+                if table is not None:
+                    t.table, t.table_ts_ns = table, now
+        t.dropped = t.tracker.dropped()
+
+    def _close(self, t: _Target, off: int) -> None:
+        """Final flush and drain, then release the tracker and the duplicated fd."""
+        t.tracker.flush()
+        self._drain(t, off)
+        if t.table is None:
+            t.table = t.tracker.processors()
+        t.counters = t.tracker.counters()
+        t.counters_ts_ns = mono_ns()
+        t.tracker.close()
+        t.closed_ts_ns = mono_ns()
+
+    # ------------------------------------------------------------ decoding
+    def _collect(self, final: bool) -> Tables:
+        out: Tables = {}
+
+        def add(tables: dict[str, pa.Table]) -> None:
+            for name, tab in tables.items():
+                if tab.num_rows:
+                    out.setdefault(name, []).append(tab)
+
+        now = mono_ns()
+        counters_due = final or now - self._last_counters_ns >= self.sample_ms * 1e6
+        with self._lock:
+            work = []
+            for t in self._targets.values():
+                chunks, t.chunks = t.chunks, []
+                counters = None
+                if t.closed_ts_ns is not None:
+                    counters = t.counters
+                elif counters_due:
+                    counters = t.tracker.counters()
+                work.append((t, chunks, t.table, counters, t.closed_ts_ns is not None))
+        if counters_due:
+            self._last_counters_ns = now
+        for t, chunks, table, counters, closed in work:
+            mapping = uvm_tools.processor_map(table, self._gpu_uuids)
+            if chunks and t.decoder is None:
+                t.decoder = UvmStreamDecoder(
+                    UvmStreamContext(
+                        t.pid, self.abi.version, self.abi.cpu_fault_has_cpu_id, mapping
+                    )
+                )
+            elif chunks and t.decoder is not None:
+                _set_processors(t.decoder, mapping)
+            for data, off in chunks:
+                assert t.decoder is not None
+                add(t.decoder.feed(data, off))
+            if counters is not None:
+                add({"uvm_counters": decode_uvm.counters_table(now, t.pid, counters)})
+            if closed:
+                if t.decoder is not None:
+                    add(t.decoder.finish())
+                with self._lock:
+                    self._targets.pop(t.pid, None)
+                self._done.append(t)
+        if self.sampler is not None:
+            rows = self.sampler.take()
+            if rows:
+                add({"gpu_memory": decode_uvm.gpu_memory_table(rows)})
+        return out
+
+    # ------------------------------------------------------------ manifest
+    def manifest(self) -> dict[str, Any]:
+        """Manifest fragment: layers, drops, clock note, `driver_layer` facts."""
+        with self._lock:
+            targets = [*self._done, *self._targets.values()]
+        drops: dict[str, int] = {}
+        for code in uvm_tools.EVENT_TYPES:
+            name = decode_uvm.EVENT_NAMES.get(code, str(code))
+            drops[f"uvm_tools:{name}"] = sum(t.dropped[code] for t in targets)
+        layers = []
+        if targets:
+            layers.append("uvm_tools")
+        if self.sampler is not None:
+            layers.append("rm_query")
+        bad = sum(t.decoder.bad_records for t in targets if t.decoder is not None)
+        unmapped = sorted(
+            {u for t in targets for u in uvm_tools.unmapped(t.table, self._gpu_uuids)}
+        )
+        dl: dict[str, Any] = {
+            "trackers_attached": sorted(t.pid for t in targets),
+            "attach_failures": list(self.failures),
+            "missed_before_attach": list(self.missed),
+            "sample_interval_ms": self.sample_ms,
+            "tools_abi": {
+                "name": self.abi.name,
+                "queue_version": self.abi.version,
+                "entry_bytes": self.abi.entry_size,
+                "driver_layouts_of": self.info.layout_version,
+            },
+            "queue_entries": self.queue_entries,
+            "drain_interval_ms": self.drain_s * 1000.0,
+            "bad_records": bad,
+            "unmapped_processors": unmapped,
+            "closed": [
+                {"pid": t.pid, "closed_ts_ns": t.closed_ts_ns}
+                for t in targets
+                if t.closed_ts_ns is not None
+            ],
+            "rm_client": self._rm_manifest(),
+            "clock_offsets_ns": (
+                {
+                    "first": self.offsets[0],
+                    "last": self.offsets[-1],
+                    "min": min(self.offsets),
+                    "max": max(self.offsets),
+                }
+                if self.offsets
+                else None
+            ),
+        }
+        if self.error:
+            dl["error"] = self.error
+        return {
+            "layers": layers,
+            "drops": drops,
+            "clock": {"uvm_events": CLOCK_NOTE},
+            "driver_layer": dl,
+            "gpu_uuids": [
+                {"index": i, "uuid": uvm_tools.format_uuid(u)}
+                for u, i in sorted(self._gpu_uuids.items(), key=lambda x: x[1])
+            ],
+        }
+
+    def _rm_manifest(self) -> dict[str, Any]:
+        if self.rm is None:
+            return {"open": False, "error": self.rm_error}
+        return {
+            "open": True,
+            "driver_reply": self.rm.driver_reply,
+            "gpus": [
+                {
+                    "index": g.gpu_index,
+                    "device_instance": g.device_instance,
+                    "uuid": uvm_tools.format_uuid(g.uuid) if g.uuid else None,
+                    "query": "per-index" if g.per_index else "combined",
+                }
+                for g in self.rm.gpus
+            ],
+            "notes": list(self.rm.notes),
+            "samples": self.sampler.samples if self.sampler else 0,
+        }
+
+
+def close_quietly(layer: DriverLayer | None) -> None:
+    """Stop a layer on an error path without letting a second error hide the first."""
+    if layer is not None:
+        with contextlib.suppress(Exception):
+            layer.stop()
