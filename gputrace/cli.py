@@ -13,11 +13,11 @@ import pyarrow as pa
 import typer
 
 from gputrace import __version__
-from gputrace.commands import analyze, record
+from gputrace.commands import analyze, doctor, record
 from gputrace.commands.dump import FORMATS, dump_table
 from gputrace.commands.info import render_info, trace_info
 from gputrace.errors import GputraceError, UsageError
-from gputrace.options import parse_count
+from gputrace.options import parse_rows
 from gputrace.render.safe import printable
 from gputrace.tracedir import open_trace
 
@@ -79,13 +79,14 @@ def dump(
     """Print the rows of one table."""
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-    rows = parse_count(limit, "--limit") if limit is not None else None
+    rows = parse_rows(limit, "--limit") if limit is not None else None
     t = open_trace(trace)
     dump_table(t, table, limit=rows, fmt=fmt)
 
 
 record.register(app)
 analyze.register(app)
+doctor.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

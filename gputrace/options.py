@@ -72,6 +72,18 @@ def parse_count(text: str, option: str, *, minimum: int = 0,
     return value
 
 
+def parse_rows(text: str, option: str) -> int:
+    """A row count such as `--top` or `--limit`: a whole number from 0 up to 64 bits.
+
+    Past the most rows a Polars frame can index (2^32 - 1 in the default build),
+    it means "all rows" and is lowered to that number, which `head` accepts.
+    """
+    import polars as pl
+
+    most = (1 << 32) - 1 if pl.get_index_type() == pl.UInt32 else INT64_MAX
+    return min(parse_count(text, option), most)
+
+
 def parse_duration_ns(text: str, option: str, *, minimum_ns: int = 1,
                       maximum_ns: int = INT64_MAX) -> int:
     """A duration such as 30, 1.5s, 500ms, 5m, 1h or 250ns, in whole nanoseconds.

@@ -13,7 +13,13 @@ import typer
 from gputrace.analyses.common import NS_PER_S, Inputs, inputs_from_trace, trace_warnings
 from gputrace.analyses.report import REPORT_KEYS, Report, document
 from gputrace.errors import GputraceError, UsageError
-from gputrace.options import parse_count, parse_duration_ns, parse_fraction, parse_size
+from gputrace.options import (
+    parse_count,
+    parse_duration_ns,
+    parse_fraction,
+    parse_rows,
+    parse_size,
+)
 
 FORMATS = ("terminal", "json")
 PROGRESS_ROWS = 2_000_000
@@ -179,7 +185,7 @@ def register(app: typer.Typer) -> None:
                                  "add it to --only")
         opts = {"older_ns": parse_duration_ns(older, "--older", minimum_ns=0) if older else 0,
                 "min_size": parse_size(min_size, "--min-size") if min_size else 0,
-                "top": parse_count(top, "--top") if top is not None else None,
+                "top": parse_rows(top, "--top") if top is not None else None,
                 "window_s": parse_duration_ns(window, "--window") / NS_PER_S,
                 "thrash_min": parse_count(thrash_min, "--thrash-min", minimum=1)}
         t = open_trace(trace)

@@ -9,7 +9,12 @@ from typing import Any
 
 def _clean(value: Any) -> Any:
     if isinstance(value, float):
-        return None if math.isnan(value) or math.isinf(value) else round(value, 6)
+        if math.isnan(value) or math.isinf(value):
+            return None
+        # Six decimals keep output stable; a value they would turn into 0 (a 1 ns
+        # window is 1e-9 s) keeps six significant digits instead.
+        r = round(value, 6)
+        return r if r or not value else float(f"{value:.6g}")
     if isinstance(value, dict):
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
