@@ -28,11 +28,17 @@
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -67,6 +73,8 @@ struct ofile {
     pid_t opener;
     enum uvm_fd_state uvm_state;
     struct urange *ranges;
+    struct tracker *trk; /* nvidia-uvm-tools: its tracker, once initialised */
+    struct vspace *vs;   /* nvidia-uvm after UVM_INITIALIZE: the managed-memory model */
     char *text; /* .state snapshot taken at open */
     size_t textlen;
     struct ofile *prev, *next;
@@ -1199,6 +1207,1125 @@ static NV_STATUS uvm_free(struct call *c, uint64_t arg, int *rc)
     return NV_ERR_INVALID_ADDRESS;
 }
 
+/* ------------------------------------------------------------------ */
+/* UVM tools trackers and the managed-memory model                      */
+/* ------------------------------------------------------------------ */
+
+/*
+ * A tracker lives on a nvidia-uvm-tools open file. Like the driver, it keeps a reference
+ * on the target's uvm file (the driver's fget): the server holds a duplicate of the
+ * caller's uvmFd (pidfd_getfd) until the tracker goes away. Which of our open files that
+ * fd is, the server learns soundly by asking the file itself: a helper thread issues
+ * UVM_STANDIN_IDENTIFY on the duplicate, which arrives here with that file's handle.
+ * The tracker's INIT request is answered only then.
+ */
+struct tracker {
+    uint64_t id;
+    struct ofile *tools, *target;
+    pid_t pid;   /* thread group whose memory holds queue and control */
+    int srvfd;   /* the server's reference on the target uvm file */
+    int is_queue, v2;
+    unsigned entry_size;
+    uint32_t count, threshold;
+    uint64_t queue, control;
+    uint64_t events, counter_mask;
+    int all_processors;
+    NvU8 processor[16];
+    uint64_t written[UVM_EVENT_NUM_TYPES_ALL], dropped[UVM_EVENT_NUM_TYPES_ALL];
+    NvU64 cdelta[UVM_TOTAL_COUNTERS];
+    struct fuse_pollhandle *ph;
+    struct tracker *next;
+};
+
+struct pending_init {
+    uint64_t token;
+    fuse_req_t req;
+    struct ofile *tools;
+    pid_t tid, pid;
+    uint64_t arg;
+    UVM_TOOLS_INIT_EVENT_TRACKER_PARAMS p;
+    int v2, srvfd;
+    struct pending_init *next;
+};
+
+/* A managed range the workload registered; per 4 KiB page: residency, history, flags. */
+#define RES_NONE 0
+#define RES_CPU 1
+#define RES_GPU(gpu) (2 + (gpu))
+#define PF_THRASH 1u /* thrashing detected: pinned where it is */
+#define PF_REMOTE 2u /* the other side maps it remotely */
+struct mrange {
+    uint64_t base;
+    uint32_t npages;
+    uint8_t *res, *nmig, *flags;
+    uint32_t *gen;
+    struct mrange *next;
+};
+struct fifo_ent {
+    struct mrange *r;
+    uint32_t page, gen;
+};
+struct ev {
+    uint8_t type, access, cause, client, fault_type;
+    int src, dst; /* processors: -1 = CPU, g >= 0 = GPU g */
+    uint64_t addr, size, ts, ts2, gts, gts2;
+    uint32_t batch, pid, tid;
+};
+/* One va space = one uvm open file after UVM_INITIALIZE. */
+struct vspace {
+    pid_t pid;
+    uint64_t registered; /* GPUs registered with UVM_REGISTER_GPU */
+    struct mrange *ranges;
+    uint64_t cap[MAX_GPUS], resident[MAX_GPUS];
+    uint32_t next_batch[MAX_GPUS];
+    struct fifo_ent *fifo[MAX_GPUS];
+    size_t fhead[MAX_GPUS], flen[MAX_GPUS], fcap[MAX_GPUS];
+    struct ev *evs;
+    size_t nev, evcap;
+};
+
+struct uvm_release_rec {
+    uint64_t file;
+    pid_t opener, va_pid;
+    int64_t mono_ns;
+    struct uvm_release_rec *next;
+};
+
+static struct {
+    struct tracker *trackers;
+    struct pending_init *pending;
+    struct uvm_release_rec *releases;
+    uint64_t next_tracker, next_token, next_seq;
+    char uvm_path[4096]; /* realpath of MOUNT/nvidia-uvm, to recognise our files */
+    FILE *log;           /* --event-log: JSON lines */
+} u;
+
+static int64_t clock_ns(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+/* CPU stamps are CLOCK_MONOTONIC_RAW, as the driver's (real-h200 README). */
+static uint64_t now_raw(void) { return (uint64_t)clock_ns(CLOCK_MONOTONIC_RAW); }
+/* GPU g's fake global timer: CLOCK_MONOTONIC_RAW + (g + 1) * 10^12 ns. */
+static uint64_t gpu_timer(int gpu) { return now_raw() + (uint64_t)(gpu + 1) * 1000000000000ull; }
+
+static pid_t tgid_of(pid_t tid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)tid);
+    FILE *f = fopen(path, "re");
+    pid_t tg = tid;
+    if (!f)
+        return tid;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "Tgid:", 5)) {
+            tg = (pid_t)atoi(line + 5);
+            break;
+        }
+    fclose(f);
+    return tg;
+}
+
+static int vm_rw(pid_t pid, uint64_t addr, void *buf, size_t len, int write)
+{
+    struct iovec l = {buf, len}, r = {(void *)(uintptr_t)addr, len};
+    ssize_t n = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
+    return n == (ssize_t)len ? 0 : -1;
+}
+
+static void *closer_main(void *a)
+{
+    close((int)(intptr_t)a);
+    return NULL;
+}
+
+/* close() of a file of this filesystem sends FLUSH to this single-threaded server:
+ * never from the loop itself. */
+static void close_async(int fd)
+{
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, closer_main, (void *)(intptr_t)fd))
+        abort();
+    pthread_attr_destroy(&at);
+}
+
+struct ident_arg {
+    int fd;
+    uint64_t token;
+};
+static void *identify_main(void *a)
+{
+    struct ident_arg x = *(struct ident_arg *)a;
+    free(a);
+    ioctl(x.fd, UVM_STANDIN_IDENTIFY, (unsigned long)x.token);
+    return NULL;
+}
+
+static void log_release(struct ofile *of)
+{
+    struct uvm_release_rec *r = calloc(1, sizeof *r);
+    if (!r)
+        abort();
+    r->file = of->id;
+    r->opener = of->opener;
+    r->va_pid = of->vs ? of->vs->pid : 0;
+    r->mono_ns = clock_ns(CLOCK_MONOTONIC);
+    r->next = u.releases;
+    u.releases = r;
+    if (u.log) {
+        fprintf(u.log, "{\"ev\":\"uvm_release\",\"file\":%" PRIu64 ",\"pid\":%d,\"mono_ns\":%" PRId64 "}\n",
+                r->file, (int)r->va_pid, r->mono_ns);
+        fflush(u.log);
+    }
+}
+
+/* ---- encoding ---- */
+
+static unsigned proc_index(int proc, int v2)
+{
+    return proc < 0 ? 0u : v2 ? UVM_V2_GPU_ID((unsigned)proc) : UVM_V1_GPU_ID((unsigned)proc);
+}
+
+static void ev_encode(const struct ev *e, int v2, uint8_t out[UVM_ENTRY_SIZE_V2])
+{
+    memset(out, 0, UVM_ENTRY_SIZE_V2);
+    switch (e->type) {
+    case UVM_EV_CPU_FAULT: {
+        UvmEventCpuFaultInfo r = {.eventType = e->type, .accessType = e->access, .cpuId = 0,
+                                  .address = e->addr, .timeStamp = e->ts, .pid = e->pid,
+                                  .threadId = e->tid, .pc = 0};
+        memcpy(out, &r, sizeof r);
+        break;
+    }
+    case UVM_EV_MIGRATION:
+        if (v2) {
+            UvmEventMigrationInfo_V2 r = {.eventType = e->type, .migrationCause = e->cause,
+                                          .srcIndex = (NvU16)proc_index(e->src, 1),
+                                          .dstIndex = (NvU16)proc_index(e->dst, 1),
+                                          .srcNid = e->src < 0 ? 0 : -1, .dstNid = e->dst < 0 ? 0 : -1,
+                                          .address = e->addr, .migratedBytes = e->size,
+                                          .beginTimeStamp = e->ts, .endTimeStamp = e->ts2,
+                                          .beginTimeStampGpu = e->gts, .endTimeStampGpu = e->gts2};
+            memcpy(out, &r, sizeof r);
+        } else {
+            UvmEventMigrationInfo_V1 r = {.eventType = e->type, .migrationCause = e->cause,
+                                          .srcIndex = (NvU8)proc_index(e->src, 0),
+                                          .dstIndex = (NvU8)proc_index(e->dst, 0),
+                                          .address = e->addr, .migratedBytes = e->size,
+                                          .beginTimeStamp = e->ts, .endTimeStamp = e->ts2,
+                                          .beginTimeStampGpu = e->gts, .endTimeStampGpu = e->gts2};
+            memcpy(out, &r, sizeof r);
+        }
+        break;
+    case UVM_EV_GPU_FAULT:
+        if (v2) {
+            UvmEventGpuFaultInfo_V2 r = {.eventType = e->type, .faultType = e->fault_type,
+                                         .gpuIndex = (NvU16)proc_index(e->src, 1), .address = e->addr,
+                                         .timeStamp = e->ts, .timeStampGpu = e->gts,
+                                         .batchId = e->batch, .clientType = e->client,
+                                         .accessType = e->access};
+            memcpy(out, &r, sizeof r);
+        } else {
+            UvmEventGpuFaultInfo_V1 r = {.eventType = e->type, .faultType = e->fault_type,
+                                         .accessType = e->access,
+                                         .gpuIndex = (NvU8)proc_index(e->src, 0), .address = e->addr,
+                                         .timeStamp = e->ts, .timeStampGpu = e->gts,
+                                         .batchId = e->batch, .clientType = e->client};
+            memcpy(out, &r, sizeof r);
+        }
+        break;
+    case UVM_EV_GPU_FAULT_REPLAY:
+        if (v2) {
+            UvmEventGpuFaultReplayInfo_V2 r = {.eventType = e->type, .clientType = e->client,
+                                               .gpuIndex = (NvU16)proc_index(e->src, 1),
+                                               .batchId = e->batch, .timeStamp = e->ts,
+                                               .timeStampGpu = e->gts};
+            memcpy(out, &r, sizeof r);
+        } else {
+            UvmEventGpuFaultReplayInfo_V1 r = {.eventType = e->type, .clientType = e->client,
+                                               .gpuIndex = (NvU8)proc_index(e->src, 0),
+                                               .batchId = e->batch, .timeStamp = e->ts,
+                                               .timeStampGpu = e->gts};
+            memcpy(out, &r, sizeof r);
+        }
+        break;
+    case UVM_EV_THRASHING_DETECTED: {
+        /* processors: the CPU (src -1) and the GPU (dst) the page moved between */
+        unsigned a = proc_index(e->src, v2), b = proc_index(e->dst, v2);
+        if (v2) {
+            UvmEventThrashingDetectedInfo_V2 r = {.eventType = e->type, .address = e->addr,
+                                                  .size = e->size, .timeStamp = e->ts};
+            r.processors[a / 64] |= 1ull << (a % 64);
+            r.processors[b / 64] |= 1ull << (b % 64);
+            memcpy(out, &r, sizeof r);
+        } else {
+            UvmEventThrashingDetectedInfo_V1 r = {.eventType = e->type, .address = e->addr,
+                                                  .size = e->size, .timeStamp = e->ts};
+            r.processors = (1ull << a) | (1ull << b);
+            memcpy(out, &r, sizeof r);
+        }
+        break;
+    }
+    case UVM_EV_THROTTLING_START:
+    case UVM_EV_THROTTLING_END:
+        if (v2) {
+            UvmEventThrottlingInfo_V2 r = {.eventType = e->type,
+                                           .processorIndex = (NvU16)proc_index(e->src, 1),
+                                           .address = e->addr, .timeStamp = e->ts};
+            memcpy(out, &r, sizeof r);
+        } else {
+            UvmEventThrottlingInfo_V1 r = {.eventType = e->type,
+                                           .processorIndex = (NvU8)proc_index(e->src, 0),
+                                           .address = e->addr, .timeStamp = e->ts};
+            memcpy(out, &r, sizeof r);
+        }
+        break;
+    case UVM_EV_MAP_REMOTE:
+        if (v2) {
+            UvmEventMapRemoteInfo_V2 r = {.eventType = e->type, .mapRemoteCause = e->cause,
+                                          .srcIndex = (NvU16)proc_index(e->src, 1),
+                                          .dstIndex = (NvU16)proc_index(e->dst, 1),
+                                          .address = e->addr, .size = e->size, .timeStamp = e->ts,
+                                          .timeStampGpu = e->gts};
+            memcpy(out, &r, sizeof r);
+        } else {
+            UvmEventMapRemoteInfo_V1 r = {.eventType = e->type, .mapRemoteCause = e->cause,
+                                          .srcIndex = (NvU8)proc_index(e->src, 0),
+                                          .dstIndex = (NvU8)proc_index(e->dst, 0),
+                                          .address = e->addr, .size = e->size, .timeStamp = e->ts,
+                                          .timeStampGpu = e->gts};
+            memcpy(out, &r, sizeof r);
+        }
+        break;
+    default:
+        out[0] = e->type;
+        break;
+    }
+}
+
+/* ---- delivery into trackers' memory ---- */
+
+#define OUT_NOT_ENABLED (-2)
+#define OUT_DROPPED (-1)
+#define CHUNK 256
+
+/*
+ * The driver's enqueue_event, for a run of events: read get_behind (the consumer's index),
+ * copy each record to put_behind unless only one free slot is left (then dropped[type]++),
+ * then publish put_ahead = put_behind. get_behind is re-read every CHUNK events.
+ */
+static void tracker_deliver(struct tracker *t, const struct ev *evs, size_t n, int64_t *outc)
+{
+    static uint8_t buf[CHUNK * UVM_ENTRY_SIZE_V2];
+    UvmToolsEventControlData ctl;
+    uint32_t mask = t->count - 1;
+    for (size_t i0 = 0; i0 < n; i0 += CHUNK) {
+        size_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
+        if (vm_rw(t->pid, t->control, &ctl, sizeof ctl, 0)) {
+            for (size_t i = 0; i < m; i++)
+                outc[i0 + i] = OUT_DROPPED;
+            continue;
+        }
+        uint32_t gb = ctl.get_behind & mask, put = ctl.put_behind & mask, start = put;
+        int dropped_any = 0;
+        size_t nw = 0;
+        for (size_t i = 0; i < m; i++) {
+            const struct ev *e = &evs[i0 + i];
+            if (!(t->events & (1ull << e->type))) {
+                outc[i0 + i] = OUT_NOT_ENABLED;
+                continue;
+            }
+            if (((t->count + gb - put) & mask) == 1) {
+                ctl.dropped[e->type]++;
+                t->dropped[e->type]++;
+                dropped_any = 1;
+                outc[i0 + i] = OUT_DROPPED;
+                continue;
+            }
+            uint8_t rec[UVM_ENTRY_SIZE_V2];
+            ev_encode(e, t->v2, rec);
+            memcpy(buf + nw * t->entry_size, rec, t->entry_size);
+            outc[i0 + i] = put;
+            t->written[e->type]++;
+            put = (put + 1) & mask;
+            nw++;
+        }
+        if (nw) {
+            /* the records may wrap around the end of the queue */
+            size_t first = nw < t->count - start ? nw : t->count - start;
+            vm_rw(t->pid, t->queue + (uint64_t)start * t->entry_size, buf, first * t->entry_size, 1);
+            if (nw > first)
+                vm_rw(t->pid, t->queue, buf + first * t->entry_size, (nw - first) * t->entry_size, 1);
+            NvU32 pp[2] = {put, put};
+            vm_rw(t->pid, t->control + offsetof(UvmToolsEventControlData, put_ahead), pp, sizeof pp, 1);
+        }
+        if (dropped_any)
+            vm_rw(t->pid, t->control + offsetof(UvmToolsEventControlData, dropped), ctl.dropped,
+                  sizeof ctl.dropped, 1);
+        if (t->ph && ((t->count + put - (ctl.get_ahead & mask)) & mask) >= t->threshold) {
+            fuse_lowlevel_notify_poll(t->ph);
+            fuse_pollhandle_destroy(t->ph);
+            t->ph = NULL;
+        }
+    }
+}
+
+static int counter_matches(struct tracker *t, unsigned counter, int proc)
+{
+    if (t->all_processors)
+        return counter != UVM_COUNTER_CPU_FAULTS || proc < 0;
+    NvU8 want[16];
+    static const NvU8 cpu[16] = NV_PROCESSOR_UUID_CPU_DEFAULT_BYTES;
+    if (proc < 0)
+        memcpy(want, cpu, 16);
+    else
+        gpu_uuid(proc, want);
+    return !memcmp(want, t->processor, 16);
+}
+
+static void count_event(struct tracker *t, const struct ev *e)
+{
+#define INC(cn, amount, proc)                                                         \
+    do {                                                                              \
+        if ((t->counter_mask & (1ull << (cn))) && counter_matches(t, (cn), (proc)))   \
+            t->cdelta[(cn)] += (amount);                                              \
+    } while (0)
+    if (e->type == UVM_EV_MIGRATION) {
+        if (e->src < 0 && e->dst >= 0)
+            INC(UVM_COUNTER_BYTES_HTD, e->size, e->dst);
+        if (e->src >= 0 && e->dst < 0)
+            INC(UVM_COUNTER_BYTES_DTH, e->size, e->src);
+    } else if (e->type == UVM_EV_CPU_FAULT) {
+        INC(UVM_COUNTER_CPU_FAULTS, 1, -1);
+    } else if (e->type == UVM_EV_GPU_FAULT && e->cause == 0) { /* cause 1 marks a duplicate */
+        INC(UVM_COUNTER_GPU_FAULTS, 1, e->src);
+    }
+#undef INC
+}
+
+static const char *const EV_NAME[] = {
+    [UVM_EV_CPU_FAULT] = "cpu_fault", [UVM_EV_MIGRATION] = "migration",
+    [UVM_EV_GPU_FAULT] = "gpu_fault", [UVM_EV_GPU_FAULT_REPLAY] = "gpu_fault_replay",
+    [UVM_EV_THRASHING_DETECTED] = "thrashing_detected",
+    [UVM_EV_THROTTLING_START] = "throttling_start", [UVM_EV_THROTTLING_END] = "throttling_end",
+    [UVM_EV_MAP_REMOTE] = "map_remote"};
+
+static void hex(FILE *f, const uint8_t *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        fprintf(f, "%02x", b[i]);
+}
+
+static void proc_name(char *out, int proc)
+{
+    if (proc < 0)
+        strcpy(out, "cpu");
+    else
+        sprintf(out, "gpu%d", proc);
+}
+
+/* Delivers the events the current operation produced to every tracker of this va space
+ * and writes them, with where each landed, to the event log. */
+static void vs_flush(struct ofile *of)
+{
+    struct vspace *vs = of->vs;
+    size_t n = vs->nev;
+    if (!n)
+        return;
+    size_t nt = 0;
+    for (struct tracker *t = u.trackers; t; t = t->next)
+        if (t->target == of)
+            nt++;
+    int64_t *outc = calloc(nt * n + 1, sizeof *outc);
+    uint64_t *tids = calloc(nt + 1, sizeof *tids);
+    if (!outc || !tids)
+        abort();
+    size_t k = 0;
+    for (struct tracker *t = u.trackers; t; t = t->next) {
+        if (t->target != of)
+            continue;
+        tids[k] = t->id;
+        if (t->is_queue) {
+            tracker_deliver(t, vs->evs, n, outc + k * n);
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                outc[k * n + i] = OUT_NOT_ENABLED;
+                count_event(t, &vs->evs[i]);
+            }
+            NvU64 cur[UVM_TOTAL_COUNTERS];
+            if (!vm_rw(t->pid, t->control, cur, sizeof cur, 0)) {
+                for (unsigned c = 0; c < UVM_TOTAL_COUNTERS; c++)
+                    cur[c] += t->cdelta[c];
+                vm_rw(t->pid, t->control, cur, sizeof cur, 1);
+            }
+            memset(t->cdelta, 0, sizeof t->cdelta);
+        }
+        k++;
+    }
+    if (u.log) {
+        for (size_t i = 0; i < n; i++) {
+            const struct ev *e = &vs->evs[i];
+            uint8_t r1[UVM_ENTRY_SIZE_V2], r2[UVM_ENTRY_SIZE_V2];
+            char s[16], d[16];
+            ev_encode(e, 0, r1);
+            ev_encode(e, 1, r2);
+            proc_name(s, e->src);
+            proc_name(d, e->dst);
+            fprintf(u.log,
+                    "{\"ev\":\"event\",\"seq\":%" PRIu64 ",\"file\":%" PRIu64 ",\"pid\":%d,"
+                    "\"type\":%u,\"name\":\"%s\",\"src\":\"%s\",\"dst\":\"%s\",\"addr\":%" PRIu64
+                    ",\"size\":%" PRIu64 ",\"cause\":%u,\"access\":%u,\"batch\":%u,\"dup\":%s,"
+                    "\"v1\":\"",
+                    u.next_seq++, of->id, (int)vs->pid, e->type, EV_NAME[e->type], s,
+                    e->type == UVM_EV_MIGRATION || e->type == UVM_EV_MAP_REMOTE ? d : "", e->addr,
+                    e->size, e->type == UVM_EV_GPU_FAULT ? 0u : e->cause, e->access, e->batch,
+                    e->type == UVM_EV_GPU_FAULT && e->cause ? "true" : "false");
+            hex(u.log, r1, UVM_ENTRY_SIZE_V1);
+            fputs("\",\"v2\":\"", u.log);
+            hex(u.log, r2, UVM_ENTRY_SIZE_V2);
+            fputs("\",\"delivered\":{", u.log);
+            int first = 1;
+            for (size_t j = 0; j < nt; j++)
+                if (outc[j * n + i] >= 0) {
+                    fprintf(u.log, "%s\"%" PRIu64 "\":%" PRId64, first ? "" : ",", tids[j], outc[j * n + i]);
+                    first = 0;
+                }
+            fputs("},\"dropped\":[", u.log);
+            first = 1;
+            for (size_t j = 0; j < nt; j++)
+                if (outc[j * n + i] == OUT_DROPPED) {
+                    fprintf(u.log, "%s%" PRIu64, first ? "" : ",", tids[j]);
+                    first = 0;
+                }
+            fputs("]}\n", u.log);
+        }
+        fflush(u.log);
+    }
+    free(outc);
+    free(tids);
+    vs->nev = 0;
+}
+
+static struct ev *ev_new(struct vspace *vs, uint8_t type)
+{
+    if (vs->nev == vs->evcap) {
+        vs->evcap = vs->evcap ? 2 * vs->evcap : 1024;
+        vs->evs = realloc(vs->evs, vs->evcap * sizeof *vs->evs);
+        if (!vs->evs)
+            abort();
+    }
+    struct ev *e = &vs->evs[vs->nev++];
+    memset(e, 0, sizeof *e);
+    e->type = type;
+    e->src = e->dst = -1;
+    e->ts = now_raw();
+    return e;
+}
+
+/* ---- the managed-memory model ---- */
+
+static void vs_free(struct vspace *vs)
+{
+    if (!vs)
+        return;
+    while (vs->ranges) {
+        struct mrange *r = vs->ranges;
+        vs->ranges = r->next;
+        free(r->res);
+        free(r->nmig);
+        free(r->flags);
+        free(r->gen);
+        free(r);
+    }
+    for (int i = 0; i < MAX_GPUS; i++)
+        free(vs->fifo[i]);
+    free(vs->evs);
+    free(vs);
+}
+
+static struct mrange *mrange_at(struct vspace *vs, uint64_t addr)
+{
+    for (struct mrange *r = vs->ranges; r; r = r->next)
+        if (addr >= r->base && addr - r->base < (uint64_t)r->npages * STANDIN_PAGE)
+            return r;
+    return NULL;
+}
+
+static void fifo_push(struct vspace *vs, int gpu, struct mrange *r, uint32_t page)
+{
+    if (vs->fhead[gpu] + vs->flen[gpu] == vs->fcap[gpu]) {
+        if (vs->fhead[gpu]) {
+            memmove(vs->fifo[gpu], vs->fifo[gpu] + vs->fhead[gpu], vs->flen[gpu] * sizeof(struct fifo_ent));
+            vs->fhead[gpu] = 0;
+        } else {
+            vs->fcap[gpu] = vs->fcap[gpu] ? 2 * vs->fcap[gpu] : 1024;
+            vs->fifo[gpu] = realloc(vs->fifo[gpu], vs->fcap[gpu] * sizeof(struct fifo_ent));
+            if (!vs->fifo[gpu])
+                abort();
+        }
+    }
+    vs->fifo[gpu][vs->fhead[gpu] + vs->flen[gpu]++] = (struct fifo_ent){r, page, r->gen[page]};
+}
+
+static void emit_migration(struct vspace *vs, int src, int dst, uint8_t cause, uint64_t addr, uint64_t bytes)
+{
+    struct ev *e = ev_new(vs, UVM_EV_MIGRATION);
+    int gpu = dst >= 0 ? dst : src;
+    e->src = src;
+    e->dst = dst;
+    e->cause = cause;
+    e->addr = addr;
+    e->size = bytes;
+    e->gts = gpu_timer(gpu);
+    e->ts2 = now_raw();
+    e->gts2 = gpu_timer(gpu);
+}
+
+/* Makes room for one page on the GPU: the oldest page placed there goes to the CPU. */
+static void ensure_capacity(struct vspace *vs, int gpu)
+{
+    while (vs->cap[gpu] && vs->resident[gpu] >= vs->cap[gpu] && vs->flen[gpu]) {
+        struct fifo_ent fe = vs->fifo[gpu][vs->fhead[gpu]++];
+        vs->flen[gpu]--;
+        if (fe.r->res[fe.page] != RES_GPU(gpu) || fe.r->gen[fe.page] != fe.gen)
+            continue; /* left the GPU some other way since */
+        emit_migration(vs, gpu, -1, UVM_CAUSE_EVICTION, fe.r->base + (uint64_t)fe.page * STANDIN_PAGE,
+                       STANDIN_PAGE);
+        fe.r->res[fe.page] = RES_CPU;
+        vs->resident[gpu]--;
+    }
+}
+
+static void place_on_gpu(struct vspace *vs, int gpu, struct mrange *r, uint32_t p)
+{
+    r->res[p] = (uint8_t)RES_GPU(gpu);
+    r->gen[p]++;
+    vs->resident[gpu]++;
+    fifo_push(vs, gpu, r, p);
+}
+
+/* A fault-driven migration of page p (counts towards thrashing; STANDIN_THRASH_THRESHOLD). */
+static void fault_migrate(struct vspace *vs, struct mrange *r, uint32_t p, int from, int to)
+{
+    uint64_t addr = r->base + (uint64_t)p * STANDIN_PAGE;
+    emit_migration(vs, from, to, UVM_CAUSE_COHERENCE, addr, STANDIN_PAGE);
+    if (from >= 0)
+        vs->resident[from]--;
+    if (to >= 0)
+        place_on_gpu(vs, to, r, p);
+    else
+        r->res[p] = RES_CPU;
+    if (r->nmig[p] < 255)
+        r->nmig[p]++;
+    if (r->nmig[p] == STANDIN_THRASH_THRESHOLD && !(r->flags[p] & PF_THRASH)) {
+        /* Detected on the migration that reaches the threshold: the accessor is throttled
+         * once and the page stays where it now is; the other side maps it remotely. */
+        int gpu = to >= 0 ? to : from;
+        struct ev *e = ev_new(vs, UVM_EV_THRASHING_DETECTED);
+        e->src = -1;
+        e->dst = gpu;
+        e->addr = addr;
+        e->size = STANDIN_PAGE;
+        e = ev_new(vs, UVM_EV_THROTTLING_START);
+        e->src = to;
+        e->addr = addr;
+        e = ev_new(vs, UVM_EV_THROTTLING_END);
+        e->src = to;
+        e->addr = addr;
+        r->flags[p] |= PF_THRASH;
+    }
+}
+
+static void map_remote(struct vspace *vs, struct mrange *r, uint32_t p, int mapper, int resident)
+{
+    struct ev *e = ev_new(vs, UVM_EV_MAP_REMOTE);
+    e->src = mapper;
+    e->dst = resident;
+    e->cause = UVM_MAP_REMOTE_CAUSE_THRASHING;
+    e->addr = r->base + (uint64_t)p * STANDIN_PAGE;
+    e->size = STANDIN_PAGE;
+    e->gts = gpu_timer(mapper >= 0 ? mapper : resident);
+    r->flags[p] |= PF_REMOTE;
+}
+
+static int res_proc(uint8_t res) { return res >= 2 ? res - 2 : -1; }
+
+static NV_STATUS op_range_check(struct vspace *vs, const UVM_STANDIN_TEST_PARAMS *q, struct mrange **out)
+{
+    if (!q->length || (q->base | q->length) & (STANDIN_PAGE - 1))
+        return NV_ERR_INVALID_ADDRESS;
+    struct mrange *r = mrange_at(vs, q->base);
+    if (!r || q->length > (uint64_t)r->npages * STANDIN_PAGE - (q->base - r->base))
+        return NV_ERR_INVALID_ADDRESS;
+    *out = r;
+    return NV_OK;
+}
+
+static NV_STATUS op_cpu_touch(struct call *c, struct vspace *vs, const UVM_STANDIN_TEST_PARAMS *q)
+{
+    struct mrange *r;
+    NV_STATUS st = op_range_check(vs, q, &r);
+    if (st)
+        return st;
+    uint32_t p0 = (uint32_t)((q->base - r->base) / STANDIN_PAGE), n = (uint32_t)(q->length / STANDIN_PAGE);
+    for (uint32_t p = p0; p < p0 + n; p++) {
+        if (r->res[p] == RES_CPU || (r->flags[p] & PF_REMOTE))
+            continue;
+        struct ev *e = ev_new(vs, UVM_EV_CPU_FAULT);
+        e->access = (uint8_t)q->access;
+        e->addr = r->base + (uint64_t)p * STANDIN_PAGE;
+        e->pid = (uint32_t)vs->pid;
+        e->tid = (uint32_t)c->pid;
+        int from = res_proc(r->res[p]);
+        if (r->res[p] == RES_NONE)
+            r->res[p] = RES_CPU;
+        else if (r->flags[p] & PF_THRASH)
+            map_remote(vs, r, p, -1, from);
+        else
+            fault_migrate(vs, r, p, from, -1);
+    }
+    return NV_OK;
+}
+
+static NV_STATUS op_gpu_kernel(struct ofile *of, const UVM_STANDIN_TEST_PARAMS *q)
+{
+    struct vspace *vs = of->vs;
+    struct mrange *r;
+    NV_STATUS st = op_range_check(vs, q, &r);
+    if (st)
+        return st;
+    int gpu = (int)q->gpu;
+    if (q->gpu >= (NvU32)g.ngpus || !(vs->registered & (1ull << gpu)))
+        return NV_ERR_INVALID_DEVICE;
+    if (!q->batch || (q->prefetch & (q->prefetch - 1)))
+        return NV_ERR_INVALID_ARGUMENT;
+    uint32_t p0 = (uint32_t)((q->base - r->base) / STANDIN_PAGE), n = (uint32_t)(q->length / STANDIN_PAGE);
+    uint32_t *batch = malloc(q->batch * sizeof *batch);
+    if (!batch)
+        abort();
+    uint64_t k = 0; /* unique faults so far in this kernel */
+    uint32_t p = p0;
+    while (p < p0 + n) {
+        /* collect one batch of faulting pages, in address order */
+        uint32_t nb = 0;
+        for (; p < p0 + n && nb < q->batch; p++)
+            if (r->res[p] != RES_GPU(gpu) && !(r->flags[p] & PF_REMOTE))
+                batch[nb++] = p;
+        if (!nb)
+            break;
+        uint32_t id = vs->next_batch[gpu]++;
+        for (uint32_t i = 0; i < nb; i++, k++) {
+            for (int dup = 0; dup < 2; dup++) {
+                if (dup && !(q->dup_every && k % q->dup_every == q->dup_every - 1))
+                    break;
+                struct ev *e = ev_new(vs, UVM_EV_GPU_FAULT);
+                e->src = gpu;
+                e->fault_type = r->res[batch[i]] == RES_NONE ? UVM_FAULT_INVALID_PDE : UVM_FAULT_INVALID_PTE;
+                e->access = (uint8_t)q->access;
+                e->client = UVM_CLIENT_TYPE_GPC;
+                e->addr = r->base + (uint64_t)batch[i] * STANDIN_PAGE;
+                e->batch = id;
+                e->gts = gpu_timer(gpu);
+                e->cause = (uint8_t)dup; /* internal: marks the duplicate for the counters */
+            }
+        }
+        /* service the batch */
+        for (uint32_t i = 0; i < nb; i++) {
+            uint32_t pg = batch[i];
+            if (r->res[pg] == RES_GPU(gpu))
+                continue; /* prefetched by an earlier fault of this batch */
+            int from = res_proc(r->res[pg]);
+            if (r->flags[pg] & PF_THRASH && r->res[pg] != RES_NONE) {
+                map_remote(vs, r, pg, gpu, from);
+                continue;
+            }
+            ensure_capacity(vs, gpu);
+            if (r->res[pg] == RES_NONE)
+                place_on_gpu(vs, gpu, r, pg);
+            else
+                fault_migrate(vs, r, pg, from, gpu);
+            if (q->prefetch > 1) {
+                uint32_t rs = pg - (pg - 0) % q->prefetch, cnt = 0, lo = 0;
+                for (uint32_t x = rs; x < rs + q->prefetch && x < r->npages; x++)
+                    if (x != pg && r->res[x] == RES_CPU && !(r->flags[x] & PF_THRASH))
+                        cnt++;
+                if (cnt && (!vs->cap[gpu] || vs->resident[gpu] + cnt <= vs->cap[gpu])) {
+                    int first = 1;
+                    for (uint32_t x = rs; x < rs + q->prefetch && x < r->npages; x++)
+                        if (x != pg && r->res[x] == RES_CPU && !(r->flags[x] & PF_THRASH)) {
+                            if (first)
+                                lo = x;
+                            first = 0;
+                            place_on_gpu(vs, gpu, r, x);
+                        }
+                    emit_migration(vs, -1, gpu, UVM_CAUSE_PREFETCH, r->base + (uint64_t)lo * STANDIN_PAGE,
+                                   (uint64_t)cnt * STANDIN_PAGE);
+                }
+            }
+        }
+        struct ev *e = ev_new(vs, UVM_EV_GPU_FAULT_REPLAY);
+        e->src = gpu;
+        e->client = UVM_CLIENT_TYPE_GPC;
+        e->batch = id;
+        e->gts = gpu_timer(gpu);
+        vs_flush(of); /* per batch, so a concurrent consumer sees the stream grow */
+    }
+    free(batch);
+    return NV_OK;
+}
+
+static NV_STATUS op_migrate(struct vspace *vs, const UVM_STANDIN_TEST_PARAMS *q)
+{
+    struct mrange *r;
+    NV_STATUS st = op_range_check(vs, q, &r);
+    if (st)
+        return st;
+    int dest = (int)q->dest - 1; /* -1 = CPU */
+    if (q->dest > (NvU32)g.ngpus || (dest >= 0 && !(vs->registered & (1ull << dest))))
+        return NV_ERR_INVALID_DEVICE;
+    uint32_t p0 = (uint32_t)((q->base - r->base) / STANDIN_PAGE), n = (uint32_t)(q->length / STANDIN_PAGE);
+    uint8_t want = dest < 0 ? RES_CPU : (uint8_t)RES_GPU(dest);
+    /* one event per run of pages with the same source inside one 2 MiB block */
+    uint32_t p = p0;
+    while (p < p0 + n) {
+        if (r->res[p] == want || r->res[p] == RES_NONE) {
+            if (r->res[p] == RES_NONE) {
+                if (dest >= 0) {
+                    ensure_capacity(vs, dest);
+                    place_on_gpu(vs, dest, r, p);
+                } else {
+                    r->res[p] = RES_CPU;
+                }
+            }
+            p++;
+            continue;
+        }
+        uint8_t from = r->res[p];
+        uint64_t addr = r->base + (uint64_t)p * STANDIN_PAGE;
+        uint32_t cnt = 0;
+        do {
+            if (dest >= 0)
+                ensure_capacity(vs, dest);
+            if (res_proc(from) >= 0)
+                vs->resident[res_proc(from)]--;
+            if (dest >= 0)
+                place_on_gpu(vs, dest, r, p);
+            else
+                r->res[p] = RES_CPU;
+            cnt++;
+            p++;
+        } while (p < p0 + n && r->res[p] == from &&
+                 ((r->base + (uint64_t)p * STANDIN_PAGE) & ((2ull << 20) - 1)) != 0);
+        emit_migration(vs, res_proc(from), dest, UVM_CAUSE_USER, addr, (uint64_t)cnt * STANDIN_PAGE);
+    }
+    return NV_OK;
+}
+
+static NV_STATUS op_register_range(struct vspace *vs, const UVM_STANDIN_TEST_PARAMS *q)
+{
+    if (!q->length || (q->base | q->length) & (STANDIN_PAGE - 1) || q->length / STANDIN_PAGE > UINT32_MAX)
+        return NV_ERR_INVALID_ADDRESS;
+    for (struct mrange *x = vs->ranges; x; x = x->next)
+        if (q->base < x->base + (uint64_t)x->npages * STANDIN_PAGE && x->base < q->base + q->length)
+            return NV_ERR_UVM_ADDRESS_IN_USE;
+    struct mrange *r = calloc(1, sizeof *r);
+    if (!r)
+        abort();
+    r->base = q->base;
+    r->npages = (uint32_t)(q->length / STANDIN_PAGE);
+    r->res = calloc(r->npages, 1);
+    r->nmig = calloc(r->npages, 1);
+    r->flags = calloc(r->npages, 1);
+    r->gen = calloc(r->npages, sizeof *r->gen);
+    if (!r->res || !r->nmig || !r->flags || !r->gen)
+        abort();
+    r->next = vs->ranges;
+    vs->ranges = r;
+    return NV_OK;
+}
+
+/* UVM_STANDIN_TEST: not part of the real protocol (README). */
+static void standin_test(struct call *c, uint64_t arg)
+{
+    UVM_STANDIN_TEST_PARAMS q;
+    if (pmem_read(c->pid, arg, &q, sizeof q)) {
+        fuse_reply_err(c->req, EFAULT);
+        return;
+    }
+    NV_STATUS st;
+    struct vspace *vs = c->of->vs;
+    if (c->of->uvm_state != UVM_FD_VA_SPACE || !vs) {
+        st = NV_ERR_ILLEGAL_ACTION;
+    } else {
+        switch (q.op) {
+        case STANDIN_OP_REGISTER_RANGE: st = op_register_range(vs, &q); break;
+        case STANDIN_OP_CPU_TOUCH: st = op_cpu_touch(c, vs, &q); break;
+        case STANDIN_OP_GPU_KERNEL: st = op_gpu_kernel(c->of, &q); break;
+        case STANDIN_OP_MIGRATE: st = op_migrate(vs, &q); break;
+        case STANDIN_OP_SET_CAPACITY:
+            if (q.gpu >= (NvU32)g.ngpus) {
+                st = NV_ERR_INVALID_DEVICE;
+            } else {
+                vs->cap[q.gpu] = q.length / STANDIN_PAGE;
+                st = NV_OK;
+            }
+            break;
+        default: st = NV_ERR_INVALID_ARGUMENT; break;
+        }
+        vs_flush(c->of);
+    }
+    vlog("  standin test op %u -> 0x%x", q.op, st);
+    if (pmem_write(c->pid, arg + offsetof(UVM_STANDIN_TEST_PARAMS, rmStatus), &st, sizeof st))
+        fuse_reply_err(c->req, EFAULT);
+    else
+        fuse_reply_ioctl(c->req, 0, NULL, 0);
+}
+
+/* ---- the tools ioctls ---- */
+
+static void reply_status(struct call *c, uint64_t arg, uint32_t off, NV_STATUS st)
+{
+    vlog("  -> rmStatus 0x%x", st);
+    if (pmem_write(c->pid, arg + off, &st, sizeof st))
+        fuse_reply_err(c->req, EFAULT);
+    else
+        fuse_reply_ioctl(c->req, 0, NULL, 0);
+}
+
+static void tools_init(struct call *c, uint64_t arg, int v2)
+{
+    UVM_TOOLS_INIT_EVENT_TRACKER_PARAMS p;
+    const uint32_t soff = offsetof(UVM_TOOLS_INIT_EVENT_TRACKER_PARAMS, rmStatus);
+    if (pmem_read(c->pid, arg, &p, sizeof p)) {
+        fuse_reply_err(c->req, EFAULT);
+        return;
+    }
+    pid_t tg = tgid_of(c->pid);
+    unsigned esz = v2 ? UVM_ENTRY_SIZE_V2 : UVM_ENTRY_SIZE_V1;
+    uint8_t probe[sizeof(UvmToolsEventControlData)];
+    if (c->of->trk)
+        return reply_status(c, arg, soff, NV_ERR_INVALID_ARGUMENT);
+    if (p.queueBufferSize &&
+        (p.queueBufferSize > UINT32_MAX || p.queueBufferSize < 2 || (p.queueBufferSize & (p.queueBufferSize - 1))))
+        return reply_status(c, arg, soff, NV_ERR_INVALID_ARGUMENT);
+    /* the driver pins both buffers here: they must be the caller's writable memory */
+    size_t csz = p.queueBufferSize ? sizeof(UvmToolsEventControlData) : UVM_TOTAL_COUNTERS * sizeof(NvU64);
+    if (vm_rw(tg, p.controlBuffer, probe, csz, 0) || vm_rw(tg, p.controlBuffer, probe, csz, 1) ||
+        (p.queueBufferSize &&
+         (vm_rw(tg, p.queueBuffer, probe, 1, 0) ||
+          vm_rw(tg, p.queueBuffer + p.queueBufferSize * esz - 1, probe, 1, 0))))
+        return reply_status(c, arg, soff, NV_ERR_INVALID_ADDRESS);
+    int pfd = (int)syscall(SYS_pidfd_open, tg, 0);
+    int sfd = pfd < 0 ? -1 : (int)syscall(SYS_pidfd_getfd, pfd, (int)p.uvmFd, 0);
+    if (pfd >= 0)
+        close(pfd);
+    if (sfd < 0)
+        return reply_status(c, arg, soff, NV_ERR_INSUFFICIENT_PERMISSIONS);
+    char link[64], target[4096];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", sfd);
+    ssize_t ln = readlink(link, target, sizeof target - 1);
+    if (ln <= 0 || (target[ln] = 0, strcmp(target, u.uvm_path))) {
+        close(sfd); /* not a file of this filesystem: closing it cannot call us */
+        return reply_status(c, arg, soff, NV_ERR_INSUFFICIENT_PERMISSIONS);
+    }
+    struct pending_init *pi = calloc(1, sizeof *pi);
+    struct ident_arg *ia = calloc(1, sizeof *ia);
+    if (!pi || !ia)
+        abort();
+    pi->token = ++u.next_token;
+    pi->req = c->req;
+    pi->tools = c->of;
+    pi->tid = c->pid;
+    pi->pid = tg;
+    pi->arg = arg;
+    pi->p = p;
+    pi->v2 = v2;
+    pi->srvfd = sfd;
+    pi->next = u.pending;
+    u.pending = pi;
+    ia->fd = sfd;
+    ia->token = pi->token;
+    pthread_t th;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &at, identify_main, ia))
+        abort();
+    pthread_attr_destroy(&at);
+    /* answered in standin_identify() */
+}
+
+static void standin_identify(struct call *c, uint64_t token)
+{
+    if (tgid_of(c->pid) != getpid()) {
+        fuse_reply_err(c->req, EINVAL);
+        return;
+    }
+    struct pending_init *pi = NULL;
+    for (struct pending_init **pp = &u.pending; *pp; pp = &(*pp)->next)
+        if ((*pp)->token == token) {
+            pi = *pp;
+            *pp = pi->next;
+            break;
+        }
+    fuse_reply_ioctl(c->req, 0, NULL, 0);
+    if (!pi)
+        return;
+    struct ofile *target = c->of;
+    NV_STATUS st = NV_OK;
+    if (target->kind != K_UVM || target->uvm_state != UVM_FD_VA_SPACE || !target->vs) {
+        st = NV_ERR_ILLEGAL_ACTION;
+        close_async(pi->srvfd);
+    } else {
+        struct tracker *t = calloc(1, sizeof *t);
+        if (!t)
+            abort();
+        t->id = ++u.next_tracker;
+        t->tools = pi->tools;
+        t->target = target;
+        t->pid = pi->pid;
+        t->srvfd = pi->srvfd;
+        t->is_queue = pi->p.queueBufferSize != 0;
+        t->v2 = pi->v2;
+        t->entry_size = pi->v2 ? UVM_ENTRY_SIZE_V2 : UVM_ENTRY_SIZE_V1;
+        t->count = (uint32_t)pi->p.queueBufferSize;
+        t->threshold = t->count / 2;
+        t->queue = pi->p.queueBuffer;
+        t->control = pi->p.controlBuffer;
+        t->all_processors = pi->p.allProcessors != 0;
+        memcpy(t->processor, pi->p.processor.uuid, 16);
+        t->next = u.trackers;
+        u.trackers = t;
+        pi->tools->trk = t;
+        if (u.log) {
+            fprintf(u.log,
+                    "{\"ev\":\"tracker\",\"id\":%" PRIu64 ",\"tools_file\":%" PRIu64 ",\"file\":%" PRIu64
+                    ",\"pid\":%d,\"target_pid\":%d,\"version\":%d,\"entries\":%u,\"mono_ns\":%" PRId64 "}\n",
+                    t->id, t->tools->id, target->id, (int)t->pid, (int)target->vs->pid, t->v2 ? 2 : 1,
+                    t->count, clock_ns(CLOCK_MONOTONIC));
+            fflush(u.log);
+        }
+        vlog("  tracker %" PRIu64 " on file %" PRIu64 " (pid %d)", t->id, target->id, (int)target->vs->pid);
+    }
+    struct call pc = {pi->req, pi->tid, pi->tools, "nvidia-uvm-tools"};
+    reply_status(&pc, pi->arg, offsetof(UVM_TOOLS_INIT_EVENT_TRACKER_PARAMS, rmStatus), st);
+    free(pi);
+}
+
+static void tracker_destroy(struct tracker *t)
+{
+    for (struct tracker **pp = &u.trackers; *pp; pp = &(*pp)->next)
+        if (*pp == t) {
+            *pp = t->next;
+            break;
+        }
+    if (t->ph)
+        fuse_pollhandle_destroy(t->ph);
+    if (u.log) {
+        fprintf(u.log, "{\"ev\":\"tracker_closed\",\"id\":%" PRIu64 ",\"mono_ns\":%" PRId64 "}\n", t->id,
+                clock_ns(CLOCK_MONOTONIC));
+        fflush(u.log);
+    }
+    close_async(t->srvfd); /* drops the tracker's reference on the target's uvm file */
+    free(t);
+}
+
+/* ioctls 57-61 on a tools fd. Returns the status (the tracker must exist). */
+static NV_STATUS tools_cmd(struct call *c, unsigned cmd, uint64_t arg, int *rc)
+{
+    struct tracker *t = c->of->trk;
+    if (cmd == UVM_TOOLS_SET_NOTIFICATION_THRESHOLD) {
+        UVM_TOOLS_SET_NOTIFICATION_THRESHOLD_PARAMS q;
+        if (pmem_read(c->pid, arg, &q, sizeof q)) {
+            *rc = -EFAULT;
+            return NV_OK;
+        }
+        if (!t || !t->is_queue)
+            return NV_ERR_INVALID_ARGUMENT;
+        t->threshold = q.notificationThreshold;
+        return NV_OK;
+    }
+    UVM_TOOLS_FLAGS_PARAMS q;
+    if (pmem_read(c->pid, arg, &q, sizeof q)) {
+        *rc = -EFAULT;
+        return NV_OK;
+    }
+    int events = cmd == UVM_TOOLS_EVENT_QUEUE_ENABLE_EVENTS || cmd == UVM_TOOLS_EVENT_QUEUE_DISABLE_EVENTS;
+    int enable = cmd == UVM_TOOLS_EVENT_QUEUE_ENABLE_EVENTS || cmd == UVM_TOOLS_ENABLE_COUNTERS;
+    if (!t || t->is_queue != events)
+        return NV_ERR_INVALID_ARGUMENT;
+    uint64_t *m = events ? &t->events : &t->counter_mask;
+    if (!events && (q.flags >> UVM_TOTAL_COUNTERS))
+        return NV_ERR_INVALID_ARGUMENT;
+    *m = enable ? *m | q.flags : *m & ~q.flags;
+    return NV_OK;
+}
+
+static NV_STATUS uuid_table(struct call *c, uint64_t arg, int v2, int *rc)
+{
+    UVM_TOOLS_GET_PROCESSOR_UUID_TABLE_PARAMS q;
+    if (pmem_read(c->pid, arg, &q, sizeof q)) {
+        *rc = -EFAULT;
+        return NV_OK;
+    }
+    unsigned nproc = v2 ? UVM_MAX_PROCESSORS_V2 : UVM_MAX_PROCESSORS_V1;
+    NvProcessorUuid *tab = calloc(nproc, sizeof *tab);
+    static const NvU8 cpu[16] = NV_PROCESSOR_UUID_CPU_DEFAULT_BYTES;
+    if (!tab)
+        abort();
+    memcpy(tab[0].uuid, cpu, 16);
+    /* only the GPUs registered in this va space, as for_each_va_space_gpu */
+    for (int i = 0; i < g.ngpus; i++)
+        if (c->of->vs && (c->of->vs->registered & (1ull << i)))
+            gpu_uuid(i, tab[v2 ? UVM_V2_GPU_ID((unsigned)i) : UVM_V1_GPU_ID((unsigned)i)].uuid);
+    int bad = pmem_write(c->pid, q.tablePtr, tab, nproc * sizeof *tab);
+    free(tab);
+    return bad ? NV_ERR_INVALID_ADDRESS : NV_OK;
+}
+
+/* UVM_REGISTER_GPU: remember which of our GPUs the va space has (for the UUID table). */
+static void note_register_gpu(struct call *c, uint64_t arg)
+{
+    NvU8 want[16], have[16];
+    if (!c->of->vs || pmem_read(c->pid, arg, want, 16))
+        return;
+    for (int i = 0; i < g.ngpus; i++) {
+        gpu_uuid(i, have);
+        if (!memcmp(want, have, 16))
+            c->of->vs->registered |= 1ull << i;
+    }
+}
+
+static void op_poll(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, struct fuse_pollhandle *ph)
+{
+    (void)ino;
+    struct ofile *of = (struct ofile *)(uintptr_t)fi->fh;
+    struct tracker *t = of->kind == K_UVM_TOOLS ? of->trk : NULL;
+    unsigned rev = 0;
+    if (t && t->is_queue) {
+        UvmToolsEventControlData ctl;
+        uint32_t mask = t->count - 1;
+        if (!vm_rw(t->pid, t->control, &ctl, 16, 0) &&
+            ((t->count + ctl.put_behind - ctl.get_ahead) & mask) >= t->threshold)
+            rev = POLLIN | POLLRDNORM;
+    }
+    if (ph) {
+        if (t && !rev) {
+            if (t->ph)
+                fuse_pollhandle_destroy(t->ph);
+            t->ph = ph;
+        } else {
+            fuse_pollhandle_destroy(ph);
+        }
+    }
+    fuse_reply_poll(req, rev);
+}
+
 /*
  * UVM command words carry no size, so the kernel passes no data and the syscall
  * returns 0 here as in the driver. The result goes where the driver puts it:
@@ -1210,6 +2337,14 @@ static void uvm_ioctl(struct call *c, unsigned int cmd, uint64_t arg)
     int tools = c->of->kind == K_UVM_TOOLS;
     vlog("pid %d %s %s cmd 0x%x arg 0x%" PRIx64, (int)c->pid, c->dev, info ? info->name : "?",
          cmd, arg);
+    if (cmd == UVM_STANDIN_IDENTIFY && !tools) {
+        standin_identify(c, arg);
+        return;
+    }
+    if (cmd == UVM_STANDIN_TEST && !tools) {
+        standin_test(c, arg);
+        return;
+    }
     /* Unrouted numbers fall through to uvm_test_ioctl, which refuses them. */
     if (!info || info->tools_fd != tools) {
         fuse_reply_err(c->req, EINVAL);
@@ -1224,12 +2359,21 @@ static void uvm_ioctl(struct call *c, unsigned int cmd, uint64_t arg)
     NV_STATUS st = NV_OK;
     struct ofile *of = c->of;
     if (tools) {
-        st = NV_OK;
+        if (cmd == UVM_TOOLS_INIT_EVENT_TRACKER || cmd == UVM_TOOLS_INIT_EVENT_TRACKER_V2) {
+            tools_init(c, arg, cmd == UVM_TOOLS_INIT_EVENT_TRACKER_V2);
+            return;
+        }
+        st = tools_cmd(c, cmd, arg, &rc);
     } else if (cmd == UVM_INITIALIZE) {
-        if (of->uvm_state == UVM_FD_MM)
+        if (of->uvm_state == UVM_FD_MM) {
             st = NV_ERR_ILLEGAL_ACTION;
-        else
+        } else if (of->uvm_state != UVM_FD_VA_SPACE) {
             of->uvm_state = UVM_FD_VA_SPACE;
+            of->vs = calloc(1, sizeof *of->vs);
+            if (!of->vs)
+                abort();
+            of->vs->pid = tgid_of(c->pid);
+        }
     } else if (cmd == UVM_MM_INITIALIZE) {
         /* What real CUDA sees on its second uvm fd (facts section 10). */
         if (of->uvm_state == UVM_FD_UNINIT) {
@@ -1253,6 +2397,13 @@ static void uvm_ioctl(struct call *c, unsigned int cmd, uint64_t arg)
             break;
         case UVM_FREE:
             st = uvm_free(c, arg, &rc);
+            break;
+        case UVM_REGISTER_GPU:
+            note_register_gpu(c, arg);
+            break;
+        case UVM_TOOLS_GET_PROCESSOR_UUID_TABLE:
+        case UVM_TOOLS_GET_PROCESSOR_UUID_TABLE_V2:
+            st = uuid_table(c, arg, cmd == UVM_TOOLS_GET_PROCESSOR_UUID_TABLE_V2, &rc);
             break;
         default:
             break;
@@ -1445,9 +2596,32 @@ static char *state_text(size_t *len)
             g.budget, g.nclients, g.nobjects, g.nfiles);
     fprintf(f, "rm_mappings %u\nuvm_ranges %u\nsysmem_bytes %" PRIu64 "\nvirtual_bytes %" PRIu64 "\n",
             g.nmaps, g.nranges, g.sys_bytes, g.virt_bytes);
-    for (int i = 0; i < g.ngpus; i++)
-        fprintf(f, "gpu%d used=%" PRIu64 " peak=%" PRIu64 " failed=%u\n", i, g.used[i], g.peak[i],
-                g.failed[i]);
+    for (int i = 0; i < g.ngpus; i++) {
+        uint64_t fr, lg, lb;
+        char uuid[41];
+        heap_stats(i, &fr, &lg, &lb);
+        gpu_uuid_ascii(i, uuid);
+        fprintf(f,
+                "gpu%d used=%" PRIu64 " peak=%" PRIu64 " failed=%u heap_free=%" PRIu64
+                " largest_free=%" PRIu64 " largest_free_base=%" PRIu64 " gpu_id=0x%x uuid=%s\n",
+                i, g.used[i], g.peak[i], g.failed[i], fr, lg, lb, STANDIN_GPU_ID(i), uuid);
+    }
+    for (struct tracker *t = u.trackers; t; t = t->next) {
+        uint64_t w = 0, d = 0;
+        for (unsigned k = 0; k < UVM_EVENT_NUM_TYPES_ALL; k++) {
+            w += t->written[k];
+            d += t->dropped[k];
+        }
+        fprintf(f,
+                "tracker id=%" PRIu64 " tools_file=%" PRIu64 " file=%" PRIu64 " pid=%d target_pid=%d"
+                " version=%d entries=%u events=0x%" PRIx64 " counters=0x%" PRIx64 " written=%" PRIu64
+                " dropped=%" PRIu64 "\n",
+                t->id, t->tools->id, t->target->id, (int)t->pid, t->target->vs ? (int)t->target->vs->pid : 0,
+                t->v2 ? 2 : 1, t->count, t->events, t->counter_mask, w, d);
+    }
+    for (struct uvm_release_rec *r = u.releases; r; r = r->next)
+        fprintf(f, "uvm_release file=%" PRIu64 " pid=%d mono_ns=%" PRId64 "\n", r->file, (int)r->va_pid,
+                r->mono_ns);
     for (struct obj *cl = g.clients; cl; cl = cl->cnext)
         fprintf(f, "client 0x%08x pid=%d file=%" PRIu64 "\n", cl->handle, (int)cl->pid,
                 cl->owner ? cl->owner->id : 0);
@@ -1525,6 +2699,11 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
             freed++;
         }
     }
+    if (of->trk)
+        tracker_destroy(of->trk);
+    if (of->kind == K_UVM)
+        log_release(of);
+    vs_free(of->vs);
     while (of->ranges) {
         struct urange *r = of->ranges;
         of->ranges = r->next;
@@ -1617,6 +2796,7 @@ static const struct fuse_lowlevel_ops ops = {
     .read = op_read,
     .write = op_write,
     .ioctl = op_ioctl,
+    .poll = op_poll,
 };
 
 static int parse_bytes(const char *s, uint64_t *out)
@@ -1643,11 +2823,13 @@ static int parse_bytes(const char *s, uint64_t *out)
 static void usage(const char *argv0)
 {
     fprintf(stderr,
-            "usage: %s MOUNTPOINT [--budget BYTES] [--gpus N] [-f] [--verbose]\n"
+            "usage: %s MOUNTPOINT [--budget BYTES] [--gpus N] [--event-log FILE] [-f] [--verbose]\n"
             "TEST STAND-IN for the NVIDIA driver's device files (gputrace tests).\n"
             "  --budget BYTES  vidmem per GPU (suffix K/M/G/T allowed; default 16G)\n"
             "  --gpus N        number of nvidiaN files (1..%d, default 1)\n"
             "  -f              stay in the foreground\n"
+            "  --event-log FILE  JSON lines: every UVM tools event the model produced, where\n"
+            "                  each landed, trackers, releases of uvm files (README)\n"
             "  --verbose       log every request to stderr\n",
             argv0, MAX_GPUS);
 }
@@ -1675,6 +2857,12 @@ int main(int argc, char **argv)
             g.ngpus = (int)n;
         } else if (!strcmp(a, "-f")) {
             foreground = 1;
+        } else if (!strcmp(a, "--event-log") && i + 1 < argc) {
+            u.log = fopen(argv[++i], "we");
+            if (!u.log) {
+                fprintf(stderr, "nvfuse: cannot open --event-log %s\n", argv[i]);
+                return 2;
+            }
         } else if (!strcmp(a, "--verbose")) {
             g.verbose = 1;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -1691,6 +2879,12 @@ int main(int argc, char **argv)
         usage(argv[0]);
         return 2;
     }
+    char real[PATH_MAX];
+    if (!realpath(mountpoint, real) || strlen(real) + 12 > sizeof u.uvm_path) {
+        fprintf(stderr, "nvfuse: bad mountpoint %s\n", mountpoint);
+        return 2;
+    }
+    snprintf(u.uvm_path, sizeof u.uvm_path, "%s/nvidia-uvm", real);
     g.start = time(NULL);
     g.next_client = 0xc1d00001u;
     g.sys_next = 1ull << 40;

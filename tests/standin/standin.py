@@ -47,6 +47,7 @@ class StandinUnavailable(RuntimeError):
 class Binaries:
     nvfuse: Path
     workload: Path
+    uvm_workload: Path = BUILD_DIR / "uvm_workload"
 
 
 def _toolchain_problem(need_fuse: bool) -> str | None:
@@ -121,11 +122,13 @@ def mounted_driver(
     budget: int = DEFAULT_BUDGET,
     gpus: int = 1,
     verbose: bool = False,
+    event_log: Path | None = None,
 ) -> Iterator[Path]:
     """Mount nvfuse on tmp_path/"nvdev" in the foreground, yield that directory, unmount.
 
     ``budget`` is the vidmem per GPU in bytes. The server's stderr (``--verbose``:
-    one line per request) goes to tmp_path/"nvfuse.log".
+    one line per request) goes to tmp_path/"nvfuse.log". ``event_log``: where the
+    server writes its JSON-lines log of UVM tools events, trackers and uvm releases.
     """
     bins = build()
     mnt = tmp_path / "nvdev"
@@ -134,6 +137,8 @@ def mounted_driver(
     cmd = [str(bins.nvfuse), str(mnt), "--budget", str(budget), "--gpus", str(gpus), "-f"]
     if verbose:
         cmd.append("--verbose")
+    if event_log is not None:
+        cmd += ["--event-log", str(event_log)]
     with log.open("wb") as logf:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
     try:
@@ -238,6 +243,8 @@ class StandinState:
     clients: list[dict[str, int]] = field(default_factory=list)
     objects: list[dict[str, Any]] = field(default_factory=list)
     uvm_ranges: list[dict[str, Any]] = field(default_factory=list)
+    trackers: list[dict[str, Any]] = field(default_factory=list)
+    uvm_releases: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _kv(words: list[str]) -> dict[str, Any]:
@@ -268,6 +275,10 @@ def read_state(devdir: Path | str) -> StandinState:
             st.objects.append(_kv(rest))
         elif head == "uvm_range":
             st.uvm_ranges.append(_kv(rest))
+        elif head == "tracker":
+            st.trackers.append(_kv(rest))
+        elif head == "uvm_release":
+            st.uvm_releases.append(_kv(rest))
         else:
             st.scalars[head] = int(rest[0])
     return st
