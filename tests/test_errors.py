@@ -6,11 +6,16 @@ Each test damages a copy of the bundled default trace in one way.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import FIXTURES
@@ -117,3 +122,68 @@ def test_unknown_option_is_a_usage_error_not_a_traceback(copy: Path) -> None:
     r = gputrace("dump", str(copy), "ioctls", "--nope")
     assert r.returncode == 2
     assert "No such option" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------- damaged parts
+# Each rewrites one Parquet part of the copy by hand (hand-made damage of a
+# synthetic fixture) and expects one line naming the part, table and column.
+
+
+def rewrite_part(part: Path, change: Callable[[pa.Table], pa.Table], **kw: Any) -> None:
+    pq.write_table(change(pq.read_table(part)), part, **kw)
+
+
+def with_column(t: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    i = t.schema.get_field_index(name)
+    return t.set_column(i, pa.field(name, values.type, nullable=True), values)
+
+
+def test_schema_version_metadata_not_a_number(copy: Path) -> None:
+    part = next((copy / "ioctls").glob("part-*.parquet"))
+    rewrite_part(part, lambda t: t.replace_schema_metadata({b"gputrace.schema_version": b"two"}))
+    r = gputrace("info", str(copy))
+    assert_one_line_error(r, "schema version metadata")
+    assert "ioctls" in r.stderr and "not a number" in r.stderr
+
+
+@pytest.mark.parametrize("statistics", [True, False], ids=["footer-stats", "no-stats"])
+def test_null_in_a_never_null_column(copy: Path, statistics: bool) -> None:
+    part = next((copy / "chunks").glob("part-*.parquet"))
+
+    def null_gpu(t: pa.Table) -> pa.Table:
+        values = t.column("gpu_index").to_pylist()
+        return with_column(t, "gpu_index", pa.array([None, *values[1:]], pa.int16()))
+
+    rewrite_part(part, null_gpu, write_statistics=statistics)
+    r = gputrace("analyze", str(copy))
+    assert_one_line_error(r, "table chunks column gpu_index has 1 null values")
+
+
+def test_name_stored_as_integers(copy: Path) -> None:
+    """Cast to text, integers would silently match no RM command: an error instead."""
+    part = next((copy / "ioctls").glob("part-*.parquet"))
+    rewrite_part(part, lambda t: with_column(t, "name", pa.array(range(t.num_rows), pa.int64())))
+    r = gputrace("analyze", str(copy), "--only", "leaks")
+    assert_one_line_error(r, "table ioctls column name is stored as int64, expected string")
+
+
+def test_part_that_is_a_fifo_is_not_read(copy: Path) -> None:
+    """A FIFO named like a part would block the reader forever; it is not a part."""
+    fifo = copy / "ioctls" / "part-000009.parquet"
+    os.mkfifo(fifo)
+    r = gputrace("info", str(copy))
+    assert r.returncode == 0, r.stderr
+
+
+def test_manifest_that_is_a_fifo(copy: Path) -> None:
+    (copy / "manifest.json").unlink()
+    os.mkfifo(copy / "manifest.json")
+    assert_one_line_error(gputrace("info", str(copy)), "not a regular file")
+
+
+def test_end_before_start(copy: Path) -> None:
+    m = json.loads((copy / "manifest.json").read_text())
+    m["end_ts_ns"] = m["start_ts_ns"] - 1
+    (copy / "manifest.json").write_text(json.dumps(m))
+    for cmd in (["info"], ["analyze"]):
+        assert_one_line_error(gputrace(*cmd, str(copy)), "'end_ts_ns'")

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gputrace import schema
-from gputrace.tracedir import STATUS_COMPLETE, Trace
+from gputrace.tracedir import STATUS_COMPLETE, Trace, trace_warnings
 
 
 def trace_info(trace: Trace) -> dict[str, Any]:
@@ -28,6 +28,7 @@ def trace_info(trace: Trace) -> dict[str, Any]:
         )
     if m.get("synthetic"):
         warnings.append("synthetic trace: built by gputrace.builder, not recorded")
+    warnings += trace_warnings(trace)
     start, end = m.get("start_ts_ns"), m.get("end_ts_ns")
     return {
         "path": str(trace.path),
