@@ -133,7 +133,7 @@ def rewrite_part(part: Path, change: Callable[[pa.Table], pa.Table], **kw: Any) 
     pq.write_table(change(pq.read_table(part)), part, **kw)
 
 
-def with_column(t: pa.Table, name: str, values: pa.Array) -> pa.Table:
+def with_column(t: pa.Table, name: str, values: pa.Array[Any]) -> pa.Table:
     i = t.schema.get_field_index(name)
     return t.set_column(i, pa.field(name, values.type, nullable=True), values)
 
