@@ -875,8 +875,8 @@ NVSA_OFF(UvmEventMapRemoteInfo_V2, address, 8);
  * UVM_STANDIN_TEST drives the stand-in's managed-memory model (README "test command").
  * No real driver routes this number; on a real driver it fails like any unrouted cmd.
  */
-#define UVM_STANDIN_TEST 0x5e570001u
-#define UVM_STANDIN_IDENTIFY 0x5e570002u /* the server's own probe; refused from others */
+#define UVM_STANDIN_TEST 0x5e57u /* no _IOC size bits: FUSE must pass the pointer only */
+#define UVM_STANDIN_IDENTIFY 0x5e58u /* the server's own probe; refused from others */
 enum standin_op {
     STANDIN_OP_REGISTER_RANGE = 1, /* base, length: a managed range the workload mmap'ed */
     STANDIN_OP_CPU_TOUCH = 2,      /* base, length, access: the workload touched these pages */
