@@ -244,14 +244,40 @@ class TraceBuilder:
                  access_type_code=access, instances=instances, batch_id=batch_id)
 
     def fault_batch(self, t: float, gpu: int, batch_id: int, faults: int, duplicates: int,
-                    duration_s: float) -> None:
+                    duration_s: float, *, pid: int | None = None) -> None:
         self.row("fault_batches", ts_ns=ns(t), gpu_index=gpu, batch_id=batch_id, faults=faults,
-                 duplicates=duplicates, duration_ns=round(duration_s * 1e9))
+                 duplicates=duplicates, duration_ns=round(duration_s * 1e9), pid=pid)
 
     def migration(self, t: float, src: int, dst: int, address: int, size: int, *,
                   cause: int = 1, pid: int | None = None) -> None:
+        """A migration from processor src to dst (trace GPU indices, -1 = CPU)."""
         self.row("migrations", ts_ns=ns(t), pid=pid, src=src, dst=dst, address=address,
                  size_bytes=size, cause_code=cause, duration_ns=50_000)
+
+    def uvm_event(self, t: float, pid: int, kind: str, address: int, *,
+                  size: int | None = None, processor: int | None = None,
+                  residency: int | None = None, processors: Sequence[int] = (),
+                  reason: str | None = None) -> None:
+        """A uvm_events row (thrashing, throttling_start/end, map_remote, ...)."""
+        codes = {v: k for k, v in schema.UVM_EVENT_KINDS.items()}
+        reasons = {v: k for k, v in schema.UVM_EVENT_REASONS.items()}
+        self.row("uvm_events", ts_ns=ns(t), pid=pid, kind_code=codes[kind], address=address,
+                 size_bytes=size, processor=processor, residency=residency,
+                 processors=",".join(map(str, processors)) if processors else None,
+                 reason_code=None if reason is None else reasons[reason])
+
+    def uvm_counter(self, t: float, pid: int, counter: str, value: int) -> None:
+        code = {v: k for k, v in schema.UVM_COUNTERS.items()}[counter]
+        self.row("uvm_counters", ts_ns=ns(t), pid=pid, counter_code=code, value=value)
+
+    def gpu_memory(self, t: float, gpu: int, *, heap: int, free: int, largest: int,
+                   base: int = 0, status: int = 0) -> None:
+        """An RM memory sample of one GPU (sizes in bytes; null when status != 0)."""
+        ok = status == 0
+        self.row("gpu_memory", ts_ns=ns(t), gpu_index=gpu, status=status,
+                 heap_size_bytes=heap if ok else None, heap_free_bytes=free if ok else None,
+                 largest_free_bytes=largest if ok else None,
+                 largest_free_base_bytes=base if ok else None)
 
     def chunk(self, t: float, gpu: int, op: str, address: int, log2_size: int, *,
               mem_type: int = 0, pid: int | None = None) -> None:

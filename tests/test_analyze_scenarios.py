@@ -98,7 +98,7 @@ def test_two_gpus_one_full(docs: dict[str, Any]) -> None:
 def test_layers_not_recorded_say_so(docs: dict[str, Any]) -> None:
     doc = docs["training_leak"]  # syscall + api only
     assert doc["fault_rate"]["recorded"] is False
-    assert doc["fault_rate"]["not_recorded_layers"] == ["cpu_faults", "driver"]
+    assert doc["fault_rate"]["not_recorded_layers"] == ["cpu_faults", "driver", "uvm_tools"]
     assert "rates" not in doc["fault_rate"]
     assert doc["fragmentation"]["recorded"] is False
     frag = docs["fragmented_gpu"]  # syscall + driver: no api layer
@@ -118,13 +118,13 @@ def test_cpu_faults_alone_leave_gpu_sections_null(tmp_path: Path) -> None:
     for k, write in enumerate([True, False, True]):
         b.cpu_fault(1.0 + k * 0.1, 5, base + k * 0x1000, write=write)
     fr = analyze(b.build(tmp_path / "t"), ["fault-rate"])["fault_rate"]
-    assert fr["recorded"] is True and fr["not_recorded_layers"] == ["driver"]
+    assert fr["recorded"] is True and fr["not_recorded_layers"] == ["driver", "uvm_tools"]
     assert (fr["batches"], fr["thrashing"], fr["evictions"]) == (None, None, None)
     (proc,) = fr["cpu_faults"]["by_process"]
     assert (proc["pid"], proc["faults"], proc["reads"], proc["writes"], proc["blocks"]) == (
         5, 3, 1, 2, 1)
     assert fr["cpu_faults"]["top_blocks"][0]["block_2m"] == base
-    assert any("driver layer not recorded" in w for w in fr["warnings"])
+    assert any("driver layers (driver, uvm_tools) not recorded" in w for w in fr["warnings"])
 
 
 def test_warnings_for_incomplete_trace_and_drops(tmp_path: Path) -> None:

@@ -1,25 +1,34 @@
 """How often does managed memory fault, and does it thrash or oversubscribe the GPU?
 
 - rates: fault rows per window (default 1 s) per process, GPU, source and
-  access type; mean over the trace and the peak window.
-- batches: GPU replayable fault batches per GPU: size distribution,
-  duplicate share (duplicates / faults fetched) and service time.
+  access type; mean over the trace span and the busiest window. Windows lie
+  inside the span (`windows`), so the mean never exceeds the peak on a trace
+  of any length. gpu_windows: GPU faults per window, GPU and process.
+- batches: GPU fault batches per GPU and process: size distribution,
+  duplicate share (duplicates / faults) and service time (first fault to replay).
 - cpu_faults: CPU faults on managed memory per process and per 2 MiB block,
-  reads vs writes, the blocks faulted most (layer `cpu_faults` or `driver`).
+  reads vs writes, the blocks faulted most.
+- migrations: by cause, direction and size class (4 KiB / 64 KiB / 2 MiB pages).
 - thrashing: a 2 MiB block thrashes in a window when at least N of its
-  migrations go back to the processor the previous one came from.
+  migrations go back to the processor the previous one came from; plus the
+  regions the driver itself reported thrashing and its throttling regions.
 - evictions: migrations caused by eviction, and PMM chunk evictions.
 - oversubscription: peak live managed bytes (managed mmaps, else
-  cuMemAllocManaged) against the GPUs' total memory from the manifest.
+  cuMemAllocManaged) against all GPUs' memory, and bytes migrated onto each GPU
+  against its memory (RM heap size when sampled, else the manifest).
 
-GPU faults, batches, migrations and evictions need the `driver` layer; a
-trace with only `cpu_faults` reports them as null ("not recorded"), never 0.
+GPU faults, batches, migrations and evictions come from the `uvm_tools` layer
+(the driver's tools events) or the `driver` layer; a trace with only
+`cpu_faults` reports them as null ("not recorded"), never 0.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
 
+from gputrace.analyses import migrations
 from gputrace.analyses.common import (
     BLOCK_2M,
     NS_PER_S,
@@ -35,32 +44,76 @@ from gputrace.analyses.report import Report, not_recorded
 
 QUESTION = "How often does managed memory fault, and does it thrash or oversubscribe the GPU?"
 TOP = 10
+WINDOW_RULE = ("windows of window_s from the trace start; the remainder of the span joins "
+               "the last window (a trace shorter than one window is one window of its "
+               "length); rate = faults / window length; mean = faults / span")
+
+
+def windows(start_ns: int, end_ns: int, window_s: float) -> tuple[int, int, int]:
+    """(window length ns, number of windows, length of the last window ns).
+
+    Windows of `window_s` start at the trace start; the remainder of the span joins
+    the last window, and a trace shorter than one window is one window of its own
+    length. Every window lies inside the span, so a mean over the span (total / span)
+    is a length-weighted average of the window rates and never exceeds the peak.
+    """
+    w = max(int(window_s * NS_PER_S), 1)
+    span = max(end_ns - start_ns, 1)
+    k = max(span // w, 1)
+    return w, k, span - (k - 1) * w
+
+
+def _win(start_ns: int, w: int, k: int) -> pl.Expr:
+    return ((pl.col("ts_ns") - start_ns) // w).clip(0, k - 1)
 
 
 def rates(faults: pl.LazyFrame, start_ns: int, end_ns: int, window_s: float) -> pl.LazyFrame:
-    w = int(window_s * NS_PER_S)
-    dur_s = max(end_ns - start_ns, 1) / NS_PER_S
+    """Faults per (pid, GPU, source, access type): total, mean/s over the span, and the
+    busiest window (see `windows` for the window rule)."""
+    w, k, last = windows(start_ns, end_ns, window_s)
+    span_s = max(end_ns - start_ns, 1) / NS_PER_S
     key = ["pid", "gpu_index", "source", "access_type"]
-    per = (faults.with_columns(win=(pl.col("ts_ns") - start_ns) // w)
-           .group_by(*key, "win").agg(pl.len().alias("n")))
+    per = (faults.with_columns(win=_win(start_ns, w, k))
+           .group_by(*key, "win").agg(pl.len().alias("n"))
+           .with_columns(rate=pl.col("n") / (pl.when(pl.col("win") == k - 1).then(last)
+                                              .otherwise(w) / NS_PER_S)))
     return (per.group_by(key).agg(
         pl.col("n").sum().alias("faults"),
-        (pl.col("n").max() / window_s).alias("peak_per_s"),
+        pl.col("rate").max().alias("peak_per_s"),
         # earliest of the busiest windows, so ties give the same answer every run
-        (pl.col("win").sort_by(["n", "win"], descending=[True, False]).first() * window_s)
-        .alias("peak_window_start_s"))
-        .with_columns(mean_per_s=pl.col("faults") / dur_s)
+        (pl.col("win").sort_by(["rate", "win"], descending=[True, False]).first() * w
+         / NS_PER_S).alias("peak_window_start_s"))
+        .with_columns(mean_per_s=pl.col("faults") / span_s)
         .sort("faults", *key, descending=[True, False, False, False, False], nulls_last=True))
 
 
+def gpu_windows(faults: pl.LazyFrame, start_ns: int, end_ns: int,
+                window_s: float) -> pl.LazyFrame:
+    """GPU faults per window, GPU and process, busiest first (same windows as `rates`)."""
+    w, k, last = windows(start_ns, end_ns, window_s)
+    return (faults.filter(pl.col("gpu_index").is_not_null())
+            .with_columns(win=_win(start_ns, w, k))
+            .group_by("gpu_index", "pid", "win").agg(pl.len().alias("faults"))
+            .with_columns(window_start_s=pl.col("win") * w / NS_PER_S,
+                          window_len_s=pl.when(pl.col("win") == k - 1).then(last).otherwise(w)
+                          / NS_PER_S)
+            .with_columns(per_s=pl.col("faults") / pl.col("window_len_s"))
+            .drop("win")
+            .sort("per_s", "gpu_index", "pid", "window_start_s",
+                  descending=[True, False, False, False], nulls_last=True))
+
+
 def batches(fb: pl.LazyFrame) -> pl.LazyFrame:
-    return (fb.group_by("gpu_index").agg(
+    """Fault batches per GPU and process: count, size distribution, duplicate share,
+    service time quantiles."""
+    return (fb.group_by("gpu_index", "pid").agg(
         pl.len().alias("batches"), pl.col("faults").sum().cast(pl.Int64),
         pl.col("duplicates").sum().cast(pl.Int64).alias("duplicates"),
+        pl.col("faults").min().alias("faults_min"),
         *quantiles("faults", "faults_"), *quantiles("duration_ns", "service_ns_"))
         .with_columns(duplicate_share=pl.when(pl.col("faults") > 0)
                       .then(pl.col("duplicates") / pl.col("faults")))
-        .sort("gpu_index"))
+        .sort("gpu_index", "pid", nulls_last=True))
 
 
 def thrashing(migrations: pl.LazyFrame, start_ns: int, window_s: float,
@@ -98,50 +151,106 @@ def managed_peak(inp: Inputs) -> tuple[int, str] | None:
     return (int(s["live_bytes"].max() or 0), source) if s.height else None  # type: ignore[arg-type]
 
 
+def oversubscription(inp: Inputs, resident_df: pl.DataFrame,
+                     heap: pl.DataFrame) -> dict[str, Any] | None:
+    """Managed memory against GPU memory: the managed address space (syscall or API
+    layer) against all GPUs, and bytes migrated onto each GPU against that GPU's
+    memory (RM heap size when sampled, else the manifest)."""
+    peak = managed_peak(inp)
+    total_mem = sum(inp.gpu_memory_bytes)
+    caps = dict(enumerate(inp.gpu_memory_bytes))
+    heaps = dict(zip(heap["gpu_index"].to_list(), heap["heap"].to_list(), strict=True))
+    per_gpu = []
+    for r in resident_df.iter_rows(named=True):
+        g = r["gpu_index"]
+        mem, src = (heaps[g], "gpu_memory heap") if heaps.get(g) else (caps.get(g) or None,
+                                                                        "manifest")
+        ratio = round(r["resident_peak_bytes"] / mem, 6) if mem else None
+        peak_s = round((r.pop("peak_ts_ns") - inp.start_ns) / NS_PER_S, 6)
+        per_gpu.append({**r, "peak_s": peak_s, "gpu_memory_bytes": mem,
+                        "memory_source": src if mem else None, "ratio": ratio})
+    if peak is None and not per_gpu:
+        return None
+    out: dict[str, Any] = {"managed_peak_bytes": None, "gpu_memory_bytes": total_mem or None,
+                           "ratio": None, "oversubscribed": None, "source": None}
+    if peak is not None:
+        ratio = peak[0] / total_mem if total_mem else None
+        out.update(managed_peak_bytes=peak[0], ratio=ratio,
+                   oversubscribed=bool(ratio and ratio > 1.0), source=peak[1])
+    out["resident_by_gpu"] = per_gpu
+    return out
+
+
 def fault_rate(inp: Inputs, *, window_s: float = 1.0, min_reversals: int = 3,
                top: int | None = None) -> Report:
+    """The fault-rate report (see the module doc)."""
     warnings = trace_warnings(inp)
-    gpu = inp.has("driver")
+    gpu = inp.has("driver") or inp.has("uvm_tools")
+    tools = inp.has("uvm_tools")
     if not gpu and not inp.has("cpu_faults"):
-        return not_recorded("fault-rate", QUESTION, ["cpu_faults", "driver"], warnings)
+        return not_recorded("fault-rate", QUESTION, ["cpu_faults", "driver", "uvm_tools"],
+                            warnings)
     if not gpu:
-        warnings.append("fault-rate: driver layer not recorded: GPU faults, fault batches, "
-                        "migrations, thrashing and evictions are unknown (null), not zero")
+        warnings.append("fault-rate: driver layers (driver, uvm_tools) not recorded: GPU "
+                        "faults, fault batches, migrations, thrashing and evictions are "
+                        "unknown (null), not zero")
     if inp.untracked_managed:
         warnings.append(f"fault-rate: {inp.untracked_managed} managed blocks or ranges were "
                         "too many for the in-kernel filter; their CPU faults are missing")
     n = TOP if top is None else top
-    f, mig = inp.scan("faults"), inp.scan("migrations")
+    f, mig, ev = inp.scan("faults"), inp.scan("migrations"), inp.scan("uvm_events")
     evict = mig.filter(pl.col("cause") == "eviction")
-    r, b, cpu, procs, th, ev, ev_gpu, ch = pl.collect_all([
-        rates(f, inp.start_ns, inp.end_ns, window_s), batches(inp.scan("fault_batches")),
+    (r, win, b, cpu, procs, th, evs, ev_gpu, ch, cause, direction, res, heap, kinds, dth,
+     thr, cnt) = pl.collect_all([
+        rates(f, inp.start_ns, inp.end_ns, window_s),
+        gpu_windows(f, inp.start_ns, inp.end_ns, window_s),
+        batches(inp.scan("fault_batches")),
         cpu_blocks(f), cpu_processes(f, inp.start_ns, inp.end_ns),
         thrashing(mig, inp.start_ns, window_s, min_reversals),
         evict.select(pl.len().alias("n"), pl.col("size_bytes").sum().alias("bytes")),
         evict.group_by(pl.col("src").alias("processor")).agg(
             pl.len().alias("migrations"), pl.col("size_bytes").sum().alias("bytes"))
         .sort("processor"),
-        inp.scan("chunks").filter(pl.col("chunk_op") == "evict").select(pl.len())])
-    peak = managed_peak(inp)
-    total_mem = sum(inp.gpu_memory_bytes)
-    over = None
-    if peak is not None:
-        ratio = peak[0] / total_mem if total_mem else None
-        over = {"managed_peak_bytes": peak[0], "gpu_memory_bytes": total_mem or None,
-                "ratio": ratio, "oversubscribed": bool(ratio and ratio > 1.0),
-                "source": peak[1]}
+        inp.scan("chunks").filter(pl.col("chunk_op") == "evict").select(pl.len()),
+        migrations.by_cause(mig), migrations.by_direction(mig), migrations.resident(mig),
+        inp.scan("gpu_memory").filter(pl.col("status") == 0).group_by("gpu_index")
+        .agg(pl.col("heap_size_bytes").max().alias("heap")),
+        migrations.event_counts(ev), migrations.driver_thrashing(ev, inp.start_ns),
+        migrations.throttling(ev, inp.start_ns, inp.end_ns),
+        inp.scan("uvm_counters").group_by("pid", "counter").agg(pl.col("value").max())
+        .sort("pid", "counter")])
+    _, k, last = windows(inp.start_ns, inp.end_ns, window_s)
+
+    def cut(df: pl.DataFrame) -> list[dict[str, Any]]:
+        return records(df if top is None else df.head(top))
+
+    tot = mig.select(pl.len().alias("n"), pl.col("size_bytes").cast(pl.Int64).sum()
+                     .alias("b")).collect()
     data = {
         "window_s": window_s,
+        "windows": {"count": k, "last_window_s": last / NS_PER_S,
+                    "span_s": max(inp.end_ns - inp.start_ns, 1) / NS_PER_S,
+                    "rule": WINDOW_RULE},
         "rates": records(r),
+        "gpu_windows": cut(win) if gpu else None,
         "batches": records(b) if gpu else None,
         "cpu_faults": {"total": int(cpu["faults"].sum()), "reads": int(cpu["reads"].sum()),
                        "writes": int(cpu["writes"].sum()), "blocks": cpu.height,
                        "by_process": records(procs), "top_blocks": records(cpu.head(n))},
+        "migrations": {"migrations": int(tot["n"][0]), "bytes": int(tot["b"][0] or 0),
+                       "by_cause_direction": records(direction),
+                       "by_cause_direction_size": records(cause)} if gpu else None,
         "thrashing": {"window_s": window_s, "min_reversals": min_reversals,
-                      "blocks": records(th if top is None else th.head(top))} if gpu else None,
-        "evictions": {"migrations": int(ev["n"][0]), "bytes": int(ev["bytes"][0] or 0),
+                      "blocks": cut(th)} if gpu else None,
+        "driver_events": {"by_kind": records(kinds), "thrashing_regions": cut(dth),
+                          "throttling": {"regions": thr.height,
+                                         "total_ns": int(thr["duration_ns"].sum() or 0),
+                                         "longest": cut(thr)}} if tools else None,
+        "evictions": {"migrations": int(evs["n"][0]), "bytes": int(evs["bytes"][0] or 0),
                       "chunk_evictions": int(ch.item()), "by_processor": records(ev_gpu)}
         if gpu else None,
-        "oversubscription": over,
+        "oversubscription": oversubscription(inp, res, heap),
+        "uvm_counters": records(cnt) if tools else None,
     }
-    return Report("fault-rate", QUESTION, True, data, [] if gpu else ["driver"], warnings)
+    missing = [x for x in ("driver", "uvm_tools") if not inp.has(x)] if not gpu else []
+    return Report("fault-rate", QUESTION, True, data, missing, warnings)

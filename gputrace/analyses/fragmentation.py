@@ -1,5 +1,10 @@
 """Is free GPU memory usable, or scattered into pieces too small to serve a 2 MiB chunk?
 
+From RM samples (layer `rm_query`, table `gpu_memory`): per GPU over time, free
+memory, the largest free region and the share of free memory that a single
+allocation (or one of 2 MiB / 64 MiB / 1 GiB) cannot use; see
+gputrace.analyses.gpu_memory. From PMM chunks (layer `driver`), as follows.
+
 PMM chunk events are replayed per GPU: an `alloc` makes [address, address +
 2^log2_size) used until the matching `free` (same GPU, address and size, as-of
 pairing) or an `evict` of its 2 MiB root chunk; `split`/`merge` only reshape
@@ -19,8 +24,11 @@ The same measures are given within each reserved VA range of the API layer
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
 
+from gputrace.analyses import gpu_memory
 from gputrace.analyses.common import BLOCK_2M, Inputs, chunk_bytes, pair, records, trace_warnings
 from gputrace.analyses.report import Report, not_recorded
 
@@ -116,10 +124,50 @@ def reservations(calls: pl.LazyFrame, end_ns: int) -> pl.LazyFrame:
                           (pl.col("hi") - pl.col("lo")).alias("size_bytes")), on="space")
 
 
+def rm_section(inp: Inputs, warnings: list[str]) -> dict[str, Any]:
+    """Per GPU from RM samples: the worst sample (highest unusable share), the last one,
+    and the series (see gputrace.analyses.gpu_memory)."""
+    s, bad = pl.collect_all([gpu_memory.samples(inp.scan("gpu_memory"), inp.start_ns),
+                             gpu_memory.failed(inp.scan("gpu_memory"))])
+    for r in bad.iter_rows(named=True):
+        warnings.append(f"fragmentation: {r['samples']} RM memory queries of GPU "
+                        f"{r['gpu_index']} failed (status {r['status']:#x}); those samples "
+                        "carry no sizes")
+    ser = gpu_memory.series(s, inp.end_ns, inp.start_ns)
+    gpus = []
+    for g in sorted(set(s["gpu_index"].to_list())):
+        mine = s.filter(pl.col("gpu_index") == g).drop("gpu_index", "ts_ns")
+        worst = mine.sort("unusable_share", "t_s", descending=[True, False],
+                          nulls_last=True).head(1)
+        gpus.append({"gpu_index": g, "samples": mine.height,
+                     "heap_size_bytes": mine["heap_size_bytes"].max(),
+                     "min_free_bytes": mine["heap_free_bytes"].min(),
+                     "min_largest_free_bytes": mine["largest_free_bytes"].min(),
+                     "worst": records(worst)[0], "end": records(mine.tail(1))[0],
+                     "series": records(ser.filter(pl.col("gpu_index") == g)
+                                       .drop("gpu_index"))})
+    return {"alloc_sizes": {k: v for k, v in gpu_memory.ALLOC_SIZES.items()},
+            "failed_samples": int(bad["samples"].sum()) if bad.height else 0, "gpus": gpus}
+
+
 def fragmentation(inp: Inputs) -> Report:
+    """The fragmentation report: RM samples (layer rm_query) and PMM chunks (driver)."""
     warnings = trace_warnings(inp)
-    if not inp.has("driver"):
-        return not_recorded("fragmentation", QUESTION, ["driver"], warnings)
+    rm, pmm = inp.has("rm_query"), inp.has("driver")
+    if not rm and not pmm:
+        return not_recorded("fragmentation", QUESTION, ["driver", "rm_query"], warnings)
+    data: dict[str, Any] = {"rm": rm_section(inp, warnings) if rm else None}
+    if pmm:
+        data.update(chunk_section(inp, warnings))
+    else:
+        data.update(gpus=None, reservations=None)
+    missing = [x for x, on in (("driver", pmm), ("rm_query", rm)) if not on]
+    return Report("fragmentation", QUESTION, True, data, missing, warnings)
+
+
+def chunk_section(inp: Inputs, warnings: list[str]) -> dict[str, Any]:
+    """Per GPU from PMM chunk events: measures at peak use and at the end, size histogram;
+    and within reserved VA ranges."""
     iv = chunk_intervals(inp.scan("chunks")).collect().lazy()
     caps = dict(enumerate(inp.gpu_memory_bytes))
     peak_df, hist, seen = pl.collect_all([
@@ -148,5 +196,4 @@ def fragmentation(inp: Inputs) -> Report:
         gpus.append({"gpu_index": g, "memory_bytes": row["hi"] - row["lo"],
                      "peak": pick["peak"][0] if pick["peak"] else None,
                      "end": pick["end"][0] if pick["end"] else None, "histogram": h})
-    data = {"gpus": gpus, "reservations": records(res.drop("space")) if inp.has("api") else None}
-    return Report("fragmentation", QUESTION, True, data, [], warnings)
+    return {"gpus": gpus, "reservations": records(res.drop("space")) if inp.has("api") else None}

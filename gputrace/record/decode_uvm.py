@@ -246,6 +246,13 @@ class UvmStreamDecoder:
         self._pending = np.empty(0, _PENDING)
 
     # ---------------------------------------------------------------- public
+    def set_processors(self, processors: Mapping[int, int]) -> None:
+        """Add or change processor index -> trace GPU index entries (GPUs a process
+        registered after the decoder was built); later records use them."""
+        for k, v in processors.items():
+            if 0 <= k < len(self._proc):
+                self._proc[k] = v
+
     def feed(self, records: bytes | memoryview, clock_offset_ns: int) -> dict[str, pa.Table]:
         """Tables (by name; only those with rows) of the records in `records`.
 
