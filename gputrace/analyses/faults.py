@@ -44,9 +44,6 @@ from gputrace.analyses.report import Report, not_recorded
 
 QUESTION = "How often does managed memory fault, and does it thrash or oversubscribe the GPU?"
 TOP = 10
-WINDOW_RULE = ("windows of window_s from the trace start; the remainder of the span joins "
-               "the last window (a trace shorter than one window is one window of its "
-               "length); rate = faults / window length; mean = faults / span")
 
 
 def windows(start_ns: int, end_ns: int, window_s: float) -> tuple[int, int, int]:
@@ -166,7 +163,8 @@ def oversubscription(inp: Inputs, resident_df: pl.DataFrame,
         mem, src = (heaps[g], "gpu_memory heap") if heaps.get(g) else (caps.get(g) or None,
                                                                         "manifest")
         ratio = round(r["resident_peak_bytes"] / mem, 6) if mem else None
-        peak_s = round((r.pop("peak_ts_ns") - inp.start_ns) / NS_PER_S, 6)
+        at = r.pop("peak_ts_ns")
+        peak_s = round((at - inp.start_ns) / NS_PER_S, 6) if r["resident_peak_bytes"] else None
         per_gpu.append({**r, "peak_s": peak_s, "gpu_memory_bytes": mem,
                         "memory_source": src if mem else None, "ratio": ratio})
     if peak is None and not per_gpu:
@@ -229,8 +227,7 @@ def fault_rate(inp: Inputs, *, window_s: float = 1.0, min_reversals: int = 3,
     data = {
         "window_s": window_s,
         "windows": {"count": k, "last_window_s": last / NS_PER_S,
-                    "span_s": max(inp.end_ns - inp.start_ns, 1) / NS_PER_S,
-                    "rule": WINDOW_RULE},
+                    "span_s": max(inp.end_ns - inp.start_ns, 1) / NS_PER_S},
         "rates": records(r),
         "gpu_windows": cut(win) if gpu else None,
         "batches": records(b) if gpu else None,
