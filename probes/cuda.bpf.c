@@ -90,6 +90,7 @@ static __always_inline void cuda_pause_for(u32 tgid, u32 kind, s32 fd, struct cu
         p.fd = fd;
     if (cfg->pause && !p.stopped) {
         p.stopped = 1;
+        p.stop_boot_ns = bpf_ktime_get_boot_ns();
         bpf_send_signal(GT_SIGSTOP);
     }
     cuda_paused.update(&tgid, &p);

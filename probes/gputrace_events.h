@@ -240,6 +240,8 @@ struct cuda_pause {
     s32 fd;             /* fd of the libcuda file (GT_PAUSE_LOAD), else -1 */
     u32 stopped;        /* 1 when SIGSTOP was sent (the recorder sends SIGCONT) */
     u32 _pad0;
+    u64 stop_boot_ns;   /* CLOCK_BOOTTIME of the stop: a pid whose process started
+                         * later was reused, and is never sent SIGCONT */
 };
 
 /* Settings of the API program (the `cuda_config` array). */

@@ -48,7 +48,15 @@ def test_output_exists_without_force(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="checks that come after the root check")
 def test_bad_pid(tmp_path: Path) -> None:
-    _one_line_error(run("-o", str(tmp_path / "t"), "-p", "999999999"), "no such process")
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its pid names no process (a reuse this soon is not expected)
+    _one_line_error(run("-o", str(tmp_path / "t"), "-p", str(gone.pid)), "no such process")
+
+
+def test_pid_out_of_range(tmp_path: Path) -> None:
+    r = run("-o", str(tmp_path / "t"), "-p", "999999999")
+    _one_line_error(r, "-p must be a whole number from 1 to 4194304")
+    assert r.returncode == 2
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="checks that come after the root check")

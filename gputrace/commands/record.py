@@ -33,11 +33,13 @@ def register(app: typer.Typer) -> None:
             "gputrace.trace"
         ),
         pid: Annotated[
-            list[int] | None,
+            list[str] | None,
             typer.Option("--pid", "-p", help="Attach to a running process (repeatable)."),
         ] = None,
         duration: Annotated[
-            float | None, typer.Option("--duration", "-d", help="Stop after SECONDS.")
+            str | None,
+            typer.Option("--duration", "-d",
+                         help="Stop after this long: seconds, or 500ms, 5m, 1h."),
         ] = None,
         device_dir: Annotated[
             str, typer.Option("--device-dir", help="Folder holding the NVIDIA device files.")
@@ -61,7 +63,22 @@ def register(app: typer.Typer) -> None:
         recording stops when it exits; with -p the given processes; else the host.
         """
         from gputrace.errors import UsageError
-        from gputrace.record.recorder import Options, Recorder, build_program
+        from gputrace.options import parse_count, parse_duration_ns
+        from gputrace.record.recorder import (
+            MAX_DURATION_S,
+            PID_MAX,
+            Options,
+            Recorder,
+            build_program,
+        )
+
+        # every number is checked before anything is loaded or started
+        pids = [parse_count(p, "-p", minimum=1, maximum=PID_MAX) for p in pid or []]
+        duration_s = None
+        if duration is not None:
+            ns = parse_duration_ns(duration, "-d", minimum_ns=1_000_000,
+                                   maximum_ns=int(MAX_DURATION_S) * 10**9)  # fmt: skip
+            duration_s = ns / 1e9
 
         command = list(ctx.args)
         if command and command[0] == "--":
@@ -71,8 +88,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"unknown option {unknown[0]} (put the command after --)")
         opts = Options(
             output=output,
-            pids=list(pid or []),
-            duration_s=duration,
+            pids=pids,
+            duration_s=duration_s,
             device_dir=device_dir,
             driver_version=driver_version,
             force=force,

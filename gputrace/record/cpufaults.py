@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gputrace.record import decode_faults
+from gputrace.record import decode, decode_faults
 
 HOOK = "exceptions:page_fault_user"
 LAYER = "cpu_faults"
@@ -85,11 +85,11 @@ def seed(pids: Iterable[int], prefix: str) -> dict[int, tuple[Blocks, list[tuple
     return out
 
 
-def write(kind: str, data: bytes, writer: Any) -> int:
-    """Decode fault batch bodies (`fault_events`) or whole leftover batches
-    (`fault_leftover`) into the `faults` table; returns the rows written."""
-    ev = (decode_faults.fault_events(data) if kind == "fault_events"
-          else decode_faults.fault_events_from_batches(data))  # fmt: skip
-    if len(ev):
-        writer.append("faults", decode_faults.faults_batch(ev))
-    return len(ev)
+def decode_batch(kind: str, data: bytes) -> tuple[Any, int]:
+    """Fault batch bodies (`fault_events`) or whole leftover batches
+    (`fault_leftover`) as a `faults` batch (None when empty), and the number of
+    records skipped as unreadable."""
+    dtype = decode_faults.FAULT_DTYPE
+    ev, bad = (decode.records(data, dtype) if kind == "fault_events"
+               else decode.batched(data, dtype, decode_faults.FAULT_STAGE_EVENTS))  # fmt: skip
+    return (decode_faults.faults_batch(ev) if len(ev) else None), bad

@@ -15,7 +15,6 @@ import ctypes
 import os
 import re
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import pyarrow as pa
 
 from gputrace import schema
 from gputrace.errors import UsageError
-from gputrace.record import decode_cuda, elf, hooks, loader, procfs
+from gputrace.record import decode, decode_cuda, elf, hooks, loader, procfs, watchdog
 from gputrace.record.symbolize import Symbolizer
 
 MAIN = "cuda.bpf.c"
@@ -117,6 +116,7 @@ class ApiLayer:
         self.stack_errors = 0
         self.pauses = 0
         self.changed = True
+        self.guard: watchdog.Watchdog | None = None  # set before pausing is turned on
 
     def _collector(self) -> Any:
         sink, string_at = self.raw, ctypes.string_at
@@ -197,8 +197,8 @@ class ApiLayer:
         """Handle processes the probes flagged: attach to the libcuda they opened,
         read maps at their first call, then let stopped ones continue."""
         tbl = self.bpf["cuda_paused"]
-        items = [(k.value, v.kinds, v.fd, v.stopped) for k, v in tbl.items()]
-        for pid, kinds, fd, stopped in items:
+        items = [(k.value, v.kinds, v.fd, v.stopped, v.stop_boot_ns) for k, v in tbl.items()]
+        for pid, kinds, fd, stopped, boot in items:
             if kinds & PAUSE_LOAD and fd >= 0:
                 link = f"/proc/{pid}/fd/{fd}"
                 with contextlib.suppress(OSError):
@@ -207,20 +207,29 @@ class ApiLayer:
                     self.attach(target if plain else link, shown=target)
             if kinds & PAUSE_FIRST:
                 self.sym.refresh(pid)
+            # The entry goes before the process continues (its next pause must find
+            # none); the watchdog holds it meanwhile, in case the recorder dies here.
+            if stopped and self.guard is not None:
+                self.guard.hold(pid, boot)
             with contextlib.suppress(KeyError):
                 del tbl[ctypes.c_uint(pid)]
             if stopped:
                 self.pauses += 1
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
+                watchdog.continue_stopped(pid, boot)
+                if self.guard is not None:
+                    self.guard.forget(pid)
 
     def resume_all(self) -> None:
         tbl = self.bpf["cuda_paused"]
         for k, v in list(tbl.items()):
             if v.stopped:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(k.value, signal.SIGCONT)
+                watchdog.continue_stopped(k.value, v.stop_boot_ns)
         tbl.clear()
+
+    @property
+    def paused_map_fd(self) -> int:
+        """Descriptor of the `cuda_paused` map (for the watchdog)."""
+        return int(self.bpf["cuda_paused"].map_fd)
 
     # -- data
     def drain(self) -> list[tuple[str, Any]]:
@@ -232,7 +241,7 @@ class ApiLayer:
             data = b"".join(self.raw)
             self.raw.clear()
             items.append(("api:cuda_calls", data))
-            rows = self._stacks(np.frombuffer(data, decode_cuda.CUDA_DTYPE))
+            rows = self._stacks(decode.records(data, decode_cuda.CUDA_DTYPE)[0])
             if rows:
                 items.append(("api:stacks", rows))
         if self.changed or items:
@@ -274,12 +283,17 @@ class ApiLayer:
             "pauses": self.pauses,
         }
 
+    def decode_calls(self, data: bytes) -> tuple[pa.RecordBatch | None, int]:
+        """`api:cuda_calls` bytes as a `cuda_calls` batch (None when empty), and the
+        records skipped as unreadable (cut short, or a function id not probed)."""
+        ev, bad = decode.records(data, decode_cuda.CUDA_DTYPE)
+        ev, unknown = decode.known(ev, {"func": self.names})
+        batch = decode_cuda.cuda_calls_batch(ev, self.names) if len(ev) else None
+        return batch, bad + unknown
+
     def write(self, kind: str, data: Any, writer: Any) -> None:
-        """Writer-thread side of the items `drain` made."""
-        if kind == "api:cuda_calls":
-            ev = np.frombuffer(data, decode_cuda.CUDA_DTYPE)
-            writer.append("cuda_calls", decode_cuda.cuda_calls_batch(ev, self.names))
-        elif kind == "api:stacks":
+        """Writer-thread side of the items `drain` made (calls: see `decode_calls`)."""
+        if kind == "api:stacks":
             writer.append("stacks", pa.Table.from_pylist(data, schema=schema.STACKS.arrow_schema))
         elif kind == "api:manifest":
             m = writer.manifest

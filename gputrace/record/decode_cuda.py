@@ -23,8 +23,9 @@ CUDA_DTYPE = np.dtype(
     ]
 )  # fmt: skip
 CUDA_PAUSE_DTYPE = np.dtype(
-    [("ts_ns", "<u8"), ("kinds", "<u4"), ("fd", "<i4"), ("stopped", "<u4"), ("_pad0", "<u4")]
-)
+    [("ts_ns", "<u8"), ("kinds", "<u4"), ("fd", "<i4"), ("stopped", "<u4"), ("_pad0", "<u4"),
+     ("stop_boot_ns", "<u8")]
+)  # fmt: skip
 CUDA_CONFIG_DTYPE = np.dtype(
     [("self_tgid", "<u4"), ("filter", "<u4"), ("pause", "<u4"), ("_pad0", "<u4")]
 )

@@ -3,6 +3,8 @@ buffers, decode in bulk, rotate parts, and finish the trace on exit or signal.""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import platform
 import queue
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -23,13 +26,46 @@ import pyarrow as pa
 
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
-from gputrace.record import cpufaults, cuda, decode, driver, hooks, loader, procfs
-from gputrace.tracedir import STATUS_COMPLETE, TraceWriter
+from gputrace.record import (
+    cpufaults,
+    cuda,
+    decode,
+    decode_cuda,
+    decode_faults,
+    driver,
+    hooks,
+    loader,
+    procfs,
+    watchdog,
+)
+from gputrace.tracedir import STATUS_COMPLETE, TraceWriter, check_output
 
 POLL_S = 0.05
 ROTATE_S = 1.0
 ROTATE_ROWS = 1_000_000
 DECODE_BYTES = 8 << 20  # hand ioctl events to the writer thread every ~50k
+MAX_DURATION_S = 10 * 365 * 86400.0
+"""-d at most ten years: past that a number is a typo, not a plan (and 1e300 s
+would overflow the deadline arithmetic)."""
+PID_MAX = 1 << 22  # PID_MAX_LIMIT: no kernel hands out larger pids
+# code fields of each event struct and the names the decoders give them
+IOCTL_CODES = {"device": schema.DEVICE_KINDS}
+MAPPING_CODES = {"op": schema.MAPPING_OPS, "device": schema.DEVICE_KINDS}
+FD_CODES = {"op": schema.FD_OPS, "device": schema.DEVICE_KINDS}
+# CMD's first process: waits for the recorder's "g" (probes attached), then execs CMD.
+# Anything else (the recorder died: EOF) ends it without running CMD.
+SHIM = (
+    "import os, sys\n"
+    "fd = int(sys.argv[1])\n"
+    "if os.read(fd, 1) != b'g':\n"
+    "    os._exit(125)\n"
+    "os.close(fd)\n"
+    "try:\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as e:\n"
+    "    sys.stderr.write(f'gputrace: error: cannot run {sys.argv[2]}: {e.strerror}\\n')\n"
+    "    os._exit(126 if isinstance(e, PermissionError) else 127)\n"
+)
 
 
 def mono_ns() -> int:
@@ -65,6 +101,39 @@ def build_program(opts: Options) -> tuple[str, list[str], driver.DriverInfo, Any
     return loader.probe_source(), loader.cflags(drv, plan[2]), drv, plan
 
 
+def check_output_dir(output: str, force: bool) -> None:
+    """Refuse an -o the trace writer would refuse, or whose parent cannot be made."""
+    if not output:
+        raise UsageError("-o needs a directory name")
+    check_output(output, force=force)
+    p = Path(os.path.abspath(output))
+    if os.path.lexists(p):
+        return
+    ancestor = p.parent
+    while not os.path.lexists(ancestor):
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise GputraceError(f"-o {output}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise GputraceError(f"-o {output}: cannot create a directory in {ancestor}")
+
+
+def check_command(name: str) -> None:
+    """CMD must be an executable the shim can exec."""
+    if shutil.which(name) is None:
+        raise UsageError(f"{name}: command not found")
+
+
+def exit_status(ended: dict[str, Any] | None) -> int:
+    """`record`'s exit status: CMD's own, or 128 + N when signal N ended it (as
+    shells report it); 0 without a CMD or when CMD outlived the recording."""
+    if ended is None or ended["status"] == "running":
+        return 0
+    if ended["status"] == "exited":
+        return int(ended["code"])
+    return 128 + int(ended["signal"])
+
+
 def check_privileges() -> None:
     if os.geteuid() == 0:
         return
@@ -86,38 +155,56 @@ class Recorder:
         self.forks: dict[int, tuple[int, int]] = {}  # child -> (ts, ppid)
         self.exited: set[int] = set()
         self.child: subprocess.Popen[bytes] | None = None
+        self.released = False  # CMD was let go past its start gate
         self.error: BaseException | None = None
+        # records skipped as unreadable, per ring buffer (manifest `decode_errors`)
+        self.decode_errors: dict[str, int] = dict.fromkeys([*loader.BUFFERS, cuda.BUFFER], 0)
 
     # ------------------------------------------------------------ setup
     def _validate(self) -> str:
-        check_privileges()
-        out = Path(self.opts.output)
-        if out.exists() and not self.opts.force:
-            raise GputraceError(f"{out} already exists (use --force to overwrite)")
-        for pid in self.opts.pids:
-            if pid <= 0 or not procfs.is_alive(pid):
-                raise UsageError(f"-p {pid}: no such process")
-        if self.opts.pids and self.opts.command:
+        """Every check that can refuse the recording, before anything is started
+        or written (CMD runs only once all of them passed); returns the device prefix."""
+        opts = self.opts
+        if opts.pids and opts.command:
             raise UsageError("give either -p PID or -- CMD, not both")
-        if self.opts.duration_s is not None and self.opts.duration_s <= 0:
-            raise UsageError("-d must be a positive number of seconds")
-        if self.opts.libcuda is not None:
-            self.opts.libcuda = cuda.check_libcuda(self.opts.libcuda)
-        return device_prefix(self.opts.device_dir)
+        d = opts.duration_s
+        if d is not None and not (math.isfinite(d) and 0 < d <= MAX_DURATION_S):
+            raise UsageError(f"-d must be a number of seconds above 0 and at most "
+                             f"{MAX_DURATION_S:.0f}, not {d!r}")  # fmt: skip
+        for pid in opts.pids:
+            if not 0 < pid <= PID_MAX:
+                raise UsageError(f"-p {pid}: not a process id (1 to {PID_MAX})")
+        check_privileges()
+        check_output_dir(opts.output, opts.force)
+        for pid in opts.pids:
+            if not procfs.is_alive(pid):
+                raise UsageError(f"-p {pid}: no such process")
+        if opts.command:
+            check_command(opts.command[0])
+        if opts.libcuda is not None:
+            opts.libcuda = cuda.check_libcuda(opts.libcuda)
+        return device_prefix(opts.device_dir)
 
     def run(self) -> int:
-        prefix = self._validate()
-        source, flags, drv, (attach, skipped, _defs) = build_program(self.opts)
-        loader.check_headers()
-        probes = loader.Probes(source, flags)
+        """Record until CMD exits, the -p targets exit, -d passes or SIGINT/SIGTERM.
+        Returns CMD's exit status (128 + N when signal N ended it), else 0."""
         try:
-            self.api = cuda.ApiLayer(self.opts.libcuda)  # API layer: its own BPF object
+            prefix = self._validate()
+            source, flags, drv, (attach, skipped, _defs) = build_program(self.opts)
+            loader.check_headers()
+            probes = loader.Probes(source, flags)
             try:
-                return self._record(probes, prefix, drv, attach, skipped)
+                self.api = cuda.ApiLayer(self.opts.libcuda)  # API layer: its own BPF object
+                try:
+                    return self._record(probes, prefix, drv, attach, skipped)
+                finally:
+                    self.api.close()
+                    if self.api.guard is not None:
+                        self.api.guard.done()
             finally:
-                self.api.close()
+                probes.close()
         finally:
-            probes.close()
+            self._stop_unreleased()
 
     def _record(
         self,
@@ -131,6 +218,15 @@ class Recorder:
         filtered = bool(opts.pids or opts.command)
         probes.configure(self_tgid=os.getpid(), filter_targets=filtered, prefix=prefix)
         probes.set_uvm_layouts(drv)
+        if filtered:  # the API probe stops processes only in filter mode
+            self.api.guard = watchdog.Watchdog(self.api.paused_map_fd)
+        start = mono_ns()
+        # The output exists before CMD starts: if it cannot be made, nothing runs.
+        writer = TraceWriter(
+            opts.output, force=opts.force, rotate_rows=ROTATE_ROWS,
+            manifest=self._manifest(prefix, drv, attach, skipped, [], start),
+        )  # fmt: skip
+        self.writer = writer
         release_fd = -1
         if opts.command:
             release_fd = self._spawn(opts.command)
@@ -140,6 +236,7 @@ class Recorder:
             targets = sorted({p for pid in opts.pids for p in [pid, *procfs.children(pid)]})
         else:
             targets = []
+        writer.update_manifest(target=self._target(targets))
         probes.add_targets(targets)
         self.api.configure(self_tgid=os.getpid(), filter_targets=filtered, pause=filtered)
         self.api.add_targets(targets)
@@ -150,12 +247,7 @@ class Recorder:
         for pid in targets if filtered else sorted({p for p, _ in seeded}):
             if self.child is None or pid != self.child.pid:
                 self.procs[pid] = procfs.read_info(pid)
-        start = mono_ns()
-        writer = TraceWriter(
-            opts.output, force=opts.force, rotate_rows=ROTATE_ROWS,
-            manifest=self._manifest(prefix, drv, attach, skipped, targets, start),
-        )  # fmt: skip
-        self.writer = writer
+        writer.rotate()  # the manifest with its targets, before they run
         if seeded:  # fds open before recording: "seen" rows at the start time
             comms = {p: i.comm for p, i in self.procs.items()}
             writer.append("files", decode.files_batch(decode.seen_events(seeded, start, comms)))
@@ -169,6 +261,7 @@ class Recorder:
         if release_fd >= 0:
             os.write(release_fd, b"go\n")
             os.close(release_fd)
+            self.released = True
         deadline = None if opts.duration_s is None else time.monotonic() + opts.duration_s
         next_rotate = time.monotonic() + ROTATE_S
         work: queue.Queue[tuple[str, Any] | None] = queue.Queue()
@@ -181,6 +274,7 @@ class Recorder:
                 probes.consume()
                 for item in self.api.drain():
                     work.put(item)
+                self._check_guard()
                 now = time.monotonic()
                 if self.child is not None and self.child.poll() is not None:
                     self.stop_reason = "command exited"
@@ -210,22 +304,52 @@ class Recorder:
             work.put(None)
             worker.join()
             self._finish_processes(writer)
-            writer.update_manifest(end_ts_ns=mono_ns())
+            ended = self._target_exit()
+            if ended is not None:
+                writer.update_manifest(target_exit=ended)
+            writer.update_manifest(end_ts_ns=mono_ns(), decode_errors=dict(self.decode_errors))
             writer.close(status)
         if self.error is not None:
             raise self.error
-        return 0
+        return exit_status(ended)
+
+    def _target_exit(self) -> dict[str, Any] | None:
+        """How CMD ended (manifest `target_exit`); None without a CMD."""
+        if self.child is None:
+            return None
+        rc = self.child.poll()
+        if rc is None:
+            return {"status": "running", "code": None, "signal": None, "signal_name": None}
+        if rc >= 0:
+            return {"status": "exited", "code": rc, "signal": None, "signal_name": None}
+        try:
+            name: str | None = signal.Signals(-rc).name
+        except ValueError:
+            name = None
+        return {"status": "signaled", "code": None, "signal": -rc, "signal_name": name}
+
+    def _check_guard(self) -> None:
+        """A watchdog gone (someone killed it) protects nobody: stop pausing."""
+        guard = self.api.guard
+        if guard is not None and not guard.alive():
+            self.api.guard = None
+            self.api.configure(self_tgid=os.getpid(), filter_targets=True, pause=False)
+            print("gputrace: warning: the watchdog process exited; processes that load "
+                  "libcuda are no longer held until the API probes are attached",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    def _stop_unreleased(self) -> None:
+        """CMD started but recording never began: end it (it is still blocked
+        before exec, so it has no children and has run nothing of CMD)."""
+        if self.child is not None and not self.released and self.child.poll() is None:
+            with contextlib.suppress(OSError):
+                self.child.kill()
+            self.child.wait()
 
     def _spawn(self, cmd: list[str]) -> int:
         """Start CMD blocked on a pipe until the probes are attached; return the pipe."""
-        if shutil.which(cmd[0]) is None:
-            raise UsageError(f"{cmd[0]}: command not found")
         r, w = os.pipe()
-        shim = (
-            "import os, sys; fd = int(sys.argv[1]); os.read(fd, 1); os.close(fd); "
-            "os.execvp(sys.argv[2], sys.argv[2:])"
-        )
-        self.child = subprocess.Popen([sys.executable, "-c", shim, str(r), *cmd], pass_fds=[r])
+        self.child = subprocess.Popen([sys.executable, "-c", SHIM, str(r), *cmd], pass_fds=[r])
         os.close(r)
         info = procfs.read_info(self.child.pid)
         info.ppid, info.start_ts_ns = os.getpid(), mono_ns()
@@ -258,13 +382,7 @@ class Recorder:
             for name in os.listdir(prefix)
             if (k := procfs.device_kind(name)) is not None and k[0] == procfs.DEV_GPU
         )
-        if self.opts.command:
-            target: dict[str, Any] = {"mode": "command", "command": self.opts.command,
-                                      "pids": targets}  # fmt: skip
-        elif self.opts.pids:
-            target = {"mode": "pids", "pids": targets}
-        else:
-            target = {"mode": "host"}
+        target = self._target(targets)
         return {
             "host": {"hostname": socket.gethostname(), "kernel": uname.release,
                      "machine": uname.machine},
@@ -280,9 +398,17 @@ class Recorder:
             "hooks": {"attached": [h.name for h in attach], "skipped": skipped,
                       "notes": hooks.notes()},
             "drops": dict.fromkeys(loader.BUFFERS, 0),
+            "decode_errors": dict(self.decode_errors),
             "start_ts_ns": start,
             "recorder": {"pid": os.getpid(), "argv": sys.argv},
         }
+
+    def _target(self, targets: list[int]) -> dict[str, Any]:
+        if self.opts.command:
+            return {"mode": "command", "command": self.opts.command, "pids": targets}
+        if self.opts.pids:
+            return {"mode": "pids", "pids": targets}
+        return {"mode": "host"}
 
     # ------------------------------------------------------------ data
     def _hand_over(self, probes: loader.Probes, work: queue.Queue[Any], flush: bool) -> None:
@@ -309,32 +435,79 @@ class Recorder:
 
     def _handle(self, kind: str, data: Any, writer: TraceWriter) -> None:
         if kind in ("ioctl_events", "leftover"):
-            ev = (decode.ioctl_events(data) if kind == "ioctl_events"
-                  else decode.ioctl_events_from_batches(data))  # fmt: skip
-            if len(ev):
-                self._note_pids(ev["pid"])
-                writer.append("ioctls", decode.ioctls_batch(ev))
+            self._append(writer, "ioctls", "ioctl_events", data, decode.IOCTL_DTYPE,
+                         lambda: self._ioctls(kind, data))  # fmt: skip
         elif kind in ("fault_events", "fault_leftover"):
-            cpufaults.write(kind, data, writer)
+            self._append(writer, "faults", "fault_events", data, decode_faults.FAULT_DTYPE,
+                         lambda: cpufaults.decode_batch(kind, data))  # fmt: skip
         elif kind == "fault_stats":
             writer.update_manifest(cpu_faults=data)
         elif kind == "mapping_events":
-            mev = np.frombuffer(data, decode.MAPPING_DTYPE)
-            self._note_pids(mev["pid"])
-            writer.append("mappings", decode.mappings_batch(mev))
+            self._append(writer, "mappings", kind, data, decode.MAPPING_DTYPE,
+                         lambda: self._simple(data, decode.MAPPING_DTYPE, MAPPING_CODES,
+                                              decode.mappings_batch))  # fmt: skip
         elif kind == "fd_events":
-            fev = np.frombuffer(data, decode.FD_DTYPE)
-            self._note_pids(fev["pid"])
-            writer.append("files", decode.files_batch(fev))
+            self._append(writer, "files", kind, data, decode.FD_DTYPE,
+                         lambda: self._simple(data, decode.FD_DTYPE, FD_CODES,
+                                              decode.files_batch))  # fmt: skip
         elif kind == "proc_events":
-            self._proc_events(np.frombuffer(data, decode.PROC_DTYPE), writer)
+            ev, bad = decode.records(data, decode.PROC_DTYPE)
+            self._skip("proc_events", bad, "cut short")
+            self._proc_events(ev, writer)
+        elif kind == "api:cuda_calls":
+            self._append(writer, "cuda_calls", cuda.BUFFER, data, decode_cuda.CUDA_DTYPE,
+                         lambda: self.api.decode_calls(data))  # fmt: skip
         elif kind.startswith("api:"):
             self.api.write(kind, data, writer)
         elif kind == "rotate":
-            writer.update_manifest(drops=data)
+            writer.update_manifest(drops=data, decode_errors=dict(self.decode_errors))
             writer.rotate()
         elif kind == "drops":
             writer.update_manifest(drops=data)
+
+    def _append(
+        self, writer: TraceWriter, table: str, buffer: str, data: bytes, dtype: np.dtype[Any],
+        decode_fn: Callable[[], tuple[pa.RecordBatch | None, int]],
+    ) -> None:
+        """Decode one chunk of `buffer` and append it. A decoder that raises loses
+        that chunk (counted in `decode_errors`), never the recording; the append
+        itself (disk full, ...) is not guarded."""
+        try:
+            batch, bad = decode_fn()
+        except Exception as e:
+            first = str(e).splitlines()[0] if str(e) else ""
+            self._skip(buffer, max(1, len(data) // dtype.itemsize),
+                       f"{type(e).__name__}: {first}")  # fmt: skip
+            return
+        self._skip(buffer, bad, "cut short or unknown codes")
+        if batch is not None and batch.num_rows:
+            self._note_pids(batch.column("pid").to_numpy(zero_copy_only=False))
+            writer.append(table, batch)
+
+    def _skip(self, buffer: str, n: int, why: str) -> None:
+        if n <= 0:
+            return
+        if not self.decode_errors.get(buffer):
+            print(f"gputrace: warning: skipped {n} {buffer} records the decoder could not "
+                  f"read ({why}); counted in the manifest's decode_errors",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        self.decode_errors[buffer] = self.decode_errors.get(buffer, 0) + n
+
+    @staticmethod
+    def _ioctls(kind: str, data: bytes) -> tuple[pa.RecordBatch | None, int]:
+        ev, bad = (decode.records(data, decode.IOCTL_DTYPE) if kind == "ioctl_events"
+                   else decode.batched(data, decode.IOCTL_DTYPE, decode.STAGE_EVENTS))  # fmt: skip
+        ev, unknown = decode.known(ev, IOCTL_CODES)
+        return (decode.ioctls_batch(ev) if len(ev) else None), bad + unknown
+
+    @staticmethod
+    def _simple(
+        data: bytes, dtype: np.dtype[Any], codes: dict[str, dict[int, str]],
+        batch_fn: Callable[[Any], pa.RecordBatch],
+    ) -> tuple[pa.RecordBatch | None, int]:
+        ev, bad = decode.records(data, dtype)
+        ev, unknown = decode.known(ev, codes)
+        return (batch_fn(ev) if len(ev) else None), bad + unknown
 
     def _note_pids(self, pids: np.ndarray[Any, Any]) -> None:
         for pid in np.unique(pids).tolist():
@@ -355,6 +528,9 @@ class Recorder:
             comm = bytes(e["comm"]).decode("utf-8", "replace")
             if kind == decode.PROC_FORK:
                 self.forks[pid] = (int(e["ts_ns"]), int(e["ppid"]))
+                continue
+            if kind not in (decode.PROC_EXEC, decode.PROC_EXIT):
+                self._skip("proc_events", 1, f"unknown kind {kind}")
                 continue
             info = self.procs.get(pid) or self._new_proc(pid)
             if kind == decode.PROC_EXEC:
