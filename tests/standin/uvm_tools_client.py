@@ -26,7 +26,8 @@ ENABLE_COUNTERS, DISABLE_COUNTERS = 60, 61
 GET_PROCESSOR_UUID_TABLE, GET_PROCESSOR_UUID_TABLE_V2, FLUSH_EVENTS = 64, 77, 67
 UVM_INITIALIZE = 0x30000001
 STANDIN_TEST = 0x5E57  # not part of the real protocol (README)
-INIT_PARAMS = struct.Struct("<QQQ16sIII4x")  # queue, count, control, processor, all, uvmFd, rmStatus
+# queue, count, control, processor, allProcessors, uvmFd, rmStatus
+INIT_PARAMS = struct.Struct("<QQQ16sIII4x")
 CONTROL_SIZE = 528
 TOTAL_COUNTERS = 10
 SYS_PIDFD_GETFD = 438
