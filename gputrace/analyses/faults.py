@@ -148,7 +148,7 @@ def managed_peak(inp: Inputs) -> tuple[int, str] | None:
     return (int(s["live_bytes"].max() or 0), source) if s.height else None  # type: ignore[arg-type]
 
 
-def oversubscription(inp: Inputs, resident_df: pl.DataFrame,
+def oversubscription(inp: Inputs, resident_df: pl.DataFrame | None,
                      heap: pl.DataFrame) -> dict[str, Any] | None:
     """Managed memory against GPU memory: the managed address space (syscall or API
     layer) against all GPUs, and bytes migrated onto each GPU against that GPU's
@@ -158,7 +158,7 @@ def oversubscription(inp: Inputs, resident_df: pl.DataFrame,
     caps = dict(enumerate(inp.gpu_memory_bytes))
     heaps = dict(zip(heap["gpu_index"].to_list(), heap["heap"].to_list(), strict=True))
     per_gpu = []
-    for r in resident_df.iter_rows(named=True):
+    for r in resident_df.iter_rows(named=True) if resident_df is not None else ():
         g = r["gpu_index"]
         mem, src = (heaps[g], "gpu_memory heap") if heaps.get(g) else (caps.get(g) or None,
                                                                         "manifest")
@@ -167,7 +167,7 @@ def oversubscription(inp: Inputs, resident_df: pl.DataFrame,
         peak_s = round((at - inp.start_ns) / NS_PER_S, 6) if r["resident_peak_bytes"] else None
         per_gpu.append({**r, "peak_s": peak_s, "gpu_memory_bytes": mem,
                         "memory_source": src if mem else None, "ratio": ratio})
-    if peak is None and not per_gpu:
+    if peak is None and resident_df is None:
         return None
     out: dict[str, Any] = {"managed_peak_bytes": None, "gpu_memory_bytes": total_mem or None,
                            "ratio": None, "oversubscribed": None, "source": None}
@@ -175,7 +175,7 @@ def oversubscription(inp: Inputs, resident_df: pl.DataFrame,
         ratio = peak[0] / total_mem if total_mem else None
         out.update(managed_peak_bytes=peak[0], ratio=ratio,
                    oversubscribed=bool(ratio and ratio > 1.0), source=peak[1])
-    out["resident_by_gpu"] = per_gpu
+    out["resident_by_gpu"] = per_gpu if resident_df is not None else None
     return out
 
 
@@ -246,7 +246,7 @@ def fault_rate(inp: Inputs, *, window_s: float = 1.0, min_reversals: int = 3,
         "evictions": {"migrations": int(evs["n"][0]), "bytes": int(evs["bytes"][0] or 0),
                       "chunk_evictions": int(ch.item()), "by_processor": records(ev_gpu)}
         if gpu else None,
-        "oversubscription": oversubscription(inp, res, heap),
+        "oversubscription": oversubscription(inp, res if gpu else None, heap),
         "uvm_counters": records(cnt) if tools else None,
     }
     missing = [x for x in ("driver", "uvm_tools") if not inp.has(x)] if not gpu else []
