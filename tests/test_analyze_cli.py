@@ -85,3 +85,86 @@ def test_bad_options_are_one_line_errors(args: list[str], needle: str) -> None:
 
 def test_missing_trace_is_one_line_error(tmp_path: Path) -> None:
     assert_one_line_error(gputrace("analyze", str(tmp_path / "nope")), "no such trace")
+
+
+# ------------------------------------------------- doubts about the trace itself
+def _built(tmp_path: Path, **manifest_edits: object) -> Path:
+    """Synthetic: one process, RM and API allocations, one GPU fault; manifest edited."""
+    from gputrace.builder import MiB, TraceBuilder
+
+    b = TraceBuilder(layers=("syscall", "api", "driver"), duration_s=4.0)
+    b.process(100, "train")
+    b.cuda_alloc(1.0, 100, 4 * MiB)
+    b.gpu_fault(2.0, 0, 0x7F0000000000, pid=100)
+    path = b.build(tmp_path / "trace")
+    mpath = path / "manifest.json"
+    m = json.loads(mpath.read_text())
+    for key, value in manifest_edits.items():
+        m[key] = value(m) if callable(value) else value
+    mpath.write_text(json.dumps(m))
+    return path
+
+
+def _warned_everywhere(path: Path, *needles: str) -> None:
+    """Every report (JSON) and the terminal output carry a warning with all needles."""
+    from gputrace.cli import main
+
+    def hit(ws: list[str]) -> bool:
+        return any(all(n in w for n in needles) for w in ws)
+
+    out = path.parent / "report.json"
+    assert main(["analyze", str(path), "-f", "json", "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert hit(doc["warnings"]), doc["warnings"]
+    for key in ("leaks", "fault_rate", "fragmentation", "summary"):
+        assert hit(doc[key]["warnings"]), (key, doc[key]["warnings"])
+    txt = path.parent / "report.txt"
+    assert main(["analyze", str(path), "-o", str(txt)]) == 0
+    lines = [ln for ln in txt.read_text().splitlines() if ln.startswith("warning:")]
+    assert hit(lines), lines
+
+
+def test_rows_announced_but_missing_warn_in_every_report(tmp_path: Path) -> None:
+    def more(m: dict[str, dict[str, dict[str, int]]]) -> object:
+        t = m["tables"]
+        t["cuda_calls"]["rows"] += 1000
+        return t
+
+    _warned_everywhere(_built(tmp_path, tables=more), "cuda_calls", "1001")
+
+
+def test_rows_outside_the_time_span_warn_in_every_report(tmp_path: Path) -> None:
+    from gputrace.builder import ns
+
+    _warned_everywhere(_built(tmp_path, end_ts_ns=ns(1.5)), "faults", "outside")
+
+
+def test_end_before_start_is_an_error_or_a_warning_never_negative_rates(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gputrace.builder import ns
+    from gputrace.cli import main
+
+    path = _built(tmp_path, end_ts_ns=ns(-3.0))
+    rc = main(["analyze", str(path), "-f", "json"])
+    cap = capsys.readouterr()
+    if rc != 0:  # refused when the trace is opened
+        assert len(cap.err.strip().splitlines()) == 1 and "end_ts_ns" in cap.err
+        return
+    doc = json.loads(cap.out)
+    assert doc["trace"]["duration_s"] >= 0
+    assert any("end_ts_ns" in w for w in doc["warnings"])
+    assert all(r["mean_per_s"] >= 0 for r in doc["fault_rate"]["rates"])
+
+
+def test_end_before_start_inputs_fall_back_to_the_rows_span(tmp_path: Path) -> None:
+    """Below the manifest check: analyses never see a negative span."""
+    from gputrace.analyses.common import inputs_from_trace, trace_warnings
+    from gputrace.builder import T0_NS, ns
+    from gputrace.tracedir import Trace
+
+    path = _built(tmp_path)
+    m = json.loads((path / "manifest.json").read_text())
+    m["end_ts_ns"] = ns(-3.0)
+    inp = inputs_from_trace(Trace(path, m))  # the constructor does not validate
+    assert (inp.start_ns, inp.end_ns) == (T0_NS + 10**9, T0_NS + 2 * 10**9)
+    assert any("before its start_ts_ns" in w for w in trace_warnings(inp))

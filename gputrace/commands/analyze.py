@@ -183,9 +183,11 @@ def register(app: typer.Typer) -> None:
             if GATE_REPORT[name] not in names:
                 raise UsageError(f"--fail-on {name} needs the {GATE_REPORT[name]} report; "
                                  "add it to --only")
-        opts = {"older_ns": parse_duration_ns(older, "--older", minimum_ns=0) if older else 0,
-                "min_size": parse_size(min_size, "--min-size") if min_size else 0,
-                "top": parse_rows(top, "--top") if top is not None else None,
+        top_n = parse_rows(top, "--top") if top is not None else None
+        older_ns = parse_duration_ns(older, "--older", minimum_ns=0) if older is not None else 0
+        opts = {"older_ns": older_ns,
+                "min_size": parse_size(min_size, "--min-size") if min_size is not None else 0,
+                "top": top_n,
                 "window_s": parse_duration_ns(window, "--window") / NS_PER_S,
                 "thrash_min": parse_count(thrash_min, "--thrash-min", minimum=1)}
         t = open_trace(trace)
@@ -197,7 +199,7 @@ def register(app: typer.Typer) -> None:
         if blind:
             raise UsageError("--fail-on cannot check " + "; ".join(blind)
                              + " in this trace; record that layer or drop the condition")
-        _emit(doc, fmt, output, opts["top"])
+        _emit(doc, fmt, output, top_n)
         hits = gates(doc, conds)
         if hits:
             raise FindingsTriggered("--fail-on: " + "; ".join(hits))
