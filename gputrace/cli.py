@@ -13,12 +13,12 @@ import pyarrow as pa
 import typer
 
 from gputrace import __version__
-from gputrace.commands import analyze, doctor, record
+from gputrace.commands import analyze, record
 from gputrace.commands.dump import FORMATS, dump_table
 from gputrace.commands.info import render_info, trace_info
 from gputrace.errors import GputraceError, UsageError
 from gputrace.options import parse_rows
-from gputrace.render.safe import printable
+from gputrace.render.safe import printable, printable_tree
 from gputrace.tracedir import open_trace
 
 EPILOG = """\b
@@ -62,7 +62,10 @@ def info(
 ) -> None:
     """Summarize a trace: status, host, layers, hooks, drops, rows per table."""
     t = open_trace(trace)
-    typer.echo(render_info(trace_info(t), "json" if json_out else "text"))
+    facts = trace_info(t)
+    # Text goes to a terminal: hostnames, commands and hook notes come from the
+    # traced host, so their control characters are shown escaped; JSON keeps them.
+    typer.echo(render_info(facts, "json") if json_out else render_info(printable_tree(facts)))
 
 
 @app.command()
@@ -86,7 +89,6 @@ def dump(
 
 record.register(app)
 analyze.register(app)
-doctor.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

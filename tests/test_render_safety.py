@@ -113,8 +113,7 @@ def test_error_lines_escape_what_they_quote(capsys: pytest.CaptureFixture[str],
     assert "\\x1b]0;x\\x07\\nsuch" in err
 
 
-@pytest.mark.xfail(strict=True, reason="info.py (not this change) does not call printable yet")
-def test_info_text_escapes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_info_text_escapes_and_json_keeps(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     b = TraceBuilder(layers=("syscall",), duration_s=1.0)
     b.process(100, "x")
     path = b.build(tmp_path / "trace")
@@ -125,6 +124,12 @@ def test_info_text_escapes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
     rc, out, err = run(capsys, "info", str(path))
     assert rc == 0, err
     assert_inert(out)
+    assert "\\x1b]0;pwned\\x07" in out and "\\ntrain.py" in out
+    rc, out, err = run(capsys, "info", str(path), "--json")
+    assert rc == 0, err
+    facts = json.loads(out)
+    assert facts["host"]["hostname"] == EVIL_COMM
+    assert facts["target"]["command"][2] == EVIL_CMDLINE
 
 
 # ------------------------------------------------------------ the helper itself
