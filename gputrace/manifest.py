@@ -109,6 +109,13 @@ class Api(_Model):
     pauses: Count = 0
 
 
+class TargetExit(_Model):
+    status: StrictStr
+    code: StrictInt | None = None
+    signal: StrictInt | None = None
+    signal_name: StrictStr | None = None
+
+
 class Recorder(_Model):
     pid: StrictInt | None = None
     argv: list[StrictStr] = []
@@ -141,6 +148,8 @@ class Manifest(_Model):
     api: Api | None = None
     cpu_faults: dict[str, Count] | None = None
     driver_layer: DriverLayer | None = None
+    decode_errors: dict[str, Count] = {}
+    target_exit: TargetExit | None = None
 
 
 def parse(data: bytes, where: str) -> dict[str, Any]:
