@@ -217,7 +217,12 @@ def _open_output(p: Path, force: bool, note: Callable[[str], None]) -> int:
                 raise TraceError(f"{p}: cannot create ({_reason(e)})") from None
             fd = _open_dir_at(parent_fd, p.name, p)
             try:
-                _check_private(fd, p)  # swapped for someone else's between mkdir and open
+                # swapped between mkdir and open (for someone else's directory, or one
+                # of ours with content): what we opened must be what we just made
+                _check_private(fd, p)
+                if os.listdir(fd):
+                    raise TraceError(f"{p} was replaced while gputrace was creating it; "
+                                     "refusing to write into it")
             except BaseException:
                 os.close(fd)
                 raise
