@@ -154,6 +154,30 @@ def test_trace_path_is_a_link_to_the_secret_file(scene: Scene) -> None:
     scene.assert_secret_intact()
 
 
+@pytest.mark.parametrize("swap", ["foreign-owner", "with-content"])
+def test_directory_swapped_between_mkdir_and_open(
+    scene: Scene, swap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window between creating the directory and opening it: whatever is opened
+    must be the private, empty directory just made (the swap is simulated in-process:
+    a real race would be flaky)."""
+    t = scene.user_dir / "trace"
+    real_mkdir = os.mkdir
+
+    def racing_mkdir(name: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        real_mkdir(name, mode, dir_fd=dir_fd)
+        if swap == "foreign-owner":
+            os.chown(t, NOBODY, NOBODY)
+        else:
+            os.symlink(scene.secret, t / "manifest.json.tmp")
+
+    monkeypatch.setattr(os, "mkdir", racing_mkdir)
+    match = "owned by uid 65534" if swap == "foreign-owner" else "was replaced while"
+    with pytest.raises(TraceError, match=match):
+        TraceWriter(t)
+    scene.assert_secret_intact()
+
+
 # ---------------------------------------------------------------- between rotations
 def test_links_planted_between_rotations(scene: Scene) -> None:
     """Defence in depth: even if the trace directory becomes writable to the
