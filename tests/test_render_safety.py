@@ -113,7 +113,8 @@ def test_error_lines_escape_what_they_quote(capsys: pytest.CaptureFixture[str],
     assert "\\x1b]0;x\\x07\\nsuch" in err
 
 
-def test_info_text_escapes_and_json_keeps(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_info_text_escapes_and_json_keeps(capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Path) -> None:
     b = TraceBuilder(layers=("syscall",), duration_s=1.0)
     b.process(100, "x")
     path = b.build(tmp_path / "trace")
