@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gputrace.render.driver_sections import fault_rate_section, fragmentation_section
 from gputrace.render.safe import printable_tree
 
 Fmt = Callable[[Any], str]
@@ -202,8 +203,9 @@ def _summary(con: Console, d: dict[str, Any], limit: int) -> None:
                        f"end {num(g['imbalance_end'])}"))
 
 
-SECTIONS = {"leaks": ("Leaks", _leaks), "fault_rate": ("Fault rate", _faults),
-            "fragmentation": ("Fragmentation", _frag), "summary": ("Summary", _summary)}
+SECTIONS = {"leaks": ("Leaks", _leaks), "fault_rate": ("Fault rate", fault_rate_section),
+            "fragmentation": ("Fragmentation", fragmentation_section),
+            "summary": ("Summary", _summary)}
 
 
 def _warn(con: Console, text: str) -> None:
