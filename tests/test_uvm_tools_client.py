@@ -86,6 +86,30 @@ def test_tools_abi_by_driver_version(version: str, name: str, queue: int, init_c
     assert abi.entry_size == {1: 64, 2: 72}[queue]
 
 
+@pytest.mark.parametrize(
+    ("version", "queue", "init_cmd", "uuid_cmd", "params"),
+    [
+        ("580.159.04", 1, 56, 64, uvm_tools.InitParams),  # the old ioctl still gives V1
+        ("565.57.01", 2, 76, 77, uvm_tools.InitParams),
+        ("560.35.03", 1, 56, 64, uvm_tools.InitParamsVersioned),  # version field = 1
+        ("550.54.14", 1, 56, 64, uvm_tools.InitParamsNegotiated),  # requestedVersion = 1
+        ("535.288.01", 1, 56, 64, uvm_tools.InitParams),
+    ],
+)
+def test_tools_abi_forced_queue_version(version: str, queue: int, init_cmd: int, uuid_cmd: int,
+                                        params: type) -> None:
+    abi = uvm_tools.tools_abi(parse_version(version), queue)
+    assert (abi.version, abi.init_cmd, abi.uuid_cmd, abi.init_params) == (
+        queue, init_cmd, uuid_cmd, params)
+
+
+def test_tools_abi_refuses_a_queue_version_the_driver_lacks() -> None:
+    with pytest.raises(uvm_tools.ToolsError, match="only the V1"):
+        uvm_tools.tools_abi(parse_version("535.288.01"), 2)
+    with pytest.raises(uvm_tools.ToolsError, match="1 or 2"):
+        uvm_tools.tools_abi(parse_version("580.159.04"), 3)
+
+
 # ------------------------------------------------------------------ the ring
 @pytest.fixture
 def queue() -> Iterator[uvm_tools.EventQueue]:
@@ -210,7 +234,7 @@ def test_tracker_tries_the_next_uvm_fd(fake: uvm_fake.FakeToolsDriver, devdir: P
         orig(fd, cmd, p)
         if cmd == 76 and not seen:
             seen.append(fd)
-            p.rmStatus = uvm_tools.NV_ERR_ILLEGAL_ACTION  # type: ignore[attr-defined]
+            p.rmStatus = uvm_tools.NV_ERR_ILLEGAL_ACTION
 
     uvm_tools.ioctl = refuse_first  # type: ignore[assignment]
     with pytest.raises(uvm_tools.ToolsError, match="rmStatus 0x1d"):

@@ -64,19 +64,6 @@ class _Target:
     bytes_drained: int = 0
 
 
-def _set_processors(dec: UvmStreamDecoder, mapping: dict[int, int]) -> None:
-    """Tell a live decoder about GPUs the process registered after it was built."""
-    setter = getattr(dec, "set_processors", None)
-    if callable(setter):
-        setter(mapping)
-        return
-    proc = getattr(dec, "_proc", None)  # the decoder's lookup array (decode_uvm)
-    if proc is not None:
-        for k, v in mapping.items():
-            if 0 <= k < len(proc):
-                proc[k] = v
-
-
 class DriverLayer:
     """UVM tools trackers plus the RM GPU memory sampler, behind one poll() call."""
 
@@ -90,6 +77,7 @@ class DriverLayer:
         proc_root: str = "/",
         rm: bool = True,
         gpu_uuids: Mapping[bytes, int] | None = None,
+        queue_version: int | None = None,
     ) -> None:
         self.devdir = os.path.abspath(devdir)
         self.sample_ms = rm_client.validate_interval_ms(sample_ms)
@@ -101,7 +89,9 @@ class DriverLayer:
         self.queue_entries = queue_entries
         self.info = driver.resolve(driver_version)
         self.version = driver.parse_version(self.info.layout_version)
-        self.abi = uvm_tools.tools_abi(self.version)
+        # queue_version: a queue format other than the driver's newest (1 = 64-byte
+        # records); None takes the newest.
+        self.abi = uvm_tools.tools_abi(self.version, queue_version)
         self.proc_root = proc_root
         self.want_rm = rm
         self.rm: rm_client.RmClient | None = None
@@ -279,7 +269,7 @@ class DriverLayer:
                     )
                 )
             elif chunks and t.decoder is not None:
-                _set_processors(t.decoder, mapping)
+                t.decoder.set_processors(mapping)  # GPUs registered since it was built
             for data, off in chunks:
                 assert t.decoder is not None
                 add(t.decoder.feed(data, off))

@@ -209,19 +209,33 @@ class ToolsAbi:
         return ENTRY_SIZE[self.version]
 
 
-def tools_abi(v: Version) -> ToolsAbi:
-    """The tools ABI of driver version `v` (facts §5.3, §1.4)."""
+def tools_abi(v: Version, queue_version: int | None = None) -> ToolsAbi:
+    """The tools ABI of driver version `v` (facts §5.3, §1.4).
+
+    `queue_version` asks for a queue record format other than the newest the
+    driver offers: 1 (64-byte records) works on every driver, 2 (72-byte) from
+    550.54.14 (550.40.53). From 565.57.01 the V1 queue has its own ioctl (56)
+    and processor table (64, 33 entries); before, the version is a field of the
+    init params.
+    """
+    if queue_version not in (None, 1, 2):
+        raise ToolsError(f"UVM tools queue version must be 1 or 2, not {queue_version}")
     side_550 = (550, 40, 53) <= v < (550, 41, 0)
     uuid, init = TOOLS_GET_PROCESSOR_UUID_TABLE, TOOLS_INIT_EVENT_TRACKER
+    qv = queue_version or 2
     if v >= (565, 57, 1):
+        if qv == 1:
+            return ToolsAbi("separate-ioctls", 1, init, InitParams, uuid, UuidTableParams, True)
         return ToolsAbi("separate-ioctls", 2, TOOLS_INIT_EVENT_TRACKER_V2, InitParams,
                         TOOLS_GET_PROCESSOR_UUID_TABLE_V2, UuidTableParams, True)  # fmt: skip
     if v >= (560, 0, 0):
-        return ToolsAbi("version-field", 2, init, InitParamsVersioned,
+        return ToolsAbi("version-field", qv, init, InitParamsVersioned,
                         uuid, UuidTableParamsVersioned, False)  # fmt: skip
     if v >= (550, 54, 14) or side_550:
-        return ToolsAbi("negotiated", 2, init, InitParamsNegotiated,
+        return ToolsAbi("negotiated", qv, init, InitParamsNegotiated,
                         uuid, UuidTableParamsNegotiated, False)  # fmt: skip
+    if qv == 2 and queue_version is not None:
+        raise ToolsError(f"driver {'.'.join(map(str, v))} has only the V1 (64-byte) tools queue")
     return ToolsAbi("single", 1, init, InitParams, uuid, UuidTableParamsCount, False)
 
 
@@ -441,17 +455,17 @@ class Tracker:
         p.queueBuffer, p.queueBufferSize, p.controlBuffer = queue, entries, control
         p.allProcessors, p.uvmFd = 1, uvm
         if isinstance(p, InitParamsNegotiated):
-            p.requestedVersion = 2
+            p.requestedVersion = self.abi.version
         elif isinstance(p, InitParamsVersioned):
-            p.version = 2
+            p.version = self.abi.version
         try:
             ioctl(tools, self.abi.init_cmd, p)
         except OSError as e:
             return f"ioctl {self.abi.init_cmd}: {e.strerror}"
         if p.rmStatus != NV_OK:
             return f"rmStatus {p.rmStatus:#x}"
-        if isinstance(p, InitParamsNegotiated) and entries and p.grantedVersion != 2:
-            return f"driver granted queue version {p.grantedVersion}, not 2"
+        if isinstance(p, InitParamsNegotiated) and entries and p.grantedVersion != self.abi.version:
+            return f"driver granted queue version {p.grantedVersion}, not {self.abi.version}"
         return None
 
     def _enable(self, fd: int, cmd: int, flags: int, what: str) -> None:
@@ -516,7 +530,7 @@ class Tracker:
         if isinstance(p, UuidTableParamsNegotiated):
             p.count = MAX_PROCESSORS
         elif isinstance(p, UuidTableParamsVersioned):
-            p.version = 2
+            p.version = self.abi.version
         try:
             ioctl(self.uvm_fd, self.abi.uuid_cmd, p)
         except OSError:

@@ -8,9 +8,14 @@
  * and migrations through the stand-in-only command UVM_STANDIN_TEST (README: it is not
  * part of the real protocol). --print-expected prints what the stand-in must report.
  *
- *   uvm_workload DEVDIR [--wait] [--print-expected] [--pages P] [--cpu-pages H]
- *                [--batch B] [--dup D] [--prefetch R] [--evict-pages E] [--capacity C]
- *                [--pingpong T] [--frag-blocks N] [--frag-mib S] [--budget BYTES]
+ *   uvm_workload DEVDIR [--wait] [--hold] [--print-expected] [--gpu G] [--pages P]
+ *                [--cpu-pages H] [--batch B] [--dup D] [--prefetch R] [--evict-pages E]
+ *                [--capacity C] [--pingpong T] [--frag-blocks N] [--frag-mib S] [--budget BYTES]
+ *
+ * --gpu G: register GPU G (not 0) and run everything on it, so that a tracker's processor
+ * index (G+1 in V1 tables, 8*G+1 in V2) differs from the GPU number; the RM device and the
+ * fragmented heap are GPU G's. --hold: after the fragmentation is checked, print
+ * "FRAGMENTED" and wait for one stdin line before freeing it (a sampler can see it).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -33,8 +38,8 @@
 #define H_FRAG 0x5d010000u
 
 static struct {
-    uint64_t P, H, B, D, R, E, C, T, N, S, budget;
-} a = {2048, 512, 64, 8, 16, 1024, 256, 64, 8, 2, 16ull << 30};
+    uint64_t P, H, B, D, R, E, C, T, N, S, budget, G;
+} a = {2048, 512, 64, 8, 16, 1024, 256, 64, 8, 2, 16ull << 30, 0};
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...)
@@ -92,8 +97,8 @@ static void print_expected(void)
     uint64_t replays = x.batches;
     printf("{\n  \"params\": {\"pages\": %lu, \"cpu_pages\": %lu, \"batch\": %lu, \"dup_every\": %lu, "
            "\"prefetch\": %lu, \"evict_pages\": %lu, \"capacity\": %lu, \"pingpong\": %lu, "
-           "\"frag_blocks\": %lu, \"frag_mib\": %lu, \"budget\": %lu},\n",
-           a.P, a.H, a.B, a.D, a.R, a.E, a.C, a.T, a.N, a.S, a.budget);
+           "\"frag_blocks\": %lu, \"frag_mib\": %lu, \"budget\": %lu, \"gpu\": %lu},\n",
+           a.P, a.H, a.B, a.D, a.R, a.E, a.C, a.T, a.N, a.S, a.budget, a.G);
     printf("  \"by_type\": {\"cpu_fault\": %lu, \"migration\": %lu, \"gpu_fault\": %lu, "
            "\"gpu_fault_replay\": %lu, \"thrashing_detected\": %lu, \"throttling_start\": %lu, "
            "\"throttling_end\": %lu, \"map_remote\": %lu},\n",
@@ -102,14 +107,15 @@ static void print_expected(void)
     printf("  \"cpu_faults\": {\"write\": %lu},\n", x.cpu_faults);
     printf("  \"gpu_faults\": {\"unique\": %lu, \"duplicates\": %lu, \"batches\": %lu},\n", x.gpu_faults,
            x.gpu_fault_dups, x.batches);
+    uint64_t g = a.G;
     printf("  \"migrations\": {\n"
-           "    \"coherence cpu->gpu0\": {\"count\": %lu, \"bytes\": %lu},\n"
-           "    \"coherence gpu0->cpu\": {\"count\": %lu, \"bytes\": %lu},\n"
-           "    \"prefetch cpu->gpu0\": {\"count\": %lu, \"bytes\": %lu},\n"
-           "    \"user gpu0->cpu\": {\"count\": %lu, \"bytes\": %lu},\n"
-           "    \"eviction gpu0->cpu\": {\"count\": %lu, \"bytes\": %lu}},\n",
-           x.coh_htd_n, x.coh_htd_b, x.coh_dth_n, x.coh_dth_b, x.pre_n, x.pre_b, x.user_n, x.user_b,
-           x.evict_n, x.evict_b);
+           "    \"coherence cpu->gpu%lu\": {\"count\": %lu, \"bytes\": %lu},\n"
+           "    \"coherence gpu%lu->cpu\": {\"count\": %lu, \"bytes\": %lu},\n"
+           "    \"prefetch cpu->gpu%lu\": {\"count\": %lu, \"bytes\": %lu},\n"
+           "    \"user gpu%lu->cpu\": {\"count\": %lu, \"bytes\": %lu},\n"
+           "    \"eviction gpu%lu->cpu\": {\"count\": %lu, \"bytes\": %lu}},\n",
+           g, x.coh_htd_n, x.coh_htd_b, g, x.coh_dth_n, x.coh_dth_b, g, x.pre_n, x.pre_b, g, x.user_n,
+           x.user_b, g, x.evict_n, x.evict_b);
     printf("  \"evictions\": %lu, \"thrashing\": %lu, \"throttling\": %lu, \"map_remote\": %lu,\n",
            x.evict_n, x.thrash, x.thrash, x.map_remote);
     printf("  \"counters\": {\"bytes_htd\": %lu, \"bytes_dth\": %lu, \"cpu_faults\": %lu, \"gpu_faults\": %lu},\n",
@@ -160,7 +166,7 @@ static void uvm_call(unsigned cmd, void *p, NV_STATUS *st, const char *what)
 
 static void op(NvU32 o, uint64_t base, uint64_t pages, NvU32 batch, NvU32 dup, NvU32 prefetch, NvU32 dest)
 {
-    UVM_STANDIN_TEST_PARAMS q = {.op = o, .gpu = 0, .base = base, .length = pages * STANDIN_PAGE,
+    UVM_STANDIN_TEST_PARAMS q = {.op = o, .gpu = (NvU32)a.G, .base = base, .length = pages * STANDIN_PAGE,
                                  .access = UVM_ACCESS_WRITE, .batch = batch, .dup_every = dup,
                                  .prefetch = prefetch, .dest = dest};
     uvm_call(UVM_STANDIN_TEST, &q, &q.rmStatus, "UVM_STANDIN_TEST");
@@ -218,7 +224,7 @@ static uint64_t num(const char *s)
 int main(int argc, char **argv)
 {
     const char *dir = NULL;
-    int wait = 0, print = 0;
+    int wait = 0, print = 0, hold = 0;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         uint64_t *slot = !strcmp(o, "--pages") ? &a.P : !strcmp(o, "--cpu-pages") ? &a.H
@@ -226,25 +232,28 @@ int main(int argc, char **argv)
                        : !strcmp(o, "--prefetch") ? &a.R : !strcmp(o, "--evict-pages") ? &a.E
                        : !strcmp(o, "--capacity") ? &a.C : !strcmp(o, "--pingpong") ? &a.T
                        : !strcmp(o, "--frag-blocks") ? &a.N : !strcmp(o, "--frag-mib") ? &a.S
-                       : !strcmp(o, "--budget") ? &a.budget : NULL;
+                       : !strcmp(o, "--budget") ? &a.budget : !strcmp(o, "--gpu") ? &a.G : NULL;
         if (slot && i + 1 < argc)
             *slot = num(argv[++i]);
         else if (!strcmp(o, "--wait"))
             wait = 1;
+        else if (!strcmp(o, "--hold"))
+            hold = 1;
         else if (!strcmp(o, "--print-expected"))
             print = 1;
         else if (o[0] != '-' && !dir)
             dir = o;
         else
-            die("usage: uvm_workload DEVDIR [--wait] [--print-expected] [--pages P] [--cpu-pages H] "
+            die("usage: uvm_workload DEVDIR [--wait] [--hold] [--print-expected] [--gpu G] [--pages P] [--cpu-pages H] "
                 "[--batch B] [--dup D] [--prefetch R] [--evict-pages E] [--capacity C] [--pingpong T] "
                 "[--frag-blocks N] [--frag-mib S] [--budget BYTES]");
     }
     uint64_t R = a.R > 1 ? a.R : 1;
     /* the closed forms above hold under these conditions (README) */
     if (!a.B || a.H > a.P || a.H % R || a.B % R || a.P > 0x40000 || a.E > 0x40000 || a.T > 0x40000 ||
-        (a.R & (a.R - 1)) || a.N % 2 || a.N * (a.S << 20) > a.budget || !a.S || a.S % 2)
-        die("parameters out of range (H <= P, R | H, R | B, R a power of two, N even, S even, N*S <= budget)");
+        (a.R & (a.R - 1)) || a.N % 2 || a.N * (a.S << 20) > a.budget || !a.S || a.S % 2 || a.G > 255)
+        die("parameters out of range (H <= P, R | H, R | B, R a power of two, N even, S even, N*S <= budget, "
+            "G <= 255)");
     if (print) {
         print_expected();
         return 0;
@@ -255,7 +264,7 @@ int main(int argc, char **argv)
     snprintf(path, sizeof path, "%s/nvidiactl", dir);
     if ((ctl = open(path, O_RDWR | O_CLOEXEC)) < 0)
         die("open %s: %s", path, strerror(errno));
-    snprintf(path, sizeof path, "%s/nvidia0", dir);
+    snprintf(path, sizeof path, "%s/nvidia%lu", dir, a.G);
     if ((gpu0 = open(path, O_RDWR | O_CLOEXEC)) < 0)
         die("open %s: %s", path, strerror(errno));
     snprintf(path, sizeof path, "%s/nvidia-uvm", dir);
@@ -265,7 +274,8 @@ int main(int argc, char **argv)
     NVOS21_PARAMETERS root = {0};
     rm_ioctl(ctl, NV_IOCTL_RM_ALLOC_NVOS21, &root, &root.status, "RM_ALLOC client");
     client = root.hObjectNew;
-    static NV0080_ALLOC_PARAMETERS dev = {.deviceId = 0};
+    static NV0080_ALLOC_PARAMETERS dev;
+    dev.deviceId = (NvU32)a.G;
     static NV2080_ALLOC_PARAMETERS sub = {.subDeviceId = 0};
     rm_alloc(client, H_DEVICE, NV01_DEVICE_0, &dev);
     rm_alloc(H_DEVICE, H_SUBDEVICE, NV20_SUBDEVICE_0, &sub);
@@ -273,6 +283,7 @@ int main(int argc, char **argv)
     UVM_INITIALIZE_PARAMS init = {0};
     uvm_call(UVM_INITIALIZE, &init, &init.rmStatus, "UVM_INITIALIZE");
     UVM_REGISTER_GPU_PARAMS reg = {.gpu_uuid = {WL_GPU0_UUID}, .rmCtrlFd = -1};
+    reg.gpu_uuid.uuid[15] = (NvU8)a.G; /* GPU i's UUID ends in i (README) */
     uvm_call(UVM_REGISTER_GPU, &reg, &reg.rmStatus, "UVM_REGISTER_GPU");
     map_range(RANGE_A, a.P);
     map_range(RANGE_E, a.E);
@@ -292,7 +303,7 @@ int main(int argc, char **argv)
     /* 3: explicit migration back to the CPU (cause user) */
     op(STANDIN_OP_MIGRATE, RANGE_A, a.P, 0, 0, 0, 0);
     /* 4: oversubscription: the GPU holds C pages of this process, the kernel touches E */
-    UVM_STANDIN_TEST_PARAMS cap = {.op = STANDIN_OP_SET_CAPACITY, .gpu = 0, .length = a.C * STANDIN_PAGE};
+    UVM_STANDIN_TEST_PARAMS cap = {.op = STANDIN_OP_SET_CAPACITY, .gpu = (NvU32)a.G, .length = a.C * STANDIN_PAGE};
     uvm_call(UVM_STANDIN_TEST, &cap, &cap.rmStatus, "SET_CAPACITY");
     op(STANDIN_OP_GPU_KERNEL, RANGE_E, a.E, (NvU32)a.B, (NvU32)a.D, 0, 0);
     cap.length = 0;
@@ -317,6 +328,13 @@ int main(int argc, char **argv)
     for (uint64_t i = 0; i < a.N; i += 2)
         rm_free(H_FRAG + (NvU32)i);
     fb_check(x.frag_free, x.frag_largest, x.frag_largest_base);
+    if (hold) {
+        printf("FRAGMENTED\n");
+        fflush(stdout);
+        char line[64];
+        if (!fgets(line, sizeof line, stdin))
+            die("stdin closed before the fragmentation was released");
+    }
     for (uint64_t i = 1; i < a.N; i += 2)
         rm_free(H_FRAG + (NvU32)i);
     fb_check(a.budget, a.budget, 0);
