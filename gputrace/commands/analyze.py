@@ -96,8 +96,11 @@ def gates(doc: dict[str, Any], conds: list[tuple[str, float]]) -> list[str]:
         elif name == "thrashing" and (rep.get("thrashing") or {}).get("blocks"):
             hits.append(f"thrashing: {len(rep['thrashing']['blocks'])} block-windows")
         elif name == "fragmentation":
-            worst = max((s[at]["fragmentation_index"] or 0.0 for s in rep["gpus"]
-                         for at in ("peak", "end") if s.get(at)), default=0.0)
+            # PMM chunks (driver layer) and RM samples (rm_query): either may be absent
+            worst = max([*(s[at]["fragmentation_index"] or 0.0 for s in rep["gpus"] or []
+                           for at in ("peak", "end") if s.get(at)),
+                         *(g["worst"]["unusable_share"] or 0.0
+                           for g in (rep.get("rm") or {}).get("gpus", []))], default=0.0)
             if worst > x:
                 hits.append(f"fragmentation: index {worst:.3f} > {x}")
     return hits
