@@ -452,8 +452,12 @@ class Recorder:
                                               decode.files_batch))  # fmt: skip
         elif kind == "proc_events":
             ev, bad = decode.records(data, decode.PROC_DTYPE)
-            self._skip("proc_events", bad, "cut short")
-            self._proc_events(ev, writer)
+            # the processes table holds int32 pids and int64 times
+            ok = ((ev["pid"] <= PID_MAX) & (ev["ppid"] <= PID_MAX) & (ev["tid"] <= PID_MAX)
+                  & (ev["ts_ns"] < np.uint64(1 << 63)))  # fmt: skip
+            self._skip("proc_events", bad + len(ev) - int(np.count_nonzero(ok)),
+                       "cut short or impossible pid/time")  # fmt: skip
+            self._proc_events(ev if ok.all() else ev[ok], writer)
         elif kind == "api:cuda_calls":
             self._append(writer, "cuda_calls", cuda.BUFFER, data, decode_cuda.CUDA_DTYPE,
                          lambda: self.api.decode_calls(data))  # fmt: skip
@@ -529,7 +533,7 @@ class Recorder:
             if kind == decode.PROC_FORK:
                 self.forks[pid] = (int(e["ts_ns"]), int(e["ppid"]))
                 continue
-            if kind not in (decode.PROC_EXEC, decode.PROC_EXIT):
+            if kind not in (decode.PROC_EXEC, decode.PROC_EXIT, decode.PROC_SEEN):
                 self._skip("proc_events", 1, f"unknown kind {kind}")
                 continue
             info = self.procs.get(pid) or self._new_proc(pid)
