@@ -176,16 +176,6 @@ def _table(name: str, n: int, cols: Mapping[str, Col]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=t.arrow_schema)
 
 
-def _by_time(table: pa.Table) -> pa.Table:
-    if table.num_rows < 2:
-        return table
-    ts = table.column("ts_ns").to_numpy()
-    order = np.argsort(ts, kind="stable")
-    if np.all(order[1:] > order[:-1]):
-        return table
-    return table.take(order)
-
-
 # ------------------------------------------------------------------- the decoder
 @dataclass(frozen=True)
 class UvmStreamContext:
@@ -263,19 +253,28 @@ class UvmStreamDecoder:
         if len(buf) % self.entry_size:
             self.bad_records += 1
         raw = np.frombuffer(buf, np.uint8, n * self.entry_size)
-        types = raw[:: self.entry_size] if n else np.empty(0, np.uint8)
-        kinds, counts = np.unique(types, return_counts=True)
-        for k, c in zip(kinds.tolist(), counts.tolist(), strict=True):
+        types = np.ascontiguousarray(raw[:: self.entry_size]) if n else np.empty(0, np.uint8)
+        # one stable sort groups the records by kind, queue order kept within each
+        by_kind = np.argsort(types, kind="stable")
+        kinds, first, counts = np.unique(types[by_kind], return_index=True,
+                                         return_counts=True)
+        where = {}
+        for k, f0, c in zip(kinds.tolist(), first.tolist(), counts.tolist(), strict=True):
             self.events[k] = self.events.get(k, 0) + c
+            where[k] = by_kind[f0:f0 + c]
             if k not in LAYOUTS[self.ctx.version]:
                 self.bad_records += c
 
         def view(kind: int) -> npt.NDArray[np.void]:
-            sel = np.flatnonzero(types == kind)
-            if not len(sel):
+            """The records of one kind, in time order (queue order is nearly so)."""
+            sel = where.get(kind)
+            if sel is None:
                 return np.empty(0, _DTYPES[(self.ctx.version, kind)])
-            whole = np.frombuffer(buf, _DTYPES[(self.ctx.version, kind)], n)
-            return whole[sel]
+            ev = np.frombuffer(buf, _DTYPES[(self.ctx.version, kind)], n)[sel]
+            ts = ev["begin"] if kind == MIGRATION else ev["ts"]
+            if len(ts) > 1 and bool(np.any(ts[1:] < ts[:-1])):
+                ev = ev[np.argsort(ts, kind="stable")]
+            return ev
 
         off = int(clock_offset_ns)
         out: dict[str, list[pa.Table | None]] = {}
@@ -486,7 +485,9 @@ def _finish(out: Mapping[str, Sequence[pa.Table | None]]) -> dict[str, pa.Table]
     for name, parts in out.items():
         ts = [p for p in parts if p is not None and p.num_rows]
         if ts:
-            res[name] = _by_time(pa.concat_tables(ts) if len(ts) > 1 else ts[0])
+            # each kind is in time order; kinds sharing a table (CPU and GPU faults,
+            # the uvm_events kinds) follow each other
+            res[name] = pa.concat_tables(ts) if len(ts) > 1 else ts[0]
     return res
 
 
