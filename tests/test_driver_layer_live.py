@@ -367,7 +367,8 @@ def test_target_uvm_file_released_after_exit_while_the_layer_runs(run: Run) -> N
     closed = [c for c in run.manifest["driver_layer"]["closed"] if c["pid"] == run.pid]
     assert len(closed) == 1
     # order: the workload ran, the layer closed its tracker and duplicate, the driver released
-    assert run.t_resume < closed[0]["closed_ts_ns"] <= run.release_ns
+    # (closed_ts_ns is stamped once close() returned: the release may come before it)
+    assert run.t_resume < closed[0]["closed_ts_ns"]
     tracker_closed = [e for e in run.log if e["ev"] == "tracker_closed"]
     assert len(tracker_closed) == 2 and all(e["mono_ns"] <= run.release_ns for e in tracker_closed)
     # speed is a benchmark, not an assertion: say it for the run's report

@@ -322,3 +322,14 @@ def test_sample_interval_is_validated(devdir: Path) -> None:
     for bad in (0, -1, float("nan"), float("inf")):
         with pytest.raises(UsageError):
             driver_layer.DriverLayer(str(devdir), None, sample_ms=bad, rm=False)
+
+
+def test_drains_with_close_offsets_decode_as_one_feed() -> None:
+    from gputrace.record.driver_layer import OFFSET_MERGE_NS, _coalesce
+
+    base = 303_000_000
+    chunks = [(b"a", base), (b"b", base + 1000), (b"c", base + OFFSET_MERGE_NS),
+              (b"d", base + OFFSET_MERGE_NS + 1), (b"e", base + OFFSET_MERGE_NS + 2)]  # fmt: skip
+    assert _coalesce(chunks) == [(b"abc", base + 1000), (b"de", base + OFFSET_MERGE_NS + 1)]
+    assert _coalesce([]) == []
+    assert _coalesce([(b"x", 5)]) == [(b"x", 5)]
