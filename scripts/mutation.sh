@@ -18,29 +18,29 @@ echo "mutation: scratch copy of $(git -C "$OLDPWD" rev-parse --short HEAD) in $w
 "$PY" -m mutmut results > mutation-results.txt 2>&1 || true
 "$PY" - "$@" <<'PY'
 import fnmatch, json, sys
+from collections import Counter
 from pathlib import Path
 
-# mutmut 3 keeps each source file's verdicts in mutants/<file>.meta (exit codes)
+from mutmut.stats import status_by_exit_code
+
+# mutmut 3 keeps each source file's verdicts (pytest exit codes) in mutants/<file>.meta
 globs = sys.argv[1:] or ["*"]
-killed = survived = other = 0
+status: Counter[str] = Counter()
 lines = []
 for meta in sorted(Path("mutants").rglob("*.meta")):
     data = json.loads(meta.read_text())
-    for name, code in data.get("exit_code_by_key", {}).items():
+    for name, code in sorted(data.get("exit_code_by_key", {}).items()):
         if not any(fnmatch.fnmatch(name, g) for g in globs):
             continue
-        if code is None:
-            other += 1          # not run (no test covers it, or skipped)
-            lines.append(f"not run   {name}")
-        elif code == 0:
-            survived += 1
-            lines.append(f"survived  {name}")
-        elif code in (1, 3, 36, 37, 152, -24, 24):
-            killed += 1         # failed tests, or killed by the timeout
-        else:
-            other += 1
-            lines.append(f"exit {code:<4} {name}")
+        st = status_by_exit_code[code]
+        # a timeout or a type-check catch is a kill; anything else that is not a
+        # kill (survived, no tests, not checked, suspicious) counts against the score
+        st = "killed" if st in ("timeout", "caught by type check") else st
+        status[st] += 1
+        if st != "killed":
+            lines.append(f"{st:<12} {name}")
 Path("mutation-survivors.txt").write_text("\n".join(lines) + "\n")
+print("by status: " + ", ".join(f"{k} {v}" for k, v in sorted(status.items())))
 print(f"survivors and unrun mutants: {Path('mutation-survivors.txt').resolve()}")
-print(f"mutation score: {killed} killed of {killed + survived + other}")
+print(f"mutation score: {status['killed']} killed of {sum(status.values())}")
 PY
