@@ -330,6 +330,9 @@ def test_drains_with_close_offsets_decode_as_one_feed() -> None:
     base = 303_000_000
     chunks = [(b"a", base), (b"b", base + 1000), (b"c", base + OFFSET_MERGE_NS),
               (b"d", base + OFFSET_MERGE_NS + 1), (b"e", base + OFFSET_MERGE_NS + 2)]  # fmt: skip
-    assert _coalesce(chunks) == [(b"abc", base + 1000), (b"de", base + OFFSET_MERGE_NS + 1)]
-    assert _coalesce([]) == []
-    assert _coalesce([(b"x", 5)]) == [(b"x", 5)]
+    assert _coalesce(chunks, 100) == [(b"abc", base + 1000), (b"de", base + OFFSET_MERGE_NS + 1)]
+    assert _coalesce([], 100) == []
+    assert _coalesce([(b"x", 5)], 100) == [(b"x", 5)]
+    # feeds are capped (the decoder holds the GIL per call) and cut at the cap
+    assert _coalesce([(b"aabb", 7), (b"ccddee", 7)], 4) == [(b"aabb", 7), (b"ccdd", 7), (b"ee", 7)]
+    assert _coalesce([(b"aa", 7), (b"bbccdd", 7)], 4) == [(b"aabb", 7), (b"ccdd", 7)]

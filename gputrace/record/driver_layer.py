@@ -33,6 +33,14 @@ OFFSET_MERGE_NS = 2_000
 """Drains whose clock offsets differ by at most this much are decoded as one feed with
 their mean offset: the decoder's cost is mostly per feed below ~4k records, and two
 offset measurements of one instant already differ by about a microsecond."""
+FEED_RECORDS = 16_384
+"""At most this many records per decoder feed. The decoder holds the GIL through
+each numpy call, so a huge feed would keep the consumer thread from draining while
+the driver fills the queue; 16k records is also the decoder's fastest feed size
+(benchmarks/uvm_drain)."""
+BUSY_SHARE = 4
+"""A drain that found more than 1/BUSY_SHARE of a queue filled is followed at once by
+the next one instead of a full drain period."""
 
 
 def mono_ns() -> int:
@@ -68,22 +76,33 @@ class _Target:
     bytes_drained: int = 0
 
 
-def _coalesce(chunks: Sequence[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
-    """Consecutive drains joined into one feed while their offsets stay within
-    OFFSET_MERGE_NS of the run's first; each run gets its mean offset."""
+def _coalesce(chunks: Sequence[tuple[bytes, int]], max_bytes: int) -> list[tuple[bytes, int]]:
+    """Consecutive drains joined into feeds of at most `max_bytes` (whole records:
+    a multiple of the entry size) while their offsets stay within OFFSET_MERGE_NS of
+    the feed's first; each feed gets its drains' mean offset."""
     out: list[tuple[bytes, int]] = []
     run: list[tuple[bytes, int]] = []
+    size = 0
 
     def flush() -> None:
+        nonlocal size
         if run:
             off = sum(o for _, o in run) // len(run)
             out.append((run[0][0] if len(run) == 1 else b"".join(d for d, _ in run), off))
             run.clear()
+            size = 0
 
     for data, off in chunks:
         if run and abs(off - run[0][1]) > OFFSET_MERGE_NS:
             flush()
-        run.append((data, off))
+        view = memoryview(data)
+        while len(view):
+            if size == max_bytes:
+                flush()
+            piece = view[: max_bytes - size]
+            run.append((bytes(piece) if len(piece) < len(data) else data, off))
+            size += len(piece)
+            view = view[len(piece) :]
     flush()
     return out
 
@@ -130,7 +149,7 @@ class DriverLayer:
         self._thread: threading.Thread | None = None
         self.consumer_tid: int | None = None
         self.error: str | None = None
-        self.offsets: list[int] = []
+        self.offsets: list[int] = []  # first, last, min, max of the clock offsets
         self._last_counters_ns = 0
         self._given_uuids = dict(gpu_uuids or {})
         self._gpu_uuids: dict[bytes, int] = dict(self._given_uuids)
@@ -138,7 +157,7 @@ class DriverLayer:
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Open the RM client and start the sampler and the consumer thread."""
-        self.offsets.append(clock_offset_ns())
+        self._note_offset(clock_offset_ns())
         self._gpu_uuids = {**rm_client.proc_gpu_uuids(self.proc_root), **self._given_uuids}
         if self.want_rm:
             try:
@@ -204,7 +223,7 @@ class DriverLayer:
         with self._lock:
             for t in self._targets.values():
                 if t.closed_ts_ns is None:
-                    self._close(t, self.offsets[-1] if self.offsets else clock_offset_ns())
+                    self._close(t, self.offsets[1] if self.offsets else clock_offset_ns())
         if self.sampler is not None:
             self.sampler.stop()
         out = self._collect(final=True)
@@ -215,30 +234,43 @@ class DriverLayer:
     # ------------------------------------------------------------ consumer
     def _run(self) -> None:
         self.consumer_tid = threading.get_native_id()
-        while not self._stop.wait(self.drain_s):
+        busy = False
+        while not self._stop.wait(0 if busy else self.drain_s):
             try:
-                self._service()
+                busy = self._service()
             except Exception as e:  # keep recording the other layers; say what stopped
                 self.error = f"driver layer consumer stopped: {type(e).__name__}: {e}"
                 return
 
-    def _service(self) -> None:
-        """Drain every open tracker; close those whose process exited."""
+    def _service(self) -> bool:
+        """Drain every open tracker; close those whose process exited. True when a
+        queue was more than 1/BUSY_SHARE full (drain again at once)."""
+        busy = False
         with self._lock:
             live = [t for t in self._targets.values() if t.closed_ts_ns is None]
             if not live:
-                return
+                return False
             off = clock_offset_ns()
-            self.offsets.append(off)
+            self._note_offset(off)
             for t in live:
                 # Check exit before draining: records written before the exit
                 # are then all in this drain, with the flush in _close.
                 gone = t.tracker.exited()
-                self._drain(t, off)
+                busy |= self._drain(t, off) * BUSY_SHARE > self.queue_entries
                 if gone:
                     self._close(t, off)
+        return busy
 
-    def _drain(self, t: _Target, off: int) -> None:
+    def _note_offset(self, off: int) -> None:
+        """Keep first, last, min and max of the offsets (one per drain: unbounded)."""
+        if not self.offsets:
+            self.offsets = [off, off, off, off]
+        else:
+            o = self.offsets
+            o[1], o[2], o[3] = off, min(o[2], off), max(o[3], off)
+
+    def _drain(self, t: _Target, off: int) -> int:
+        """Drain one queue; the number of records it held."""
         data = t.tracker.drain()
         if data:
             t.chunks.append((data, off))
@@ -249,6 +281,7 @@ class DriverLayer:
                 if table is not None:
                     t.table, t.table_ts_ns = table, now
         t.dropped = t.tracker.dropped()
+        return len(data) // self.abi.entry_size
 
     def _close(self, t: _Target, off: int) -> None:
         """Final flush and drain, then release the tracker and the duplicated fd."""
@@ -294,9 +327,10 @@ class DriverLayer:
                 )
             elif chunks and t.decoder is not None:
                 t.decoder.set_processors(mapping)  # GPUs registered since it was built
-            for data, off in _coalesce(chunks):
+            for data, off in _coalesce(chunks, FEED_RECORDS * self.abi.entry_size):
                 assert t.decoder is not None
                 add(t.decoder.feed(data, off))
+                time.sleep(0)  # let the consumer thread take the GIL between feeds
             if counters is not None:
                 add({"uvm_counters": decode_uvm.counters_table(now, t.pid, counters)})
             if closed:
@@ -351,12 +385,7 @@ class DriverLayer:
             ],
             "rm_client": self._rm_manifest(),
             "clock_offsets_ns": (
-                {
-                    "first": self.offsets[0],
-                    "last": self.offsets[-1],
-                    "min": min(self.offsets),
-                    "max": max(self.offsets),
-                }
+                dict(zip(("first", "last", "min", "max"), self.offsets, strict=True))
                 if self.offsets
                 else None
             ),
