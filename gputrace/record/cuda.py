@@ -207,24 +207,30 @@ class ApiLayer:
                     self.attach(target if plain else link, shown=target)
             if kinds & PAUSE_FIRST:
                 self.sym.refresh(pid)
-            # The entry goes before the process continues (its next pause must find
-            # none); the watchdog holds it meanwhile, in case the recorder dies here.
-            if stopped and self.guard is not None:
-                self.guard.hold(pid, boot)
-            with contextlib.suppress(KeyError):
-                del tbl[ctypes.c_uint(pid)]
             if stopped:
                 self.pauses += 1
-                watchdog.continue_stopped(pid, boot)
-                if self.guard is not None:
-                    self.guard.forget(pid)
+            self._release(tbl, pid, stopped, boot)
+
+    def _release(self, tbl: Any, pid: int, stopped: int, boot: int) -> None:
+        """Take `pid` out of the map and continue it if the probe stopped it. The
+        entry goes first (its next pause must find none); the watchdog holds the
+        pid meanwhile, in case the recorder dies in between."""
+        if stopped and self.guard is not None:
+            self.guard.hold(pid, boot)
+        with contextlib.suppress(KeyError):
+            del tbl[ctypes.c_uint(pid)]
+        if stopped:
+            watchdog.continue_stopped(pid, boot)
+            if self.guard is not None:
+                self.guard.forget(pid)
 
     def resume_all(self) -> None:
+        """Continue everyone stopped now. Entries are removed one by one, never
+        cleared at once: a stop the probe makes meanwhile stays in the map, where
+        the watchdog finds it once the programs are detached."""
         tbl = self.bpf["cuda_paused"]
         for k, v in list(tbl.items()):
-            if v.stopped:
-                watchdog.continue_stopped(k.value, v.stop_boot_ns)
-        tbl.clear()
+            self._release(tbl, k.value, v.stopped, v.stop_boot_ns)
 
     @property
     def paused_map_fd(self) -> int:
