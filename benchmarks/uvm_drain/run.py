@@ -37,6 +37,7 @@ import select
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -140,12 +141,20 @@ def storm(exe: Path, dev: Path, track: bool, entries: int) -> dict[str, Any]:
             c0, t0 = cpu_s(), mono()
             w.proc.stdin.write("go\n")
             w.proc.stdin.close()
-            t_exit = 0
-            while not t_exit:  # the recorder's loop: poll every 100 ms until the target exits
-                if select.select([pidfd], [], [], 0.1)[0]:
-                    t_exit = mono()
+            exited: list[int] = []
+
+            # a thread stamps the exit: the loop below may be decoding when it happens
+            def wait_exit() -> None:
+                select.select([pidfd], [], [])
+                exited.append(mono())
+
+            watcher = threading.Thread(target=wait_exit)
+            watcher.start()
+            while watcher.is_alive():  # the recorder's loop: poll every 100 ms until exit
+                watcher.join(0.1)
                 if layer is not None:
                     rows += sum(t.num_rows for v in layer.poll().values() for t in v)
+            t_exit = exited[0]
             os.close(pidfd)
             w.proc.wait()
             assert w.proc.returncode == 0, w.proc.stderr.read() if w.proc.stderr else ""
