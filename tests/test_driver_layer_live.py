@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from gputrace import manifest
 from gputrace.record.driver_layer import DriverLayer
 from tests.standin import standin
 
@@ -153,13 +154,13 @@ def _record(tmp_path: Path, version: int, entries: int) -> Run:
             _collect(parts, layer.poll())
         finally:
             _collect(parts, layer.stop())
-        manifest = layer.manifest()
+        mf = layer.manifest()
     logged = [json.loads(x) for x in log.read_text().splitlines()]
     tables = {k: pa.concat_tables(v) for k, v in parts.items()}
     trackers = [e for e in logged if e["ev"] == "tracker" and e["target_pid"] == w.pid]
     queue = [e for e in trackers if e["entries"] == entries]
     assert len(queue) == 1 and queue[0]["version"] == version, trackers
-    run = Run(version, tables, manifest, logged, exp, w.pid, t_go, t_frag, t_resume, t_exit,
+    run = Run(version, tables, mf, logged, exp, w.pid, t_go, t_frag, t_resume, t_exit,
               released[0]["mono_ns"] if released else 0, bool(released))  # fmt: skip
     run.events = [e for e in logged if e["ev"] == "event" and e["pid"] == w.pid]
     run.tracker_id = str(queue[0]["id"])
@@ -350,6 +351,7 @@ def test_processor_indices_map_to_trace_gpu_through_the_uuid_table(run: Run) -> 
     assert dl["tools_abi"]["entry_bytes"] == {1: 64, 2: 72}[run.version]
     uuids = {g["index"]: g["uuid"] for g in run.manifest["gpu_uuids"]}
     assert sorted(uuids) == [0, 1]
+    manifest.DriverLayer.model_validate(dl)  # what the trace's manifest reader accepts
 
 
 def test_timestamps_are_monotonic_and_inside_the_workload_window(run: Run) -> None:
