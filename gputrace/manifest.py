@@ -19,8 +19,8 @@ from pydantic import ValidationError as _PydanticError
 from gputrace import schema
 from gputrace.errors import TraceError
 
-FORMAT_NAME = "gputrace-trace"
-FORMAT_VERSION = 1
+FORMAT_NAME = schema.FORMAT_NAME
+FORMAT_VERSION = schema.FORMAT_VERSION
 MAX_BYTES = 16 << 20
 """A manifest is a few kB even with thousands of hooks; more is not ours."""
 MAX_DEPTH = 32

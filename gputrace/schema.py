@@ -19,6 +19,10 @@ import polars as pl
 import pyarrow as pa
 
 SCHEMA_VERSION = 2
+# The trace directory's own format (manifest layout, part naming), versioned apart from
+# the tables' columns.
+FORMAT_NAME = "gputrace-trace"
+FORMAT_VERSION = 1
 """Bumped whenever a column is added, removed, renamed or retyped."""
 
 

@@ -31,16 +31,18 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gputrace import manifest as manifest_model
 from gputrace import schema
 from gputrace.errors import TraceError
-from gputrace.manifest import FORMAT_NAME, FORMAT_VERSION
+
+FORMAT_NAME = schema.FORMAT_NAME
+FORMAT_VERSION = schema.FORMAT_VERSION
 
 __all__ = [
     "FORMAT_NAME",
@@ -156,6 +158,14 @@ def _abs(path: str | os.PathLike[str]) -> Path:
     return p
 
 
+def _manifest_model() -> ModuleType:
+    """The pydantic manifest model, imported on first use: the recorder's write path
+    never validates a manifest, and production hosts need not install pydantic."""
+    from gputrace import manifest
+
+    return manifest
+
+
 def check_output(path: str | os.PathLike[str], *, force: bool = False) -> None:
     """Would `TraceWriter(path, force=force)` refuse? Raises its TraceError; changes nothing.
 
@@ -256,6 +266,7 @@ def _plan_removal(fd: int, p: Path) -> _Plan:
     if MANIFEST not in entries:
         raise TraceError(f"{p} exists and is not a trace (no {MANIFEST}); refusing to overwrite")
     try:
+        manifest_model = _manifest_model()
         raw = manifest_model.parse(_read_at(fd, MANIFEST, p / MANIFEST), str(p / MANIFEST))
     except TraceError as e:
         raise TraceError(f"{p} exists and is not a trace we can replace ({e}); "
@@ -341,6 +352,7 @@ def _read_at(dir_fd: int | None, name: str | Path, where: Path) -> bytes:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise TraceError(f"{where}: unreadable manifest (not a regular file)")
         chunks = []
+        manifest_model = _manifest_model()
         left = manifest_model.MAX_BYTES + 1
         while left > 0:
             chunk = os.read(fd, min(left, 1 << 20))
@@ -388,8 +400,8 @@ class TraceWriter:
         self._parts: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
         self._rows: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
         self.manifest: dict[str, Any] = {
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
+            "format": schema.FORMAT_NAME,
+            "format_version": schema.FORMAT_VERSION,
             "schema_version": schema.SCHEMA_VERSION,
             "gputrace_version": _version(),
             "status": STATUS_RECORDING,
@@ -700,6 +712,7 @@ def open_trace(path: str | os.PathLike[str], *, validate: bool = True) -> Trace:
     mpath = p / MANIFEST
     if not mpath.exists():
         raise TraceError(f"{p} is not a gputrace trace (no {MANIFEST})")
+    manifest_model = _manifest_model()
     manifest = manifest_model.parse(_read_at(None, mpath, mpath), str(mpath))
     trace = Trace(p, manifest)
     if validate:
