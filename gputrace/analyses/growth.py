@@ -7,9 +7,12 @@ each bin keeps its lowest live bytes, counting the value carried into it
 fake a trend). A Theil-Sen line (the
 median of all pairwise slopes, robust to outliers) is fitted to the troughs;
 its quality is R² of that line and the median absolute deviation (MAD) of
-its residuals. A series is flagged as growing when the slope is positive,
-R² >= 0.5 and the fitted rise over the span is at least 1 MiB and 10 % of
-the process's peak live bytes.
+its residuals. A series is flagged as growing only with evidence: it spans at
+least `MIN_DURATION_S` seconds, its trough rose from one bin to the next at
+least `MIN_RISES` times (iterations that each left memory behind), the slope
+is positive, R² >= 0.5 and the fitted rise over the span is at least 1 MiB and
+10 % of the process's peak live bytes. Reservations are not memory and never
+reach this series (`lifetimes.memory`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ BINS = 32
 MIN_R2 = 0.5
 MIN_RISE_BYTES = MiB
 MIN_RISE_SHARE = 0.10
+MIN_DURATION_S = 5.0
+"""Shortest span (first to last event of the series) that can be called growing."""
+MIN_RISES = 4
+"""Fewest bin-to-bin rises of the trough (leaky iterations) that can be called growing."""
 KEY = ["layer", "pid"]
 
 
@@ -80,18 +87,21 @@ def growth(lifetimes: pl.LazyFrame) -> pl.DataFrame:
         row = {"layer": key[0], "pid": key[1], "events": span["events"],
                "duration_s": dur_min * 60, "peak_bytes": span["peak_bytes"],
                "end_bytes": span["end_bytes"], "slope_bytes_per_min": None, "r2": None,
-               "mad_bytes": None, "flagged": False}
+               "mad_bytes": None, "rising_troughs": 0, "flagged": False}
         if grp.height >= 3 and dur_min > 0:
             x = grp["bin"].to_numpy().astype(np.float64) * dur_min / BINS
             y = grp["trough"].to_numpy().astype(np.float64)
             slope, _, r2, mad = theil_sen(x, y)
             rise = slope * dur_min
-            row.update(slope_bytes_per_min=slope, r2=r2, mad_bytes=mad, flagged=bool(
-                slope > 0 and r2 >= MIN_R2 and rise >= MIN_RISE_BYTES
+            rises = int((np.diff(y) > 0).sum())
+            row.update(slope_bytes_per_min=slope, r2=r2, mad_bytes=mad, rising_troughs=rises,
+                       flagged=bool(
+                dur_min * 60 >= MIN_DURATION_S and rises >= MIN_RISES
+                and slope > 0 and r2 >= MIN_R2 and rise >= MIN_RISE_BYTES
                 and rise >= MIN_RISE_SHARE * float(span["peak_bytes"] or 0)))
         rows.append(row)
     schema = {"layer": pl.String, "pid": pl.Int32, "events": pl.UInt32,
               "duration_s": pl.Float64, "peak_bytes": pl.Int64, "end_bytes": pl.Int64,
               "slope_bytes_per_min": pl.Float64, "r2": pl.Float64, "mad_bytes": pl.Float64,
-              "flagged": pl.Boolean}
+              "rising_troughs": pl.Int64, "flagged": pl.Boolean}
     return pl.DataFrame(rows, schema=schema).sort(KEY)

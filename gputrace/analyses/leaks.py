@@ -5,7 +5,10 @@ of the trace and its process is still running, and `unfreed_at_exit` when
 its process exited before any free, so only the driver's teardown reclaimed
 it (compute-sanitizer's notion of a leak). Lifetimes come from
 `lifetimes.lifetimes` (as-of pairing, RM subtree frees); failed allocations
-never count. See docs/analyses/leaks.md.
+never count. The headline (`total_bytes`) and the joined view, each piece of
+memory told once, come from the `allocations` model (leaks_joined); the
+per-layer lists (`allocations`, `by_process`, ...) stay for `--by-layer`.
+See docs/analyses/leaks.md and docs/analyses/allocations.md.
 """
 
 from __future__ import annotations
@@ -14,13 +17,17 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from gputrace.analyses.allocations import leak_kind, with_exits
 from gputrace.analyses.common import Inputs, records, size_class, trace_warnings
 from gputrace.analyses.growth import growth
-from gputrace.analyses.lifetimes import recorded_layers
-from gputrace.analyses.partition import per_slice
+from gputrace.analyses.leaks_joined import joined_part, joined_report
+from gputrace.analyses.lifetimes import VIRTUAL_LAYERS, recorded_layers
+from gputrace.analyses.partition import Slice, per_slice
 from gputrace.analyses.report import Report, not_recorded
 from gputrace.analyses.rm_objects import VIRTUAL_LAYER
 from gputrace.analyses.stacks import stack_frames
+
+__all__ = ["LeakOptions", "classify", "leak_part", "leaks", "with_exits"]
 
 QUESTION = "What memory was never freed, by whom, and is any process's memory growing?"
 FIELDS = ["layer", "pid", "comm", "kind", "id", "size_bytes", "alloc_ts_ns", "stack_id",
@@ -34,22 +41,10 @@ class LeakOptions:
     top: int | None = None
 
 
-def with_exits(frame: pl.LazyFrame, processes: pl.LazyFrame, ts: str) -> pl.LazyFrame:
-    """Add `exit_ts_ns` and `pcomm` of the process instance (pid) running at `ts`."""
-    procs = processes.select(
-        "pid", pl.col("start_ts_ns").fill_null(0).alias("_start"), "exit_ts_ns",
-        pl.col("comm").alias("pcomm")).sort("_start")
-    return frame.sort(ts).join_asof(procs, left_on=ts, right_on="_start", by="pid",
-                                    strategy="backward", check_sortedness=False).drop("_start")
-
-
 def classify(lt: pl.LazyFrame, processes: pl.LazyFrame, end_ns: int) -> pl.LazyFrame:
     """Leaked allocations with `kind` and `age_s` (age at trace end or process exit)."""
     exit_ = pl.col("exit_ts_ns")
-    free = pl.col("free_ts_ns")
-    kind = (pl.when(exit_.is_not_null() & (free.is_null() | (free >= exit_)))
-            .then(pl.lit("unfreed_at_exit"))
-            .when(free.is_null()).then(pl.lit("alive_at_end")))
+    kind = leak_kind()
     return (with_exits(lt, processes, "alloc_ts_ns")
             .with_columns(kind=kind, comm=pl.coalesce("pcomm", "comm"))
             .filter(pl.col("kind").is_not_null())
@@ -57,12 +52,12 @@ def classify(lt: pl.LazyFrame, processes: pl.LazyFrame, end_ns: int) -> pl.LazyF
                           / 1e9))
 
 
-def leak_part(inp: Inputs, every: pl.LazyFrame, opts: LeakOptions | None = None,
-              ) -> dict[str, pl.DataFrame]:
-    """The leak findings of one pid slice (`every`: its lifetimes, virtual included):
-    per-process frames to concatenate and per-layer sums to add up (`leak_report`)."""
+def leak_part(sl: Slice, opts: LeakOptions | None = None) -> dict[str, pl.DataFrame]:
+    """The leak findings of one pid slice (its lifetimes, virtual included, and its
+    allocations model): per-process frames to concatenate and sums to add up."""
     o = opts or LeakOptions()
-    lt = every.filter(pl.col("layer") != VIRTUAL_LAYER)
+    inp, every = sl.inp, sl.lifetimes
+    lt = every.filter(~pl.col("layer").is_in(list(VIRTUAL_LAYERS)))
     leaked = classify(lt, inp.scan("processes"), inp.end_ns).filter(
         (pl.col("age_s") * 1e9 >= o.older_ns) & (pl.col("size_bytes") >= o.min_size_bytes))
     count_bytes = [pl.len().cast(pl.Int64).alias("count"), pl.col("size_bytes").sum()]
@@ -82,7 +77,8 @@ def leak_part(inp: Inputs, every: pl.LazyFrame, opts: LeakOptions | None = None,
             pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes")),
         by_stack, leaked.group_by("layer", size_class=size_class()).agg(count_bytes),
         virt.select(count_bytes), closed.select(count_bytes)])
-    return {**dict(zip(names, frames, strict=True)), "growth": growth(lt)}
+    return {**dict(zip(names, frames, strict=True)), "growth": growth(lt),
+            **joined_part(sl, o.older_ns, o.min_size_bytes)}
 
 
 def _sums(parts: list[dict[str, pl.DataFrame]], name: str, *by: str) -> pl.DataFrame:
@@ -103,7 +99,7 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
         return not_recorded("leaks", QUESTION, missing, warnings,
                             {"allocations": [], "total_bytes": None})
     if parts is None:
-        parts = per_slice(inp, {"leaks": lambda p, lt: leak_part(p, lt, o)})["leaks"]
+        parts = per_slice(inp, {"leaks": lambda sl: leak_part(sl, o)})["leaks"]
     allocs = pl.concat([p["allocations"] for p in parts]).sort(
         "size_bytes", "alloc_ts_ns", "layer", "pid", "id",
         descending=[True, False, False, False, False])
@@ -124,7 +120,7 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
               for k, v in layers.items()}
     data = {
         "allocations": records(allocs),
-        "total_bytes": max(b for b in by_layer.values() if b is not None),
+        **joined_report(parts, o.top, layers["api"]),
         "bytes_by_layer": by_layer,
         "count_by_layer": counts,
         "layers": {k: ("recorded" if v else "not recorded") for k, v in layers.items()},

@@ -7,7 +7,9 @@ process's rows only. `pid_slices` cuts an `Inputs` into slices of pids
 (pid mod k, k from the row counts of the tables lifetimes read), each with
 every per-process table filtered to its pids and every other table whole;
 reports compute on one slice at a time and concatenate or sum the small
-results. Traces under `SLICE_ROWS` rows stay one slice (no extra scans).
+results. The joined `allocations` model is per process too, so it is computed
+per slice, once, and shared by the reports (`Slice.model`). Traces under
+`SLICE_ROWS` rows stay one slice (no extra scans).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import TypeVar
 import polars as pl
 
 from gputrace.analyses.common import Inputs
-from gputrace.analyses.lifetimes import lifetimes
+from gputrace.analyses.lifetimes import lifetimes, memory
 
 T = TypeVar("T")
 
@@ -50,14 +52,36 @@ def pid_slices(inp: Inputs, k: int) -> list[Inputs]:
     return [part(i) for i in range(k)]
 
 
-def per_slice(inp: Inputs, steps: Mapping[str, Callable[[Inputs, pl.LazyFrame], T]],
-              ) -> dict[str, list[T]]:
-    """Each step's result for each pid slice, given the slice and its lifetimes
-    (collected once per slice and shared by the steps)."""
+class Slice:
+    """One pid slice: its inputs, its lifetimes (collected once) and, computed at most
+    once and shared by every report that asks, its `allocations` model."""
+
+    def __init__(self, inp: Inputs) -> None:
+        self.inp = inp
+        self.lifetimes = lifetimes(inp).collect().lazy()
+        self._model: tuple[pl.DataFrame, pl.DataFrame] | None = None
+
+    def model(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """(rows, pieces): the memory lifetime rows linked into pieces
+        (`allocations.rows`) and one row per piece (`allocations.allocations`)."""
+        if self._model is None:
+            from gputrace.analyses.allocations import allocations, rows
+
+            inp = self.inp
+            r = rows(memory(self.lifetimes).collect(), inp.scan("processes"))
+            pids = (inp.scan("cuda_calls").select("pid").unique().collect()
+                    if inp.has("api") else pl.DataFrame(schema={"pid": pl.Int32}))
+            self._model = (r, allocations(r, pids))
+        return self._model
+
+
+def per_slice(inp: Inputs, steps: Mapping[str, Callable[[Slice], T]]) -> dict[str, list[T]]:
+    """Each step's result for each pid slice (its lifetimes and allocations model
+    computed once per slice and shared by the steps)."""
     out: dict[str, list[T]] = {name: [] for name in steps}
     for part in pid_slices(inp, slice_count(inp)):
-        lt = lifetimes(part).collect().lazy()
+        sl = Slice(part)
         for name, step in steps.items():
-            out[name].append(step(part, lt))
-        del lt
+            out[name].append(step(sl))
+        del sl
     return out

@@ -62,7 +62,8 @@ def rm_objects(ioctls: pl.LazyFrame, files: pl.LazyFrame) -> pl.LazyFrame:
     ok = ioctls.filter(ok_ioctl())
     heap_alloc = (pl.col("name") == VID_HEAP) & (pl.col("size_bytes").fill_null(0) > 0)
     allocs = ok.filter(pl.col("name").is_in(ALLOCS) | heap_alloc).select(
-        "ts_ns", "pid", "comm", "fd", "gpu_index", "size_bytes", "flags", "name",
+        "ts_ns", "pid", "tid", "latency_ns", "comm", "fd", "gpu_index", "size_bytes", "flags",
+        "name",
         pl.col("h_client").alias("client"), pl.col("h_object").alias("handle"),
         pl.col("h_parent").alias("parent"), pl.col("h_class").alias("cls"))
     frees = ok.filter((pl.col("name") == "RM_FREE")
@@ -142,6 +143,8 @@ def rm_lifetimes(ioctls: pl.LazyFrame, files: pl.LazyFrame) -> pl.LazyFrame:
         .alias("layer"), "pid", "comm", pl.col("handle").alias("id"),
         what.alias("what"), pl.col("size_bytes").fill_null(0), "name", "cls", "flags",
         pl.col("ts_ns").alias("alloc_ts_ns"), pl.col("end_ts_ns").alias("free_ts_ns"),
-        "freed_by", pl.lit(None, pl.Int64).alias("stack_id"), "gpu_index")
+        "freed_by", pl.lit(None, pl.Int64).alias("stack_id"), "gpu_index", "tid",
+        (pl.col("ts_ns") + pl.col("latency_ns").fill_null(0)).alias("call_end_ns"), "client",
+        "handle")
     keep = [c for c in rows.collect_schema().names() if c not in ("name", "cls", "flags")]
     return rows.filter(is_mem | _is_virtual()).select(keep)

@@ -15,13 +15,13 @@ import functools
 
 import polars as pl
 
+from gputrace.analyses.allocations import with_exits
 from gputrace.analyses.common import Inputs, records, trace_warnings
 from gputrace.analyses.gpus import gpu_table, pmm_gpus, replay_steps
 from gputrace.analyses.growth import live_series
-from gputrace.analyses.leaks import with_exits
-from gputrace.analyses.partition import per_slice
+from gputrace.analyses.lifetimes import VIRTUAL_LAYERS
+from gputrace.analyses.partition import Slice, per_slice
 from gputrace.analyses.report import Report, not_recorded
-from gputrace.analyses.rm_objects import VIRTUAL_LAYER
 
 QUESTION = "Which driver calls cost what, and who holds how much GPU memory, on which GPU?"
 
@@ -74,10 +74,11 @@ def process_memory(lt: pl.LazyFrame, processes: pl.LazyFrame) -> pl.LazyFrame:
     return live.join(peak, on=["layer", "pid"])
 
 
-def summary_part(inp: Inputs, lt: pl.LazyFrame, rm_gpu: bool) -> dict[str, pl.DataFrame]:
-    """What one pid slice (`lt`: its lifetimes) adds: its processes' memory and, when
-    `rm_gpu`, the (gpu_index, ts_ns, d) steps of its RM allocations with a known GPU."""
-    lt = lt.filter(pl.col("layer") != VIRTUAL_LAYER)
+def summary_part(sl: Slice, rm_gpu: bool) -> dict[str, pl.DataFrame]:
+    """What one pid slice adds: its processes' memory and, when `rm_gpu`, the
+    (gpu_index, ts_ns, d) steps of its RM allocations with a known GPU."""
+    inp = sl.inp
+    lt = sl.lifetimes.filter(~pl.col("layer").is_in(list(VIRTUAL_LAYERS)))
     rm = (lt.filter((pl.col("layer") == "rm") & pl.col("gpu_index").is_not_null()
                     & pl.lit(rm_gpu))
           .select("gpu_index", pl.col("alloc_ts_ns").alias("ts_ns"), "size_bytes",

@@ -88,7 +88,7 @@ def gates(doc: dict[str, Any], conds: list[tuple[str, float]]) -> list[str]:
         if rep is None or not rep["recorded"]:
             continue
         if name == "leaks":
-            n = sum(v or 0 for v in rep["count_by_layer"].values())
+            n = rep["total_count"]
             if n:
                 hits.append(f"leaks: {n} leaked allocations ({rep['total_bytes']} bytes)")
         elif name == "growth" and rep["growing_pids"]:
@@ -119,11 +119,11 @@ def run_reports(inp: Inputs, names: list[str], opts: dict[str, Any],
     lopts = LeakOptions(opts["older_ns"], opts["min_size"], opts["top"])
     # Leaks and summary share each pid slice's lifetimes: one pass over the slices.
     pmm = pmm_gpus(inp) if "summary" in names else None
-    steps: dict[str, Callable[[Inputs, Any], dict[str, Any]]] = {}
+    steps: dict[str, Callable[[Any], dict[str, Any]]] = {}
     if "leaks" in names:
-        steps["leaks"] = lambda part, lt: leak_part(part, lt, lopts)
+        steps["leaks"] = lambda sl: leak_part(sl, lopts)
     if "summary" in names:
-        steps["summary"] = lambda part, lt: summary_part(part, lt, pmm is None)
+        steps["summary"] = lambda sl: summary_part(sl, pmm is None)
     parts: dict[str, list[dict[str, Any]]] = {}
     reports: dict[str, Report | None] = dict.fromkeys(REPORT_KEYS)
     for name in names:
@@ -174,6 +174,8 @@ def register(app: typer.Typer) -> None:
         thrash_min: Annotated[str, typer.Option(
             "--thrash-min", metavar="N",
             help="Reversals per window that make a block thrash.")] = "3",
+        by_layer: Annotated[bool, typer.Option(
+            "--by-layer", help="Leaks per layer (api, rm, uvm apart), not joined.")] = False,
     ) -> None:
         """Leak, fault-rate, fragmentation and summary reports."""
         from gputrace.tracedir import open_trace
@@ -202,7 +204,7 @@ def register(app: typer.Typer) -> None:
         if blind:
             raise UsageError("--fail-on cannot check " + "; ".join(blind)
                              + " in this trace; record that layer or drop the condition")
-        _emit(doc, fmt, output, top_n)
+        _emit(doc, fmt, output, top_n, by_layer)
         hits = gates(doc, conds)
         if hits:
             raise FindingsTriggered("--fail-on: " + "; ".join(hits))
@@ -225,7 +227,8 @@ def _with_progress(inp: Inputs, names: list[str], opts: dict[str, Any],
         return run_reports(inp, names, opts, step)
 
 
-def _emit(doc: dict[str, Any], fmt: str, output: str | None, top: int | None) -> None:
+def _emit(doc: dict[str, Any], fmt: str, output: str | None, top: int | None,
+          by_layer: bool = False) -> None:
     from gputrace.render.json import render_json
     from gputrace.render.terminal import render_terminal
 
@@ -235,10 +238,11 @@ def _emit(doc: dict[str, Any], fmt: str, output: str | None, top: int | None) ->
                 if fmt == "json":
                     f.write(render_json(doc))
                 else:
-                    render_terminal(doc, f, color=False, top=top)
+                    render_terminal(doc, f, color=False, top=top, by_layer=by_layer)
         except OSError as e:
             raise GputraceError(f"cannot write {output}: {e.strerror or e}") from None
     elif fmt == "json":
         sys.stdout.write(render_json(doc))
     else:
-        render_terminal(doc, sys.stdout, color=sys.stdout.isatty(), top=top)
+        render_terminal(doc, sys.stdout, color=sys.stdout.isatty(), top=top,
+                        by_layer=by_layer)

@@ -86,8 +86,71 @@ def table(con: Console, title: str, rows: Sequence[dict[str, Any]], cols: Sequen
         con.print(f"[dim]... {len(rows) - limit} more (use --top or --format json)[/dim]")
 
 
+TIMES = "\N{MULTIPLICATION SIGN}"
+BASIS = {"api": "API allocations", "driver": "driver allocations"}
+
+
+def _sub_allocation(s: dict[str, Any]) -> str | None:
+    """The sentence explaining why a site's API bytes differ from the driver memory
+    holding them, when they do."""
+    if not s.get("backing_count") or s.get("backing_bytes") == s["bytes"]:
+        return None
+
+    def n_x(n: Any, size: Any, total: Any) -> str:
+        if size is None:
+            return f"{n} ({human_bytes(total)})"
+        return f"{n} {TIMES} {human_bytes(size)}"
+
+    return (f"{n_x(s['count'], s['size_bytes'], s['bytes'])} API allocations inside "
+            f"{n_x(s['backing_count'], s['backing_size_bytes'], s['backing_bytes'])} driver "
+            "allocations: the driver sub-allocates small API allocations from larger "
+            "ones; the leaked figure counts the API bytes")
+
+
 def _leaks(con: Console, d: dict[str, Any], limit: int) -> None:
-    con.print(Text(f"leaked: {human_bytes(d['total_bytes'])} (largest layer); by layer: "
+    """The joined view: each piece of memory once, one leaked-bytes figure."""
+    total = d["total_bytes"]
+    con.print(Text(f"leaked: {human_bytes(total)} ({num(total)} bytes of "
+                   f"{BASIS.get(d['total_basis'], d['total_basis'])}) in "
+                   f"{num(d['total_count'])} allocations"))
+    for s in d["leak_sites"][:limit]:
+        note = _sub_allocation(s)
+        if note:
+            con.print(Text(note))
+    table(con, "Leak sites", d["leak_sites"], [
+        ("pid", "pid", plain), ("comm", "comm", str), ("what", "what", str),
+        ("count", "count", num), ("bytes", "bytes", human_bytes),
+        ("frames", "call stack (innermost first)", plain)], limit)
+    table(con, "Leaked memory (each piece once)", d["leaked"], [
+        ("pid", "pid", plain), ("kind", "kind", short_kind), ("what", "what", str),
+        ("api_count", "allocs", num), ("bytes", "leaked", human_bytes),
+        ("rm_bytes", "driver", human_bytes), ("age_s", "age s", num),
+        ("frames", "call stack (innermost first)", plain)], limit)
+    held = d.get("driver_held")
+    for kind, v in sorted((held or {}).get("by_kind", {}).items()):
+        how = ("released by the driver at exit" if kind == "unfreed_at_exit"
+               else "still held at the end of the trace")
+        con.print(Text(f"driver memory the program never asked for through the API (CUDA "
+                       f"context and runtime), {how}: {num(v['count'])} allocations "
+                       f"({human_bytes(v['bytes'])}); not a leak"))
+    for layer, v in sorted((d.get("reservations") or {}).items()):
+        con.print(Text(f"address-space reservations not released ({layer}; not memory, not "
+                       f"counted): {num(v['count'])} ({human_bytes(v['bytes'])})",
+                       style="dim"))
+    _growth(con, d, limit)
+    con.print(Text("per-layer view (api, rm, uvm rows apart): --by-layer", style="dim"))
+
+
+def _growth(con: Console, d: dict[str, Any], limit: int) -> None:
+    table(con, "Growth (live bytes over time)", d["growth"], [
+        ("layer", "layer", str), ("pid", "pid", plain), ("peak_bytes", "peak", human_bytes),
+        ("end_bytes", "end", human_bytes), ("slope_bytes_per_min", "slope/min", human_bytes),
+        ("r2", "R²", num), ("rising_troughs", "rises", num), ("flagged", "growing", num)],
+        limit)
+
+
+def _leaks_by_layer(con: Console, d: dict[str, Any], limit: int) -> None:
+    con.print(Text("by layer (one allocation may appear in each layer): "
                    + ", ".join(f"{k} {human_bytes(v) if v is not None else 'not recorded'}"
                                for k, v in sorted(d["bytes_by_layer"].items()))))
     table(con, "Leaked allocations", d["allocations"], [
@@ -104,10 +167,7 @@ def _leaks(con: Console, d: dict[str, Any], limit: int) -> None:
     table(con, "By size class", d["by_size_class"], [
         ("layer", "layer", str), ("size_class", "class", str), ("count", "count", num),
         ("bytes", "bytes", human_bytes)], limit)
-    table(con, "Growth (live bytes over time)", d["growth"], [
-        ("layer", "layer", str), ("pid", "pid", plain), ("peak_bytes", "peak", human_bytes),
-        ("end_bytes", "end", human_bytes), ("slope_bytes_per_min", "slope/min", human_bytes),
-        ("r2", "R²", num), ("flagged", "growing", num)], limit)
+    _growth(con, d, limit)
     if d.get("rm_freed_by_fd_close"):
         c = d["rm_freed_by_fd_close"]
         con.print(f"[dim]RM memory never freed by the program, torn down by the driver when "
@@ -213,8 +273,9 @@ def _warn(con: Console, text: str) -> None:
 
 
 def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True,
-                    top: int | None = None) -> None:
-    """Print every report in `document` (the JSON document's shape)."""
+                    top: int | None = None, by_layer: bool = False) -> None:
+    """Print every report in `document` (the JSON document's shape); `by_layer`: the
+    leak report's per-layer view (api, rm, uvm apart) instead of the joined one."""
     con = Console(file=out, width=WIDTH, force_terminal=color, no_color=not color,
                   highlight=False, soft_wrap=False, emoji=False)
     document = printable_tree(document)
@@ -234,4 +295,4 @@ def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True
             con.print(Text("not recorded: layer(s) " + ", ".join(rep["not_recorded_layers"])
                            + " missing from this trace"))
             continue
-        fn(con, rep, limit)
+        (_leaks_by_layer if by_layer and key == "leaks" else fn)(con, rep, limit)
