@@ -363,3 +363,60 @@ def test_real_fixture_provenance_exists() -> None:
     prov = json.loads((REAL / "PROVENANCE.json").read_text())
     assert prov["synthetic"] is False and "H200" in prov["hardware"]
     assert Path(REAL / "trace" / "manifest.json").exists()
+
+
+def _fault(batch: int, addr: int, access: int = 2, ts: int = T) -> bytes:
+    return _rec(2, "gpu_fault", 3, 1, 1, 0, 0, addr, ts, 1, batch, 1, access, 0)
+
+
+def _replay(batch: int, ts: int) -> bytes:
+    return _rec(2, "replay", 4, 1, 1, batch, ts, 7)
+
+
+def test_duplicates_and_first_fault_span_drains() -> None:
+    """A batch's faults split over three drains (synthetic): a pair seen in an earlier
+    drain is a duplicate when it comes again; the same address with another access
+    type is not; the first fault is the earliest of all drains."""
+    dec = UvmStreamDecoder(UvmStreamContext(pid=5, version=2, cpu_fault_has_cpu_id=True,
+                                            processors=PROCS))
+    assert "fault_batches" not in dec.feed(_fault(7, A, ts=T + 5) + _fault(8, A), 0)
+    dec.feed(_fault(7, A + 4096, ts=T + 9) + _fault(7, A, ts=T + 3), 10)
+    out = dec.feed(_fault(7, A, access=1, ts=T + 1) + _fault(7, A + 4096, ts=T + 8)
+                   + _replay(7, T + 50)
+                   + _replay(9, T + 60), 0)
+    b7, b9 = out["fault_batches"].to_pylist()
+    assert (b7["batch_id"], b7["faults"], b7["duplicates"], b7["ts_ns"], b7["duration_ns"]) == (
+        7, 5, 2, T + 1, 49)
+    assert (b9["batch_id"], b9["faults"], b9["duplicates"], b9["ts_ns"]) == (9, None, None,
+                                                                             T + 60)
+    (b8,) = dec.finish()["fault_batches"].to_pylist()
+    assert (b8["batch_id"], b8["faults"], b8["duplicates"], b8["duration_ns"]) == (
+        8, 1, 0, None)
+    assert dec.finish() == {}
+
+
+def test_a_batch_reopened_after_its_replay_starts_afresh() -> None:
+    """Faults arriving after their batch closed form a new batch (synthetic)."""
+    dec = UvmStreamDecoder(UvmStreamContext(pid=5, version=2, cpu_fault_has_cpu_id=True,
+                                            processors=PROCS))
+    (first,) = dec.feed(_fault(3, A) + _fault(3, A) + _replay(3, T + 9), 0)[
+        "fault_batches"].to_pylist()
+    dec.feed(_fault(3, A), 0)
+    (again,) = dec.feed(_replay(3, T + 20) + _replay(3, T + 30), 0)["fault_batches"].to_pylist()
+    assert (first["faults"], first["duplicates"]) == (2, 1)
+    assert (again["faults"], again["duplicates"], again["duration_ns"]) == (1, 0, 20)
+
+
+@pytest.mark.parametrize("alternate", [False, True])
+def test_enum_names_in_long_and_short_runs(alternate: bool) -> None:
+    """Enum names are right whether codes come in runs or alternate (two build paths)."""
+    dec = UvmStreamDecoder(UvmStreamContext(pid=5, version=2, cpu_fault_has_cpu_id=True,
+                                            processors=PROCS))
+    types = [(i % 2) if alternate else (i // 300) for i in range(600)]  # tools 0/1
+    raw = b"".join(_rec(2, "gpu_fault", 3, 1 + t, 1, 0, 0, A + i * 4096, T + i, 1, 1, 1,
+                        1 + t, 0) for i, t in enumerate(types))
+    f = dec.feed(raw, 0)["faults"]
+    f.validate(full=True)
+    assert f["fault_type"].to_pylist() == [("invalid_pde", "invalid_pte")[t] for t in types]
+    assert f["access_type"].to_pylist() == [("read", "write")[t] for t in types]
+    assert f["source"].to_pylist() == ["gpu_replayable"] * 600

@@ -2,6 +2,7 @@
 """UVM tools drain benchmark (issue 9). Run as root from the repository root:
 
     python3 benchmarks/uvm_drain/run.py [--reps 3] [--json out.json]
+    python3 benchmarks/uvm_drain/run.py --decode-only [--baseline REV]  # no root needed
 
 Questions it answers, side by side in one run:
 
@@ -20,6 +21,12 @@ Questions it answers, side by side in one run:
 4. Sampling thread: CPU of an RM `MemorySampler` at 100 ms (and 10 ms) against the
    stand-in, as cores and microseconds per sample.
 
+`--decode-only` runs only the decoder (no queue, no stand-in, no root): the H200
+capture and a SYNTHETIC 1 M-record V2 stream whose batches stay open for 2,000
+batches, fed in 1k/4k/16k/64k-record feeds, CPU time per record; with `--baseline
+REV` the decoder of git revision REV runs side by side in the same process on the
+same bytes, and the two outputs are compared table by table.
+
 The stand-in server does the driver's work in another process (FUSE round trip
 and one process_vm_writev per record), so the storm rate measures the stand-in,
 not the recorder: the ceiling is the recorder's number.
@@ -29,12 +36,14 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib.util
 import json
 import lzma
 import os
 import resource
 import select
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -43,11 +52,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gputrace.record import rm_client, uvm_tools  # noqa: E402
+from gputrace.record import decode_uvm, rm_client, uvm_tools  # noqa: E402
 from gputrace.record.decode_uvm import UvmStreamContext, UvmStreamDecoder  # noqa: E402
 from gputrace.record.driver import parse_version  # noqa: E402
 from gputrace.record.driver_layer import DriverLayer  # noqa: E402
@@ -121,6 +131,140 @@ def ceiling(raw: bytes, feed: int, total: int) -> dict[str, float]:
     return {"records": done, "feed": feed, "wall_s": wall, "cpu_s": cpu,
             "mev_s": done / wall / 1e6, "mev_per_core_s": done / cpu / 1e6 if cpu else 0.0,
             "drain_only_mev_s": done / drain_wall / 1e6, "rows": rows}  # fmt: skip
+
+
+# ---------------------------------------------------------------- decoder only
+FEEDS = (1024, 4096, 16384, 65536)
+# V2 records (uvm_types.h, 595.45.04), packed here independently of the decoder's tables
+_V2_FAULT = np.dtype({"names": ["type", "fault_type", "gpu", "address", "ts", "ts_gpu",
+                                "batch", "client_type", "access"],
+                      "formats": ["u1", "u1", "<u2", "<u8", "<u8", "<u8", "<u4", "u1", "u1"],
+                      "offsets": [0, 1, 2, 8, 16, 24, 32, 36, 37], "itemsize": ES})
+_V2_REPLAY = np.dtype({"names": ["type", "client_type", "gpu", "batch", "ts", "ts_gpu"],
+                       "formats": ["u1", "u1", "<u2", "<u4", "<u8", "<u8"],
+                       "offsets": [0, 1, 2, 4, 8, 16], "itemsize": ES})
+_V2_CPU = np.dtype({"names": ["type", "access", "address", "ts", "pid", "tid"],
+                    "formats": ["u1", "u1", "<u8", "<u8", "<u4", "<u4"],
+                    "offsets": [0, 1, 8, 16, 24, 28], "itemsize": ES})
+_V2_MIGRATION = np.dtype({"names": ["type", "cause", "src", "dst", "address", "bytes",
+                                    "begin", "end"],
+                          "formats": ["u1", "u1", "<u2", "<u2", "<u8", "<u8", "<u8", "<u8"],
+                          "offsets": [0, 1, 4, 6, 16, 24, 32, 40], "itemsize": ES})
+
+
+def synthetic_stream(records: int, delay: int = 2000, seed: int = 1) -> bytes:
+    """SYNTHETIC V2 stream of about `records` records: GPU fault batches of 56-256
+    faults (about 5% duplicate addresses), a CPU fault and a migration every 40
+    batches, and each batch's replay `delay` batches after its faults (so ~delay
+    batches are open at any time; the rest replay at the end)."""
+    rng = np.random.default_rng(seed)
+    parts: list[bytes] = []
+    ts, n, b = 10**9, 0, 0
+    replays: list[tuple[int, int]] = []
+
+    def replay(batch: int) -> bytes:
+        r = np.zeros(1, _V2_REPLAY)
+        r["type"], r["client_type"], r["gpu"], r["batch"] = 4, 1, 1, batch
+        r["ts"], r["ts_gpu"] = ts, ts * 3
+        return r.tobytes()
+
+    while n < records:
+        m = int(rng.integers(56, 257))
+        f = np.zeros(m, _V2_FAULT)
+        pages = rng.integers(0, 1 << 18, m)
+        dup = rng.random(m) < 0.05
+        pages[1:][dup[1:]] = pages[:-1][dup[1:]]
+        f["type"], f["gpu"], f["batch"], f["client_type"] = 3, 1, b, 1
+        f["fault_type"] = rng.integers(0, 2, m)
+        f["access"] = np.where(rng.random(m) < 0.7, 2, 1)
+        f["address"] = (0x7F00_0000_0000 + pages * 4096).astype(np.uint64)
+        f["ts"] = ts + np.arange(m) * 40
+        f["ts_gpu"] = f["ts"] * 3
+        ts += m * 40 + 1000
+        parts.append(f.tobytes())
+        replays.append((b, ts))
+        n += m
+        if b >= delay:
+            parts.append(replay(b - delay))
+            n += 1
+        if b % 40 == 0:
+            c = np.zeros(1, _V2_CPU)
+            c["type"], c["access"], c["address"], c["ts"], c["pid"], c["tid"] = (
+                1, 2, 0x7F00_0000_0000 + b * 4096, ts, 7, 7)
+            g = np.zeros(1, _V2_MIGRATION)
+            g["type"], g["cause"], g["src"], g["dst"] = 2, 1, 0, 1
+            g["address"], g["bytes"], g["begin"], g["end"] = (
+                0x7F00_0000_0000 + b * (2 << 20), 2 << 20, ts, ts + 5000)
+            parts += [c.tobytes(), g.tobytes()]
+            n += 2
+        b += 1
+    parts += [replay(x) for x in range(max(0, b - delay), b)]
+    return b"".join(parts)
+
+
+def load_decoder(rev: str) -> Any:
+    """gputrace/record/decode_uvm.py as of git revision `rev`, as a module."""
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:gputrace/record/decode_uvm.py"],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    if src.returncode:
+        sys.exit(f"uvm_drain: error: git show {rev}: {src.stderr.strip()}")
+    spec = importlib.util.spec_from_loader(f"decode_uvm_{rev}", loader=None)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
+    exec(compile(src.stdout, f"{rev}:decode_uvm.py", "exec"), mod.__dict__)
+    return mod
+
+
+def decode_run(mod: Any, raw: bytes, feed: int) -> tuple[float, float, list[Any]]:
+    """CPU and wall seconds to decode `raw` in feeds of `feed` records, and the tables."""
+    dec = mod.UvmStreamDecoder(mod.UvmStreamContext(1, 2, True, {0: -1, 1: 0}))
+    view = memoryview(raw)
+    out: list[Any] = []
+    c0, w0 = time.thread_time(), time.perf_counter()
+    for i in range(0, len(raw), feed * ES):
+        out.append(dec.feed(view[i:i + feed * ES], 0))
+    out.append(dec.finish())
+    return time.thread_time() - c0, time.perf_counter() - w0, out
+
+
+def same_tables(a: list[Any], b: list[Any]) -> bool:
+    """Whether two runs' outputs hold the same rows, table by table."""
+    def whole(out: list[Any]) -> dict[str, Any]:
+        names = {k for o in out for k in o}
+        return {k: pa.concat_tables([o[k] for o in out if k in o]) for k in names}
+    wa, wb = whole(a), whole(b)
+    return wa.keys() == wb.keys() and all(wa[k].equals(wb[k]) for k in wa)
+
+
+def decode_only(baseline: str | None, reps: int, records: int) -> list[dict[str, Any]]:
+    decoders: dict[str, Any] = {"current": decode_uvm}
+    if baseline:
+        decoders = {baseline: load_decoder(baseline), **decoders}
+    streams = {"H200": load_capture(CAPTURE), "synthetic": synthetic_stream(records)}
+    res = []
+    print("decoder only: CPU time per record (best of "
+          f"{reps}; {' vs '.join(decoders)}, same process, same bytes)")
+    print(f"{'stream':10} {'records':>8} {'feed':>6} "
+          + " ".join(f"{n[:10]:>10} ns/rec {'M rec/s':>8}" for n in decoders) + "  same rows")
+    for sname, raw in streams.items():
+        n = len(raw) // ES
+        for feed in FEEDS:
+            best: dict[str, float] = {}
+            outs: dict[str, list[Any]] = {}
+            for _ in range(reps):  # alternate decoders so load changes hit both alike
+                for name, mod in decoders.items():
+                    cpu, _wall, out = decode_run(mod, raw, feed)
+                    best[name] = min(best.get(name, cpu), cpu)
+                    outs[name] = out
+            same = all(same_tables(outs["current"], o) for o in outs.values())
+            row = {"stream": sname, "records": n, "feed": feed, "same_rows": same,
+                   **{f"{k}_ns_per_record": v / n * 1e9 for k, v in best.items()}}
+            res.append(row)
+            print(f"{sname:10} {n:8d} {feed:6d} " + " ".join(
+                f"{best[k] / n * 1e9:17.0f} {n / best[k] / 1e6:8.2f}" for k in decoders)
+                + f"  {'yes' if same else 'NO'}")  # fmt: skip
+    return res
 
 
 # ------------------------------------------------------------------ 2-3. stand-in storm
@@ -209,7 +353,17 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=400_000, help="per ceiling measurement")
     ap.add_argument("--queue", type=int, default=1 << 16, help="tracker queue entries")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--decode-only", action="store_true",
+                    help="only the decoder, on the H200 capture and a synthetic stream")
+    ap.add_argument("--baseline", metavar="REV",
+                    help="with --decode-only: also run the decoder of git revision REV")
+    ap.add_argument("--synthetic-records", type=int, default=1_000_000)
     a = ap.parse_args()
+    if a.decode_only:
+        rows = decode_only(a.baseline, a.reps, a.synthetic_records)
+        if a.json:
+            a.json.write_text(json.dumps({"decode_only": rows}, indent=1))
+        return
     if standin.skip_reason():
         sys.exit(f"uvm_drain: error: {standin.skip_reason()}")
     res: dict[str, Any] = {"ceiling": [], "storm": {}, "sampler": []}

@@ -124,8 +124,8 @@ _NO_GPU = np.int32(-(1 << 20))
 """Lookup value of a processor index missing from the context's table."""
 
 
-def _lut(mapping: Mapping[int, int], default: int, size: int = 256) -> npt.NDArray[np.int32]:
-    out = np.full(size, default, np.int32)
+def _lut(mapping: Mapping[int, int], default: int, size: int = 256) -> npt.NDArray[np.uint8]:
+    out = np.full(size, default, np.uint8)
     for k, v in mapping.items():
         out[k] = v
     return out
@@ -139,6 +139,9 @@ _FATAL_LUT = _lut(schema.TOOLS_FATAL_REASONS, 0)
 _REMOTE_LUT = _lut(schema.TOOLS_MAP_REMOTE_CAUSES, 0)
 _ENUM_NAMES = {k: pa.array([v.get(i) for i in range(256)], pa.string())
                for k, v in schema.ENUMS.items()}
+_ENUM_BYTES = {k: [v[i].encode() if i in v else None for i in range(256)]
+               for k, v in schema.ENUMS.items()}
+_ENUM_LEN = {k: np.array([len(b or b"") for b in v], np.int32) for k, v in _ENUM_BYTES.items()}
 
 
 def _code(enum: str, name: str) -> int:
@@ -150,30 +153,150 @@ Col = Any
 """A column value for `_table`: a numpy array, (array, null mask), or a pyarrow array."""
 
 
-def _arrow(v: Col, typ: pa.DataType) -> Any:
+_INT_TYPES: dict[Any, tuple[np.dtype[Any], int, int]] = {
+    t: (np.dtype(d), int(np.iinfo(d).min), int(np.iinfo(d).max))
+    for t, d in ((pa.int8(), np.int8), (pa.int16(), np.int16), (pa.int32(), np.int32),
+                 (pa.int64(), np.int64), (pa.uint8(), np.uint8), (pa.uint16(), np.uint16),
+                 (pa.uint32(), np.uint32), (pa.uint64(), np.uint64))}
+"""Arrow integer type -> its numpy type and range."""
+
+
+def _arrow(v: Col, typ: Any) -> Any:
     if isinstance(v, pa.Array | pa.ChunkedArray):
-        return v.cast(typ)
+        return v if v.type == typ else v.cast(typ)
+    null = None
     if isinstance(v, tuple):
-        data, null = v
-        return pa.array(np.ascontiguousarray(data), mask=null).cast(typ)
-    return pa.array(np.ascontiguousarray(v)).cast(typ)
+        v, null = v
+        nulls = int(np.count_nonzero(null))
+        if nulls == len(null):
+            return pa.nulls(len(null), typ)
+        if not nulls:
+            null = None
+        else:  # values under a null do not count in the range check below
+            v = np.where(null, 0, v)
+    want = _INT_TYPES.get(typ)
+    # narrowing in numpy where every value fits (an Arrow cast costs ~25 us a column);
+    # otherwise Arrow's safe cast below raises as it always did
+    if (want is not None and v.dtype != want[0] and len(v)
+            and want[1] <= int(v.min()) and int(v.max()) <= want[2]):
+        v = v.astype(want[0])
+    arr = pa.array(np.ascontiguousarray(v), mask=null)
+    return arr if arr.type == typ else arr.cast(typ)
+
+
+_REPEATS: dict[tuple[Any, ...], Any] = {}
+
+
+def _repeated(key: tuple[Any, ...], n: int, make: Any) -> Any:
+    """`make(size)` (an Arrow array of one repeated value, or nulls) sliced to n rows:
+    built once at a power-of-two size per key, then sliced (zero-copy)."""
+    arr = _REPEATS.get(key)
+    if arr is None or len(arr) < n:
+        arr = _REPEATS[key] = make(max(1024, 1 << (n - 1).bit_length()))
+    return arr.slice(0, n)
+
+
+def _enum_strings(enum: str, codes: npt.NDArray[np.uint8]) -> Any:
+    """The names of `codes` (null where a code has none) as a string array.
+
+    Codes come in long runs (a drain's GPU faults share source and access type), so
+    the array is built run by run from cached name bytes; many short runs use Arrow's
+    take over the 256-entry name table instead."""
+    n = len(codes)
+    names = _ENUM_BYTES[enum]
+    change = np.flatnonzero(codes[1:] != codes[:-1]) + 1
+    starts = [0, *change.tolist()] if n and len(change) <= (n >> 5) + 16 else []
+    run_codes = codes[starts].tolist()
+    if not starts or any(names[c] is None for c in run_codes):
+        idx: Any = pa.array(np.ascontiguousarray(codes))
+        return _ENUM_NAMES[enum].take(idx)
+    if len(starts) == 1:
+        name = names[run_codes[0]] or b""
+        return _repeated(("enum", enum, name), n, lambda size: _strings(
+            np.arange(0, (size + 1) * len(name), len(name), dtype=np.int32), name * size))
+    first = np.array(starts, np.intp)
+    runs = np.append(first[1:], n) - first
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(np.repeat(_ENUM_LEN[enum][run_codes], runs), out=offsets[1:])
+    return _strings(offsets, b"".join([(names[c] or b"") * m for c, m in zip(
+        run_codes, runs.tolist(), strict=True)]))
+
+
+def _const(value: int, dtype: type[np.integer[Any]], n: int) -> Any:
+    """`value` n times (as an Arrow array)."""
+    return _repeated(("const", value, dtype), n,
+                     lambda size: pa.array(np.full(size, value, dtype)))
+
+
+def _strings(offsets: npt.NDArray[np.int32], data: bytes) -> Any:
+    return pa.Array.from_buffers(pa.string(), len(offsets) - 1,
+                                 [None, pa.py_buffer(offsets.data), pa.py_buffer(data)])
+
+
+_Plan = tuple[pa.Schema, tuple[tuple[str, pa.DataType, bool], ...]]
+_PLANS: dict[str, _Plan] = {}
+
+
+def _plan(name: str) -> _Plan:
+    """A table's Arrow schema and (column, type, is an enum name) list, built once."""
+    p = _PLANS.get(name)
+    if p is None:
+        t = schema.table(name)
+        p = _PLANS[name] = (t.arrow_schema, tuple(
+            (c.name, c.type, c.name in schema.ENUMS) for c in t.columns))
+    return p
 
 
 def _table(name: str, n: int, cols: Mapping[str, Col]) -> pa.Table:
     """A table of `name` from the given columns; enum names come from their codes, other
     columns not given are null."""
-    t = schema.table(name)
+    arrow_schema, plan = _plan(name)
     arrays: list[Any] = []
-    for c in t.columns:
-        if c.name in cols:
-            arrays.append(_arrow(cols[c.name], c.type))
-        elif c.name in schema.ENUMS and f"{c.name}_code" in cols:
-            codes = _arrow(cols[f"{c.name}_code"], pa.uint8())
-            arrays.append(_ENUM_NAMES[c.name].take(codes))
+    for cname, typ, enum in plan:
+        v = cols.get(cname)
+        if v is not None:
+            arrays.append(_arrow(v, typ))
+        elif enum and (code := cols.get(f"{cname}_code")) is not None:
+            if isinstance(code, pa.Array):  # a `_const`
+                code = code.to_numpy()
+            arrays.append(_enum_strings(cname, code))  # codes are uint8 (the LUTs')
         else:
-            typ: Any = c.type
-            arrays.append(pa.nulls(n, typ))
-    return pa.Table.from_arrays(arrays, schema=t.arrow_schema)
+            arrays.append(_repeated(("null", typ), n, lambda size, t=typ: pa.nulls(size, t)))
+    return pa.Table.from_arrays(arrays, schema=arrow_schema)
+
+
+class _Records:
+    """The records of one kind in one drain, in time order (queue order is nearly so):
+    each field is gathered from the drain's bytes when first asked for."""
+
+    __slots__ = ("_cache", "_full", "_sel", "n", "names")
+
+    def __init__(self, full: npt.NDArray[np.void], sel: slice | npt.NDArray[np.intp],
+                 n: int, ts_field: str | None) -> None:
+        self._full, self._sel, self.n = full, sel, n
+        self._cache: dict[str, npt.NDArray[Any]] = {}
+        self.names: tuple[str, ...] = full.dtype.names or ()
+        if ts_field is not None and n > 1:
+            ts = self[ts_field]
+            if bool(np.any(ts[1:] < ts[:-1])):
+                order = np.argsort(ts, kind="stable")
+                base = (np.arange(len(full))[sel] if isinstance(sel, slice) else sel)
+                self._sel, self._cache = base[order], {}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, field: str) -> npt.NDArray[Any]:
+        v = self._cache.get(field)
+        if v is None:
+            v = self._cache[field] = self._full[field][self._sel]
+        return v
+
+    def take(self, idx: npt.NDArray[np.intp]) -> _Records:
+        """The records at positions `idx` of this selection (fields re-gathered)."""
+        sel = (np.arange(len(self._full))[self._sel] if isinstance(self._sel, slice)
+               else self._sel)
+        return _Records(self._full, sel[idx], len(idx), None)
 
 
 # ------------------------------------------------------------------- the decoder
@@ -204,8 +327,10 @@ class GpuMemorySample:
     largest_free_base_bytes: int | None = None
 
 
-_PENDING = np.dtype([("key", "<u8"), ("ts", "<i8"), ("address", "<u8"), ("access", "u1")])
-"""A fault whose batch is still open: key = gpu << 40 | client type << 32 | batch id."""
+_U8, _U40, _U32, _BYTE = np.uint64(8), np.uint64(40), np.uint64(32), np.uint64(0xFF)
+_EMPTY_U64 = np.empty(0, np.uint64)
+_COUNT, _DISTINCT, _FIRST, _PART = range(4)
+"""Columns of the open batches' totals (`UvmStreamDecoder._open`)."""
 
 
 class UvmStreamDecoder:
@@ -219,6 +344,12 @@ class UvmStreamDecoder:
     context's table get a null GPU, or are dropped where the column cannot be null
     (migrations), and are counted in `unmapped_records`. `events` tallies every
     record by type.
+
+    Open batches are kept as running totals per batch (faults, distinct
+    address/access pairs, first fault time), so a drain costs the same however many
+    batches are open. A batch's distinct pairs are kept too, in the part of the drain
+    it last appeared in, and read back only when more of its faults arrive in a later
+    drain (its duplicates may span drains).
     """
 
     def __init__(self, ctx: UvmStreamContext) -> None:
@@ -233,7 +364,21 @@ class UvmStreamDecoder:
         for k, v in ctx.processors.items():
             if 0 <= k < 1 << 16:
                 self._proc[k] = v
-        self._pending = np.empty(0, _PENDING)
+        self._dtypes = {t: _DTYPES[(ctx.version, t)] for t in LAYOUTS[ctx.version]}
+        self._no_cpu_id = not ctx.cpu_fault_has_cpu_id
+        self._empty = {t: _Records(np.empty(0, d), slice(0, 0), 0, None)
+                       for t, d in self._dtypes.items()}
+        self._reset_open()
+
+    def _reset_open(self) -> None:
+        # open batches, sorted by key (gpu << 40 | client type << 32 | batch id), and per
+        # batch a row of _OPEN_COLS: fault count, distinct (address, access) pairs, first
+        # fault time, the id of the part holding its distinct pairs
+        self._okey: npt.NDArray[np.uint64] = _EMPTY_U64
+        self._open: npt.NDArray[np.int64] = np.empty((0, 4), np.int64)
+        # part id -> [pair keys (key << 8 | access), addresses] sorted, open batches in it
+        self._parts: dict[int, list[Any]] = {}
+        self._next_part = 0
 
     # ---------------------------------------------------------------- public
     def set_processors(self, processors: Mapping[int, int]) -> None:
@@ -249,32 +394,38 @@ class UvmStreamDecoder:
         clock_offset_ns = CLOCK_MONOTONIC - CLOCK_MONOTONIC_RAW measured near this drain.
         """
         buf = memoryview(records).cast("B")
-        n = len(buf) // self.entry_size
-        if len(buf) % self.entry_size:
+        es = self.entry_size
+        n = len(buf) // es
+        if len(buf) % es:
             self.bad_records += 1
-        raw = np.frombuffer(buf, np.uint8, n * self.entry_size)
-        types = np.ascontiguousarray(raw[:: self.entry_size]) if n else np.empty(0, np.uint8)
-        # one stable sort groups the records by kind, queue order kept within each
-        by_kind = np.argsort(types, kind="stable")
-        kinds, first, counts = np.unique(types[by_kind], return_index=True,
-                                         return_counts=True)
-        where = {}
-        for k, f0, c in zip(kinds.tolist(), first.tolist(), counts.tolist(), strict=True):
+        if not n:
+            return {}
+        types = np.frombuffer(buf, np.uint8, n * es)[::es]
+        counts = np.bincount(types, minlength=256)
+        present = np.flatnonzero(counts).tolist()
+        if len(present) == 1:  # one kind: the whole drain, no gather
+            sels: dict[int, slice | npt.NDArray[np.intp]] = {present[0]: slice(0, n)}
+        else:  # one stable sort groups the records by kind, queue order kept in each
+            by_kind = np.argsort(types, kind="stable")
+            sels, f0 = {}, 0
+            for k in present:
+                c = int(counts[k])
+                sels[k] = by_kind[f0:f0 + c]
+                f0 += c
+        for k in present:
+            c = int(counts[k])
             self.events[k] = self.events.get(k, 0) + c
-            where[k] = by_kind[f0:f0 + c]
-            if k not in LAYOUTS[self.ctx.version]:
+            if k not in self._dtypes:
                 self.bad_records += c
 
-        def view(kind: int) -> npt.NDArray[np.void]:
-            """The records of one kind, in time order (queue order is nearly so)."""
-            sel = where.get(kind)
+        def view(kind: int) -> _Records:
+            sel = sels.get(kind)
+            dt = self._dtypes[kind]
             if sel is None:
-                return np.empty(0, _DTYPES[(self.ctx.version, kind)])
-            ev = np.frombuffer(buf, _DTYPES[(self.ctx.version, kind)], n)[sel]
-            ts = ev["begin"] if kind == MIGRATION else ev["ts"]
-            if len(ts) > 1 and bool(np.any(ts[1:] < ts[:-1])):
-                ev = ev[np.argsort(ts, kind="stable")]
-            return ev
+                return self._empty[kind]
+            m = sel.stop - sel.start if isinstance(sel, slice) else len(sel)
+            return _Records(np.frombuffer(buf, dt, n), sel, m,
+                            "begin" if kind == MIGRATION else "ts")
 
         off = int(clock_offset_ns)
         out: dict[str, list[pa.Table | None]] = {}
@@ -282,48 +433,54 @@ class UvmStreamDecoder:
         out["faults"] = [self._cpu_faults(cpu, off), self._gpu_faults(gpu, off)]
         out["fault_batches"] = [self._batches(gpu, view(GPU_FAULT_REPLAY), off)]
         out["migrations"] = [self._migrations(view(MIGRATION), off)]
-        out["uvm_events"] = [self._events(view, off)]
+        if any(k in sels for k in _EVENT_KINDS):
+            out["uvm_events"] = [self._events(view, off)]
         return _finish(out)
 
     def finish(self) -> dict[str, pa.Table]:
         """Flush batches whose replay was never seen (their duration is null)."""
-        p, self._pending = self._pending, np.empty(0, _PENDING)
-        return _finish({"fault_batches": [self._batch_rows(p, None)]})
+        keys, o = self._okey, self._open
+        self._reset_open()
+        return _finish({"fault_batches": [self._batch_rows(
+            keys, o[:, _FIRST], o[:, _COUNT], o[:, _COUNT] - o[:, _DISTINCT],
+            np.ones(len(keys), bool), None)]})
 
     # ---------------------------------------------------------------- kinds
     def _gpu_of(self, idx: npt.NDArray[np.integer[Any]]) -> tuple[Any, Any]:
-        g = self._proc[idx.astype(np.int64)]
+        g = self._proc[idx]
         null = g == _NO_GPU
         return g, null
 
-    def _cpu_faults(self, ev: npt.NDArray[np.void], off: int) -> pa.Table | None:
+    def _pid(self, n: int) -> Any:
+        return _const(self.ctx.pid, np.int32, n)
+
+    def _cpu_faults(self, ev: _Records, off: int) -> pa.Table | None:
         n = len(ev)
         if not n:
             return None
         addr = ev["address"]
-        no_cpu = np.full(n, not self.ctx.cpu_fault_has_cpu_id)
         return _table("faults", n, {
-            "ts_ns": ev["ts"].astype(np.int64) + off,
-            "pid": np.full(n, self.ctx.pid, np.int32),
+            "ts_ns": ev["ts"].view(np.int64) + off,
+            "pid": self._pid(n),
             "tid": ev["tid"],
-            "source_code": np.full(n, _code("source", "cpu"), np.uint8),
+            "source_code": _const(_code("source", "cpu"), np.uint8, n),
             "address": addr, "block_2m": addr & ~np.uint64((2 << 20) - 1),
-            "fault_type_code": np.full(n, 255, np.uint8),
+            "fault_type_code": _const(255, np.uint8, n),
             "access_type_code": _ACCESS_LUT[ev["access"]],
-            "ip": ev["pc"], "cpu_id": (ev["cpu_id"], no_cpu),
+            "ip": ev["pc"], "cpu_id": (ev["cpu_id"], np.full(n, self._no_cpu_id)),
         })  # fmt: skip
 
-    def _gpu_faults(self, ev: npt.NDArray[np.void], off: int) -> pa.Table | None:
+    def _gpu_faults(self, ev: _Records, off: int) -> pa.Table | None:
         n = len(ev)
         if not n:
             return None
         g, null = self._gpu_of(ev["gpu"])
-        self.unmapped_records += int(null.sum())
+        self.unmapped_records += int(np.count_nonzero(null))
         ct = ev["client_type"]
         addr = ev["address"]
         return _table("faults", n, {
-            "ts_ns": ev["ts"].astype(np.int64) + off,
-            "pid": np.full(n, self.ctx.pid, np.int32),
+            "ts_ns": ev["ts"].view(np.int64) + off,
+            "pid": self._pid(n),
             "source_code": _SOURCE_LUT[ct], "gpu_index": (g, null),
             "address": addr, "block_2m": addr & ~np.uint64((2 << 20) - 1),
             "fault_type_code": _FAULT_TYPE_LUT[ev["fault_type"]],
@@ -335,96 +492,178 @@ class UvmStreamDecoder:
         })  # fmt: skip
 
     @staticmethod
-    def _key(ev: npt.NDArray[np.void]) -> Any:
-        return ((ev["gpu"].astype(np.uint64) << np.uint64(40))
-                | (ev["client_type"].astype(np.uint64) << np.uint64(32))
+    def _key(ev: _Records) -> Any:
+        return ((ev["gpu"].astype(np.uint64) << _U40)
+                | (ev["client_type"].astype(np.uint64) << _U32)
                 | ev["batch"].astype(np.uint64))
 
-    def _batches(self, faults: npt.NDArray[np.void], replays: npt.NDArray[np.void],
-                 off: int) -> pa.Table | None:
-        new = np.empty(len(faults), _PENDING)
-        new["key"] = self._key(faults)
-        new["ts"] = faults["ts"].astype(np.int64) + off
-        new["address"] = faults["address"]
-        new["access"] = faults["access"]
-        allf = np.concatenate([self._pending, new]) if len(self._pending) else new
+    def _batches(self, faults: _Records, replays: _Records, off: int) -> pa.Table | None:
+        if len(faults):
+            self._add_faults(faults, off)
         if not len(replays):
-            self._pending = allf
             return None
         rkey = self._key(replays)
         rkey, first = np.unique(rkey, return_index=True)  # a repeated replay closes once
-        closed = np.isin(allf["key"], rkey)
-        self._pending = allf[~closed]
-        r = replays[first]
-        rts = r["ts"].astype(np.int64) + off
-        return self._batch_rows(allf[closed], (rkey, rts, r["ts_gpu"]))
-
-    def _batch_rows(self, f: npt.NDArray[np.void],
-                    replay: tuple[Any, Any, Any] | None) -> pa.Table | None:
-        """One row per batch: the faults `f` grouped by key, joined to their replays."""
-        order = np.lexsort((f["access"], f["address"], f["key"]))
-        f = f[order]
-        keys, start, count = np.unique(f["key"], return_index=True, return_counts=True)
-        same = np.zeros(len(f), bool)
-        if len(f) > 1:
-            same[1:] = ((f["key"][1:] == f["key"][:-1]) & (f["address"][1:] == f["address"][:-1])
-                        & (f["access"][1:] == f["access"][:-1]))
-        dups = np.add.reduceat(same.astype(np.int64), start) if len(f) else np.zeros(0, np.int64)
-        first_ts = (np.minimum.reduceat(f["ts"], start) if len(f)
-                    else np.zeros(0, np.int64))
-        if replay is None:
-            rkey, rts, rgpu = keys, None, None
-            nf, nd, fts = count, dups, first_ts
-            has = np.ones(len(keys), bool)
+        rts = replays["ts"][first].view(np.int64) + off
+        okey = self._okey
+        if len(okey):
+            pos = np.minimum(np.searchsorted(okey, rkey), len(okey) - 1)
+            has = okey[pos] == rkey
         else:
-            rkey, rts, rgpu = replay
-            if len(keys):
-                pos = np.minimum(np.searchsorted(keys, rkey), len(keys) - 1)
-                has = keys[pos] == rkey
-            else:
-                pos, has = np.zeros(len(rkey), np.intp), np.zeros(len(rkey), bool)
-                count = dups = first_ts = np.zeros(1, np.int64)
-            nf, nd = np.where(has, count[pos], 0), np.where(has, dups[pos], 0)
-            fts = np.where(has, first_ts[pos], rts)
+            pos, has = np.zeros(len(rkey), np.intp), np.zeros(len(rkey), bool)
+        count = np.zeros(len(rkey), np.int64)
+        dups = np.zeros(len(rkey), np.int64)
+        fts = rts.copy()
+        if has.any():
+            p = pos[has]
+            o = self._open[p]
+            count[has] = o[:, _COUNT]
+            dups[has] = o[:, _COUNT] - o[:, _DISTINCT]
+            fts[has] = o[:, _FIRST]
+            self._close(p)
+        return self._batch_rows(rkey, fts, count, dups, has, (rts, replays["ts_gpu"][first]))
+
+    def _add_faults(self, f: _Records, off: int) -> None:
+        """Fold a drain's GPU faults into the open batches' totals."""
+        pair = (self._key(f) << _U8) | f["access"].astype(np.uint64)
+        addr = f["address"]
+        order = np.lexsort((addr, pair))
+        pair, addr = pair[order], addr[order]
+        n = len(pair)
+        new_pair = np.empty(n, bool)  # first of its (key, access, address) in the drain
+        new_pair[0] = True
+        np.not_equal(pair[1:], pair[:-1], out=new_pair[1:])
+        new_pair[1:] |= addr[1:] != addr[:-1]
+        skey = pair >> _U8
+        start = np.flatnonzero(skey[1:] != skey[:-1])
+        start += 1
+        start = np.concatenate(([0], start))
+        add = np.empty((len(start), 4), np.int64)
+        add[:-1, _COUNT] = start[1:] - start[:-1]
+        add[-1, _COUNT] = n - start[-1]
+        add[:, _DISTINCT] = np.add.reduceat(new_pair, start, dtype=np.int64)
+        add[:, _FIRST] = np.minimum.reduceat(f["ts"].view(np.int64)[order], start)
+        add[:, _FIRST] += off
+        add[:, _PART] = self._next_part
+        keys = skey[start]
+        pair, addr = pair[new_pair], addr[new_pair]
+        self._next_part += 1
+        okey, o = self._okey, self._open
+        if not len(okey) or keys[0] > okey[-1]:  # the usual case: only new batches
+            self._okey = np.concatenate((okey, keys))
+            self._open = np.concatenate((o, add))
+            self._parts[int(add[0, _PART])] = [pair, addr, len(keys)]
+            return
+        pos = np.searchsorted(okey, keys)
+        known = okey[np.minimum(pos, len(okey) - 1)] == keys
+        if known.any():  # batches already open: their pairs join this drain's
+            p = pos[known]
+            merged_pair, merged_addr, merged_distinct = self._merge_pairs(
+                keys[known], p, pair, addr)
+            was = o[p]
+            was[:, _COUNT] += add[known, _COUNT]
+            np.minimum(was[:, _FIRST], add[known, _FIRST], out=was[:, _FIRST])
+            was[:, _DISTINCT] = merged_distinct
+            self._release(was[:, _PART])
+            was[:, _PART] = self._next_part
+            o[p] = was
+            self._parts[self._next_part] = [merged_pair, merged_addr, len(p)]
+            self._next_part += 1
+        new = ~known
+        n_new = int(np.count_nonzero(new))
+        if n_new:
+            allk = np.concatenate((okey, keys[new]))
+            order = np.argsort(allk, kind="stable")
+            self._okey = allk[order]
+            self._open = np.concatenate((o, add[new]))[order]
+            self._parts[int(add[0, _PART])] = [pair, addr, n_new]
+
+    def _merge_pairs(self, keys: npt.NDArray[np.uint64], pos: npt.NDArray[np.intp],
+                     pair: npt.NDArray[np.uint64], addr: npt.NDArray[np.uint64]
+                     ) -> tuple[Any, Any, Any]:
+        """The distinct pairs of open batches `keys` (at `pos`) that got more faults:
+        those kept from earlier drains and this drain's (`pair`/`addr`, sorted)."""
+        ps, ads = [], []
+        for k, part in zip(keys.tolist(), self._open[pos, _PART].tolist(), strict=True):
+            lo_hi = np.array([k << 8, (k << 8) | 0xFF], np.uint64)
+            for pp, aa in ((pair, addr), self._parts[part][:2]):
+                lo, hi = int(np.searchsorted(pp, lo_hi[0], "left")), int(
+                    np.searchsorted(pp, lo_hi[1], "right"))
+                ps.append(pp[lo:hi])
+                ads.append(aa[lo:hi])
+        mp, ma = np.concatenate(ps), np.concatenate(ads)
+        order = np.lexsort((ma, mp))
+        mp, ma = mp[order], ma[order]
+        keep = np.ones(len(mp), bool)
+        np.not_equal(mp[1:], mp[:-1], out=keep[1:])
+        keep[1:] |= ma[1:] != ma[:-1]
+        mp, ma = mp[keep], ma[keep]
+        start = np.searchsorted(mp >> _U8, keys)
+        return mp, ma, np.append(start[1:], len(mp)) - start
+
+    def _release(self, parts: npt.NDArray[np.int64]) -> None:
+        """Open batches left the parts `parts` (one entry per batch)."""
+        ids, n = np.unique(parts, return_counts=True)
+        for i, c in zip(ids.tolist(), n.tolist(), strict=True):
+            part = self._parts[i]
+            part[2] -= c
+            if part[2] <= 0:
+                del self._parts[i]
+
+    def _close(self, pos: npt.NDArray[np.intp]) -> None:
+        """Forget the open batches at `pos` (their replay came)."""
+        self._release(self._open[pos, _PART])
+        keep = np.ones(len(self._okey), bool)
+        keep[pos] = False
+        self._okey, self._open = self._okey[keep], self._open[keep]
+
+    def _batch_rows(self, rkey: Any, fts: Any, count: Any, dups: Any, has: Any,
+                    replay: tuple[Any, Any] | None) -> pa.Table | None:
+        """One row per batch key `rkey` (sorted): `has` says whether any of its faults
+        were seen; `replay` (CPU time with the offset, GPU time) when it closed."""
         m = len(rkey)
         if not m:
             return None
-        gpu_raw = (rkey >> np.uint64(40)).astype(np.int64)
-        ct = ((rkey >> np.uint64(32)) & np.uint64(0xFF)).astype(np.int64)
+        gpu_raw = (rkey >> _U40).astype(np.int64)
+        ct = ((rkey >> _U32) & _BYTE).astype(np.int64)
         g, null = self._gpu_of(gpu_raw)
-        self.unmapped_records += int(null.sum())
+        self.unmapped_records += int(np.count_nonzero(null))
         cols: dict[str, Col] = {
-            "ts_ns": fts, "pid": np.full(m, self.ctx.pid, np.int32), "gpu_index": (g, null),
+            "ts_ns": fts, "pid": self._pid(m), "gpu_index": (g, null),
             "batch_id": (rkey & np.uint64(0xFFFFFFFF)).astype(np.uint32),
-            "source_code": _SOURCE_LUT[ct], "faults": (nf, ~has), "duplicates": (nd, ~has),
+            "source_code": _SOURCE_LUT[ct], "faults": (count, ~has),
+            "duplicates": (dups, ~has),
         }
-        if rts is not None:
+        if replay is not None:
+            rts, rgpu = replay
             cols["duration_ns"] = (rts - fts, ~has)
             cols["replay_ts_gpu_ns"] = rgpu
         return _table("fault_batches", m, cols)
 
-    def _migrations(self, ev: npt.NDArray[np.void], off: int) -> pa.Table | None:
+    def _migrations(self, ev: _Records, off: int) -> pa.Table | None:
         if not len(ev):
             return None
         src, snull = self._gpu_of(ev["src"])
         dst, dnull = self._gpu_of(ev["dst"])
-        ok = ~(snull | dnull)
-        self.unmapped_records += int((~ok).sum())
-        ev, src, dst = ev[ok], src[ok], dst[ok]
+        bad = snull | dnull
+        if bad.any():
+            self.unmapped_records += int(np.count_nonzero(bad))
+            ok = np.flatnonzero(~bad)
+            ev, src, dst = ev.take(ok), src[ok], dst[ok]
         n = len(ev)
         if not n:
             return None
-        begin, end = ev["begin"].astype(np.int64), ev["end"].astype(np.int64)
+        begin, end = ev["begin"].view(np.int64), ev["end"].view(np.int64)
         bg, eg = ev["begin_gpu"], ev["end_gpu"]
         cols: dict[str, Col] = {
-            "ts_ns": begin + off, "pid": np.full(n, self.ctx.pid, np.int32),
+            "ts_ns": begin + off, "pid": self._pid(n),
             "src": src, "dst": dst, "address": ev["address"], "size_bytes": ev["bytes"],
             "cause_code": _CAUSE_LUT[ev["cause"]],
             "duration_ns": (end - begin, end == 0),
             "ts_gpu_ns": (bg, bg == 0),
-            "duration_gpu_ns": (eg.astype(np.int64) - bg.astype(np.int64), (bg == 0) | (eg == 0)),
+            "duration_gpu_ns": (eg.view(np.int64) - bg.view(np.int64), (bg == 0) | (eg == 0)),
         }
-        if "src_nid" in (ev.dtype.names or ()):
+        if "src_nid" in ev.names:
             cols["src_nid"], cols["dst_nid"] = ev["src_nid"], ev["dst_nid"]
         return _table("migrations", n, cols)
 
@@ -448,16 +687,15 @@ class UvmStreamDecoder:
 
     def _events(self, view: Any, off: int) -> pa.Table | None:
         parts: list[pa.Table] = []
-        for kind in (FATAL_FAULT, READ_DUPLICATE, READ_DUPLICATE_INVALIDATE, THRASHING,
-                     THROTTLING_START, THROTTLING_END, MAP_REMOTE):
+        for kind in _EVENT_KINDS:
             ev = view(kind)
             n = len(ev)
             if not n:
                 continue
-            names = ev.dtype.names or ()
+            names = ev.names
             cols: dict[str, Col] = {
-                "ts_ns": ev["ts"].astype(np.int64) + off,
-                "pid": np.full(n, self.ctx.pid, np.int32),
+                "ts_ns": ev["ts"].view(np.int64) + off,
+                "pid": self._pid(n),
                 "kind_code": np.full(n, kind, np.uint8), "address": ev["address"],
             }
             if "processor" in names:
@@ -478,6 +716,10 @@ class UvmStreamDecoder:
                 cols["ts_gpu_ns"] = (ev["ts_gpu"], ev["ts_gpu"] == 0)
             parts.append(_table("uvm_events", n, cols))
         return pa.concat_tables(parts) if parts else None
+
+
+_EVENT_KINDS = (FATAL_FAULT, READ_DUPLICATE, READ_DUPLICATE_INVALIDATE, THRASHING,
+                THROTTLING_START, THROTTLING_END, MAP_REMOTE)
 
 
 def _finish(out: Mapping[str, Sequence[pa.Table | None]]) -> dict[str, pa.Table]:
