@@ -113,6 +113,8 @@ struct mapping_event {
 #define GT_PROC_EXEC 2
 #define GT_PROC_EXIT 3
 #define GT_PROC_SEEN 4  /* first NVIDIA device open by a process (host mode) */
+#define GT_PROC_UVM_INIT 5 /* UVM_INITIALIZE returned NV_OK; exit_code holds the uvm fd:
+                            * the recorder attaches its UVM tools tracker on it */
 
 /* Process lifecycle of targets and of processes seen on NVIDIA devices (48 bytes). */
 struct proc_event {
@@ -120,7 +122,7 @@ struct proc_event {
     u32 kind;           /* GT_PROC_* */
     u32 pid;            /* the process (child for fork) */
     u32 ppid;           /* parent (fork), 0 otherwise */
-    s32 exit_code;      /* wait(2) status for exit, -1 when unknown */
+    s32 exit_code;      /* wait(2) status for exit, -1 when unknown; the fd for UVM_INIT */
     u32 tid;
     u32 _pad0;
     char comm[16];

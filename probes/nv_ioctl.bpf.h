@@ -137,6 +137,11 @@ TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
         uvm_decode(e, p.cmd, p.arg);
     else
         rm_decode(e, p.cmd, p.arg);
+    /* Unstaged, so the recorder attaches its tracker within one poll rather than
+     * when this batch fills: the process's faults start soon after. */
+    if (p.v.kind == GT_DEV_UVM && p.cmd == 0x30000001 && args->ret == 0 &&
+        (e->valid & GT_V_STATUS) && e->status == 0)
+        emit_proc(GT_PROC_UVM_INIT, id >> 32, 0, p.fd);
     st->count = n + 1;
     if (n + 1 >= GT_STAGE_EVENTS)
         stage_submit(st);

@@ -66,9 +66,12 @@ static __always_inline void count_drop(u32 buf, u64 n)
 
 static __always_inline u64 fdkey(u32 tgid, s32 fd) { return ((u64)tgid << 32) | (u32)fd; }
 
-/* Is this process one we trace (always true for the whole host)? */
+/* Is this process one we trace (the whole host but the recorder itself: its RM
+ * client and UVM tools trackers must never appear in the trace)? */
 static __always_inline int wanted(u32 tgid, struct gt_config *cfg)
 {
+    if (tgid == cfg->self_tgid)
+        return 0;
     if (!cfg->filter)
         return 1;
     if (targets.lookup(&tgid))
@@ -78,6 +81,8 @@ static __always_inline int wanted(u32 tgid, struct gt_config *cfg)
 
 static __always_inline int relevant(u32 tgid, struct gt_config *cfg)
 {
+    if (tgid == cfg->self_tgid)
+        return 0;
     if (cfg->filter) {
         if (targets.lookup(&tgid))
             return 1;

@@ -6,6 +6,10 @@ from typing import Annotated
 
 import typer
 
+MAX_QUEUE_ENTRIES = 1 << 22
+"""At most 4 Mi records (288 MiB of queue per traced process): past that a number
+is a typo, and the queue is pinned memory."""
+
 EPILOG = """Examples:
 
   gputrace record -o run1 -- python train.py     trace a command and its children
@@ -17,6 +21,9 @@ EPILOG = """Examples:
 
   gputrace record -o run4 --libcuda /opt/cuda/libcuda.so.1 -- ./app
                                                  probe a libcuda the loader cache lacks
+
+  gputrace record -o run5 --no-driver-layer -- ./app
+                                                 no UVM tools trackers, no RM memory samples
 
   gputrace record --ebpf                         print the BPF program and cflags
 """
@@ -53,6 +60,30 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--libcuda", help="libcuda.so to probe besides those found (API layer)."),
         ] = None,
+        no_driver_layer: Annotated[
+            bool,
+            typer.Option("--no-driver-layer",
+                         help="No UVM tools trackers (GPU faults, migrations) and no RM "
+                              "GPU memory samples."),
+        ] = False,
+        uvm_queue_entries: Annotated[
+            str | None,
+            typer.Option("--uvm-queue-entries", metavar="N",
+                         help="Records per UVM tools event queue, a power of two "
+                              "(default: 64Ki)."),
+        ] = None,
+        sample_interval: Annotated[
+            str | None,
+            typer.Option("--sample-interval", metavar="DURATION",
+                         help="How often GPU memory (heap free, largest free region) "
+                              "is sampled from RM (default: 100ms)."),
+        ] = None,
+        uvm_queue_version: Annotated[
+            str | None,
+            typer.Option("--uvm-queue-version", metavar="1|2",
+                         help="UVM tools queue record format (tests; default: the "
+                              "driver's newest)."),
+        ] = None,
         ebpf: Annotated[
             bool, typer.Option("--ebpf", help="Print the BPF program and cflags, then exit.")
         ] = False,
@@ -79,6 +110,21 @@ def register(app: typer.Typer) -> None:
             ns = parse_duration_ns(duration, "-d", minimum_ns=1_000_000,
                                    maximum_ns=int(MAX_DURATION_S) * 10**9)  # fmt: skip
             duration_s = ns / 1e9
+        entries = Options.uvm_queue_entries
+        if uvm_queue_entries is not None:
+            entries = parse_count(uvm_queue_entries, "--uvm-queue-entries", minimum=2,
+                                  maximum=MAX_QUEUE_ENTRIES)  # fmt: skip
+            if entries & (entries - 1):
+                raise UsageError(f"--uvm-queue-entries must be a power of two, not {entries}")
+        sample_ms = Options.sample_ms
+        if sample_interval is not None:
+            sample_ms = parse_duration_ns(sample_interval, "--sample-interval",
+                                          minimum_ns=1_000_000,
+                                          maximum_ns=3600 * 10**9) / 1e6  # fmt: skip
+        queue_version = None
+        if uvm_queue_version is not None:
+            queue_version = parse_count(uvm_queue_version, "--uvm-queue-version",
+                                        minimum=1, maximum=2)  # fmt: skip
 
         command = list(ctx.args)
         if command and command[0] == "--":
@@ -95,6 +141,10 @@ def register(app: typer.Typer) -> None:
             force=force,
             command=command,
             libcuda=libcuda,
+            driver_layer=not no_driver_layer,
+            uvm_queue_entries=entries,
+            sample_ms=sample_ms,
+            uvm_queue_version=queue_version,
         )
         if ebpf:
             from gputrace.record import cuda

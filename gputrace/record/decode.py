@@ -48,7 +48,7 @@ PROC_DTYPE = np.dtype(
         ("exit_code", "<i4"), ("tid", "<u4"), ("_pad0", "<u4"), ("comm", "S16"),
     ]
 )  # fmt: skip
-PROC_FORK, PROC_EXEC, PROC_EXIT, PROC_SEEN = 1, 2, 3, 4
+PROC_FORK, PROC_EXEC, PROC_EXIT, PROC_SEEN, PROC_UVM_INIT = 1, 2, 3, 4, 5
 
 CONFIG_DTYPE = np.dtype(
     [("self_tgid", "<u4"), ("filter", "<u4"), ("prefix_len", "<u4"), ("_pad0", "<u4"),

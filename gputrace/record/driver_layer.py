@@ -345,6 +345,17 @@ class DriverLayer:
                 add({"gpu_memory": decode_uvm.gpu_memory_table(rows)})
         return out
 
+    def attached_pids(self) -> list[int]:
+        """Every process a tracker was attached to (open or already closed)."""
+        with self._lock:
+            return sorted({t.pid for t in [*self._done, *self._targets.values()]})
+
+    def bad_records(self) -> int:
+        """Records the decoders skipped as unreadable so far (all trackers)."""
+        with self._lock:
+            targets = [*self._done, *self._targets.values()]
+        return sum(t.decoder.bad_records for t in targets if t.decoder is not None)
+
     # ------------------------------------------------------------ manifest
     def manifest(self) -> dict[str, Any]:
         """Manifest fragment: layers, drops, clock note, `driver_layer` facts."""
@@ -359,7 +370,7 @@ class DriverLayer:
             layers.append("uvm_tools")
         if self.sampler is not None:
             layers.append("rm_query")
-        bad = sum(t.decoder.bad_records for t in targets if t.decoder is not None)
+        bad = self.bad_records()
         unmapped = sorted(
             {u for t in targets for u in uvm_tools.unmapped(t.table, self._gpu_uuids)}
         )

@@ -129,6 +129,9 @@ class Probes:
         self._libc = ctypes.CDLL(None, use_errno=True)
         self.bpf = load_bpf(bcc, source, flags, "syscall-layer")
         self.raw: dict[str, list[bytes]] = {name: [] for name in BUFFERS}
+        # (pid, uvm fd) of each UVM_INITIALIZE that succeeded, as the callback saw
+        # it: the recorder attaches the driver layer's tracker before decoding
+        self.uvm_inits: list[tuple[int, int]] = []
         self._callbacks = [self._collector(name) for name in BUFFERS]
         for name, cb in zip(BUFFERS, self._callbacks, strict=True):
             self.bpf[name].open_ring_buffer(cb)
@@ -143,7 +146,25 @@ class Probes:
             sink.append(string_at(data + skip, size - skip))
             return 0
 
-        return cb
+        if name != "proc_events":
+            return cb
+        inits = self.uvm_inits
+        fields = decode.PROC_DTYPE.fields
+        assert fields is not None
+        size_ok = decode.PROC_DTYPE.itemsize
+        kind_at, pid_at, fd_at = (fields[f][1] for f in ("kind", "pid", "exit_code"))
+
+        def proc_cb(_ctx: Any, data: int, size: int) -> int:
+            raw = string_at(data, size)
+            sink.append(raw)
+            if size == size_ok and (
+                int.from_bytes(raw[kind_at : kind_at + 4], "little") == decode.PROC_UVM_INIT
+            ):
+                pid = int.from_bytes(raw[pid_at : pid_at + 4], "little")
+                inits.append((pid, int.from_bytes(raw[fd_at : fd_at + 4], "little", signed=True)))
+            return 0
+
+        return proc_cb
 
     def pending_bytes(self, name: str) -> int:
         return sum(len(c) for c in self.raw[name])

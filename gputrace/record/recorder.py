@@ -17,12 +17,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
@@ -33,9 +35,12 @@ from gputrace.record import (
     decode_cuda,
     decode_faults,
     driver,
+    driver_layer,
     hooks,
     loader,
     procfs,
+    rm_client,
+    uvm_tools,
     watchdog,
 )
 from gputrace.tracedir import STATUS_COMPLETE, TraceWriter, check_output
@@ -52,6 +57,7 @@ PID_MAX = 1 << 22  # PID_MAX_LIMIT: no kernel hands out larger pids
 IOCTL_CODES = {"device": schema.DEVICE_KINDS}
 MAPPING_CODES = {"op": schema.MAPPING_OPS, "device": schema.DEVICE_KINDS}
 FD_CODES = {"op": schema.FD_OPS, "device": schema.DEVICE_KINDS}
+UVM_RECORD = np.dtype((np.void, 72))  # a V2 tools record: the unit of uvm_tools decode_errors
 # CMD's first process: waits for the recorder's "g" (probes attached), then execs CMD.
 # Anything else (the recorder died: EOF) ends it without running CMD.
 SHIM = (
@@ -82,6 +88,10 @@ class Options:
     force: bool = False
     command: list[str] = field(default_factory=list)
     libcuda: str | None = None  # --libcuda PATH (API layer)
+    driver_layer: bool = True  # --no-driver-layer turns it off
+    uvm_queue_entries: int = uvm_tools.DEFAULT_QUEUE_ENTRIES
+    sample_ms: float = rm_client.DEFAULT_SAMPLE_MS  # --sample-interval
+    uvm_queue_version: int | None = None  # --uvm-queue-version (tests)
 
 
 def device_prefix(device_dir: str) -> str:
@@ -134,6 +144,11 @@ def exit_status(ended: dict[str, Any] | None) -> int:
     return 128 + int(ended["signal"])
 
 
+def _ready(table: pa.Table) -> tuple[pa.Table, int]:
+    """A table the driver layer already decoded, in the shape `Recorder._append` takes."""
+    return table, 0
+
+
 def check_privileges() -> None:
     if os.geteuid() == 0:
         return
@@ -159,6 +174,12 @@ class Recorder:
         self.error: BaseException | None = None
         # records skipped as unreadable, per ring buffer (manifest `decode_errors`)
         self.decode_errors: dict[str, int] = dict.fromkeys([*loader.BUFFERS, cuda.BUFFER], 0)
+        self.driver: driver_layer.DriverLayer | None = None
+        # pids with a UVM tools tracker: their CPU faults come from the tools stream only
+        self.tracked: set[int] = set()
+        self.cpu_faults_replaced = 0  # tracepoint CPU faults dropped for tracked pids
+        self._driver_bad = 0  # the driver layer's decoder bad records, already counted
+        self._driver_due = threading.Event()  # a driver poll is queued for the worker
 
     # ------------------------------------------------------------ setup
     def _validate(self) -> str:
@@ -183,7 +204,28 @@ class Recorder:
             check_command(opts.command[0])
         if opts.libcuda is not None:
             opts.libcuda = cuda.check_libcuda(opts.libcuda)
-        return device_prefix(opts.device_dir)
+        prefix = device_prefix(opts.device_dir)
+        self.driver = self._driver_layer(prefix)
+        if self.driver is not None:
+            self.decode_errors["uvm_tools"] = 0
+        return prefix
+
+    def _driver_layer(self, prefix: str) -> driver_layer.DriverLayer | None:
+        """The driver layer, unless turned off or the device folder has neither
+        nvidia-uvm-tools nor nvidiactl (nothing it could open). Built, not started."""
+        opts = self.opts
+        if not opts.driver_layer:
+            return None
+        if not any(os.path.exists(prefix + n) for n in ("nvidia-uvm-tools", "nvidiactl")):
+            return None
+        try:
+            return driver_layer.DriverLayer(
+                prefix, opts.driver_version, queue_entries=opts.uvm_queue_entries,
+                sample_ms=opts.sample_ms, rm=os.path.exists(prefix + "nvidiactl"),
+                queue_version=opts.uvm_queue_version,
+            )  # fmt: skip
+        except uvm_tools.ToolsError as e:
+            raise UsageError(str(e)) from None
 
     def run(self) -> int:
         """Record until CMD exits, the -p targets exit, -d passes or SIGINT/SIGTERM.
@@ -192,16 +234,20 @@ class Recorder:
             prefix = self._validate()
             source, flags, drv, (attach, skipped, _defs) = build_program(self.opts)
             loader.check_headers()
+            # The trace starts before any probe is attached: every event a probe
+            # sees is then inside [start_ts_ns, end_ts_ns].
+            start = mono_ns()
             probes = loader.Probes(source, flags)
             try:
                 self.api = cuda.ApiLayer(self.opts.libcuda)  # API layer: its own BPF object
                 try:
-                    return self._record(probes, prefix, drv, attach, skipped)
+                    return self._record(probes, prefix, drv, attach, skipped, start)
                 finally:
                     self.api.close()
                     if self.api.guard is not None:
                         self.api.guard.done()
             finally:
+                driver_layer.close_quietly(self.driver)
                 probes.close()
         finally:
             self._stop_unreleased()
@@ -213,6 +259,7 @@ class Recorder:
         drv: driver.DriverInfo,
         attach: list[hooks.Hook],
         skipped: list[dict[str, str]],
+        start: int,
     ) -> int:
         opts = self.opts
         filtered = bool(opts.pids or opts.command)
@@ -220,7 +267,6 @@ class Recorder:
         probes.set_uvm_layouts(drv)
         if filtered:  # the API probe stops processes only in filter mode
             self.api.guard = watchdog.Watchdog(self.api.paused_map_fd)
-        start = mono_ns()
         # The output exists before CMD starts: if it cannot be made, nothing runs.
         writer = TraceWriter(
             opts.output, force=opts.force, rotate_rows=ROTATE_ROWS,
@@ -241,8 +287,11 @@ class Recorder:
         self.api.configure(self_tgid=os.getpid(), filter_targets=filtered, pause=filtered)
         self.api.add_targets(targets)
         self.api.start(targets, filtered)
-        seeded = procfs.seed(targets if filtered else procfs.all_pids(), prefix)
+        me = os.getpid()  # the recorder's own device fds are never part of the trace
+        seeded = procfs.seed([p for p in (targets if filtered else procfs.all_pids())
+                              if p != me], prefix)  # fmt: skip
         probes.seed_fds(seeded)
+        self._start_driver(seeded)
         probes.seed_managed(cpufaults.seed(sorted({*targets, *(p for p, _ in seeded)}), prefix))
         for pid in targets if filtered else sorted({p for p, _ in seeded}):
             if self.child is None or pid != self.child.pid:
@@ -252,6 +301,7 @@ class Recorder:
             comms = {p: i.comm for p, i in self.procs.items()}
             writer.append("files", decode.files_batch(decode.seen_events(seeded, start, comms)))
         self._install_signals()
+        self._attach_inits(probes)  # UVM_INITIALIZEs seen while setting up
         print(
             f"gputrace: recording ({probes.attached + self.api.count} hooks attached); "
             "Ctrl-C to stop",
@@ -272,6 +322,8 @@ class Recorder:
             while self.stop_reason is None and self.error is None:
                 time.sleep(POLL_S)
                 probes.consume()
+                self._attach_inits(probes)
+                self._queue_driver_poll(work)
                 for item in self.api.drain():
                     work.put(item)
                 self._check_guard()
@@ -287,6 +339,7 @@ class Recorder:
                     self._hand_over(probes, work, flush=True)
                     work.put(("rotate", {**probes.drops(), **self.api.drops()}))
                     gone, self.exited = self.exited, set()
+                    self.tracked -= gone  # a reused pid gets a tracker of its own
                     probes.forget_tgids(gone)
                     if gone:
                         probes.forget_managed()
@@ -299,6 +352,8 @@ class Recorder:
             work.put(("fault_stats", probes.fault_stats()))
             for item in self.api.drain():
                 work.put(item)
+            if self.driver is not None:
+                work.put(("driver_stop", None))
             work.put(("drops", {**probes.drops(), **self.api.drops()}))
         finally:
             work.put(None)
@@ -307,6 +362,7 @@ class Recorder:
             ended = self._target_exit()
             if ended is not None:
                 writer.update_manifest(target_exit=ended)
+            self._driver_manifest(writer)
             writer.update_manifest(end_ts_ns=mono_ns(), decode_errors=dict(self.decode_errors))
             writer.close(status)
         if self.error is not None:
@@ -416,11 +472,107 @@ class Recorder:
         if flush:
             probes.flush_staging()
         probes.consume()
+        self._attach_inits(probes)
         # process exits last: rows of a process drained with its exit still find it
         for name in sorted(loader.BUFFERS, key=lambda n: n == "proc_events"):
             raw = probes.take(name)
             if raw:
                 work.put((name, raw))
+
+    # ------------------------------------------------------------ driver layer
+    def _start_driver(self, seeded: dict[tuple[int, int], tuple[int, int]]) -> None:
+        """Start the driver layer and attach trackers to processes that already
+        hold an initialized nvidia-uvm fd (-p, host mode: procfs seeding found them)."""
+        if self.driver is None:
+            return
+        self.driver.start()
+        uvm: dict[int, list[int]] = {}
+        for (pid, fd), (kind, _gpu) in sorted(seeded.items()):
+            if kind == procfs.DEV_UVM:
+                uvm.setdefault(pid, []).append(fd)
+        for pid, fds in uvm.items():
+            self._attach(pid, fds, already_running=True)
+
+    def _attach_inits(self, probes: loader.Probes) -> None:
+        """Attach a tracker to each process whose UVM_INITIALIZE the probes just saw."""
+        inits, probes.uvm_inits[:] = list(probes.uvm_inits), []
+        if self.driver is None:
+            return
+        for pid, fd in inits:
+            if pid not in self.tracked and pid != os.getpid():
+                self._attach(pid, [fd], already_running=False)
+
+    def _attach(self, pid: int, fds: list[int], already_running: bool) -> None:
+        assert self.driver is not None
+        if not os.path.exists(self.driver.devdir + "/nvidia-uvm-tools"):
+            return
+        if self.driver.attach(pid, already_running=already_running, fds=fds):
+            self.tracked.add(pid)
+            print(f"gputrace: driver layer: tracker attached to pid {pid}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        else:
+            why = next((f["error"] for f in reversed(self.driver.failures)
+                        if f["pid"] == pid), "unknown")  # fmt: skip
+            print(f"gputrace: warning: driver layer: no tracker on pid {pid}: {why}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    def _queue_driver_poll(self, work: queue.Queue[Any]) -> None:
+        """At most one driver poll waits in the writer thread's queue at a time."""
+        if self.driver is not None and not self._driver_due.is_set():
+            self._driver_due.set()
+            work.put(("driver", None))
+
+    def _driver_tables(self, writer: TraceWriter, final: bool) -> None:
+        """Writer thread: decode what the driver layer drained and append it."""
+        assert self.driver is not None
+        layer = self.driver
+        self._driver_due.clear()
+        fetch = layer.stop if final else layer.poll
+        try:
+            tables = fetch()
+        except Exception as e:  # a decoder bug loses that drain, not the recording
+            first = str(e).splitlines()[0] if str(e) else ""
+            self._skip("uvm_tools", 1, f"{type(e).__name__}: {first}")
+            return
+        for name, parts in tables.items():
+            for part in parts:
+                self._append(writer, name, "uvm_tools", b"", UVM_RECORD, partial(_ready, part))
+        bad = layer.bad_records()
+        self._skip("uvm_tools", bad - self._driver_bad, "cut short or unknown codes")
+        self._driver_bad = bad
+
+    def _driver_manifest(self, writer: TraceWriter) -> None:
+        """Merge the driver layer's manifest fragment (layers, drops, clock, facts)."""
+        if self.driver is None:
+            return
+        frag = self.driver.manifest()
+        m = writer.manifest
+        layers = [*m.get("layers", [])]
+        layers += [x for x in frag["layers"] if x not in layers]
+        uuids = {g["index"]: g["uuid"] for g in frag["gpu_uuids"]}
+        gpus = [{**g, "uuid": uuids[g["index"]]} if g.get("index") in uuids else g
+                for g in m.get("gpus", [])]  # fmt: skip
+        writer.update_manifest(
+            layers=layers,
+            drops={**m.get("drops", {}), **frag["drops"]},
+            clock={**m.get("clock", {}), **frag["clock"]},
+            driver_layer={**frag["driver_layer"], "cpu_fault_source": {
+                "uvm_tools_pids": sorted(self.driver.attached_pids()),
+                "tracepoint_rows_dropped": self.cpu_faults_replaced}},
+            gpus=gpus,
+        )
+
+    def _cpu_faults(self, kind: str, data: bytes) -> tuple[pa.RecordBatch | None, int]:
+        """Tracepoint CPU faults, less those of processes with a UVM tools tracker:
+        the tools stream is their one CPU-fault source (docs/record.md)."""
+        batch, bad = cpufaults.decode_batch(kind, data)
+        tracked = list(self.tracked)
+        if batch is None or not tracked:
+            return batch, bad
+        keep = pc.invert(pc.is_in(batch.column("pid"), value_set=pa.array(tracked, pa.int32())))
+        kept = batch.filter(pc.fill_null(keep, True))
+        self.cpu_faults_replaced += batch.num_rows - kept.num_rows
+        return (kept if kept.num_rows else None), bad
 
     def _worker(self, work: queue.Queue[tuple[str, Any] | None], writer: TraceWriter) -> None:
         """Writer thread: decode in bulk, append, rotate (Arrow and zstd release the GIL)."""
@@ -439,9 +591,11 @@ class Recorder:
                          lambda: self._ioctls(kind, data))  # fmt: skip
         elif kind in ("fault_events", "fault_leftover"):
             self._append(writer, "faults", "fault_events", data, decode_faults.FAULT_DTYPE,
-                         lambda: cpufaults.decode_batch(kind, data))  # fmt: skip
+                         lambda: self._cpu_faults(kind, data))  # fmt: skip
         elif kind == "fault_stats":
             writer.update_manifest(cpu_faults=data)
+        elif kind in ("driver", "driver_stop"):
+            self._driver_tables(writer, kind == "driver_stop")
         elif kind == "mapping_events":
             self._append(writer, "mappings", kind, data, decode.MAPPING_DTYPE,
                          lambda: self._simple(data, decode.MAPPING_DTYPE, MAPPING_CODES,
@@ -465,13 +619,15 @@ class Recorder:
             self.api.write(kind, data, writer)
         elif kind == "rotate":
             writer.update_manifest(drops=data, decode_errors=dict(self.decode_errors))
+            self._driver_manifest(writer)
             writer.rotate()
         elif kind == "drops":
             writer.update_manifest(drops=data)
+            self._driver_manifest(writer)
 
     def _append(
         self, writer: TraceWriter, table: str, buffer: str, data: bytes, dtype: np.dtype[Any],
-        decode_fn: Callable[[], tuple[pa.RecordBatch | None, int]],
+        decode_fn: Callable[[], tuple[pa.RecordBatch | pa.Table | None, int]],
     ) -> None:
         """Decode one chunk of `buffer` and append it. A decoder that raises loses
         that chunk (counted in `decode_errors`), never the recording; the append
@@ -485,7 +641,9 @@ class Recorder:
             return
         self._skip(buffer, bad, "cut short or unknown codes")
         if batch is not None and batch.num_rows:
-            self._note_pids(batch.column("pid").to_numpy(zero_copy_only=False))
+            if "pid" in batch.schema.names:
+                pids = batch.column("pid").drop_null()
+                self._note_pids(pids.to_numpy(zero_copy_only=False))
             writer.append(table, batch)
 
     def _skip(self, buffer: str, n: int, why: str) -> None:
@@ -532,6 +690,8 @@ class Recorder:
             comm = bytes(e["comm"]).decode("utf-8", "replace")
             if kind == decode.PROC_FORK:
                 self.forks[pid] = (int(e["ts_ns"]), int(e["ppid"]))
+                continue
+            if kind == decode.PROC_UVM_INIT:  # acted on by the poll thread (loader)
                 continue
             if kind not in (decode.PROC_EXEC, decode.PROC_EXIT, decode.PROC_SEEN):
                 self._skip("proc_events", 1, f"unknown kind {kind}")
