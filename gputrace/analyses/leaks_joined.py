@@ -98,6 +98,15 @@ def _add(parts: list[dict[str, pl.DataFrame]], name: str, key: str) -> dict[str,
             for row in df.iter_rows(named=True)}
 
 
+def _basis(joined: pl.DataFrame, api: bool) -> str:
+    """What `total_bytes` counts: api (API allocation bytes), driver (driver allocation
+    bytes: no API layer, or only processes without API calls leaked) or api+driver."""
+    classes = set(joined["class"].to_list()) if joined.height else set()
+    if not api or classes == {"unattributed"}:
+        return "driver"
+    return "api+driver" if "unattributed" in classes else "api"
+
+
 def joined_report(parts: list[dict[str, pl.DataFrame]], top: int | None,
                   api: bool) -> dict[str, Any]:
     """The joined leak view's JSON keys, from each slice's `joined_part`."""
@@ -113,7 +122,7 @@ def joined_report(parts: list[dict[str, pl.DataFrame]], top: int | None,
     return {
         "total_bytes": total,
         "total_count": count,
-        "total_basis": "api" if api else "driver",
+        "total_basis": _basis(joined, api),
         "leaked": records(joined),
         "leak_sites": records(sites),
         "driver_held": {

@@ -87,7 +87,8 @@ def table(con: Console, title: str, rows: Sequence[dict[str, Any]], cols: Sequen
 
 
 TIMES = "\N{MULTIPLICATION SIGN}"
-BASIS = {"api": "API allocations", "driver": "driver allocations"}
+BASIS = {"api": "API allocations", "driver": "driver allocations",
+         "api+driver": "API allocations, and driver allocations of processes without API calls"}
 
 
 def _sub_allocation(s: dict[str, Any]) -> str | None:
@@ -122,8 +123,8 @@ def _leaks(con: Console, d: dict[str, Any], limit: int) -> None:
         ("count", "count", num), ("bytes", "bytes", human_bytes),
         ("frames", "call stack (innermost first)", plain)], limit)
     table(con, "Leaked memory (each piece once)", d["leaked"], [
-        ("pid", "pid", plain), ("kind", "kind", short_kind), ("what", "what", str),
-        ("api_count", "allocs", num), ("bytes", "leaked", human_bytes),
+        ("pid", "pid", plain), ("comm", "comm", str), ("kind", "kind", short_kind),
+        ("what", "what", str), ("api_count", "allocs", num), ("bytes", "leaked", human_bytes),
         ("rm_bytes", "driver", human_bytes), ("age_s", "age s", num),
         ("frames", "call stack (innermost first)", plain)], limit)
     held = d.get("driver_held")
