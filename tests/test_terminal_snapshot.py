@@ -25,9 +25,9 @@ TRACES = {n: FIXTURES / n for n in BUNDLED} | {
     f"scenario-{n}": SCENARIO_DIR / n for n in scenarios().SCENARIOS}
 
 
-def render(path: Path, **opts: Any) -> str:
+def render(path: Path, by_layer: bool = False, **opts: Any) -> str:
     buf = io.StringIO()
-    render_terminal(analyze(path, **opts), buf, color=False)
+    render_terminal(analyze(path, **opts), buf, color=False, by_layer=by_layer)
     return buf.getvalue()
 
 
@@ -68,7 +68,10 @@ def test_cli_prints_the_same_text(tmp_path: Path) -> None:
 
 
 def test_leaks_table_cells() -> None:
-    rows = table(text_of("scenario-exit_holding"), "Leaked allocations")
+    sites = table(text_of("scenario-exit_holding"), "Leak sites")
+    assert [r[:5] for r in sites] == [["2000", "worker", "cuMemAlloc", "1", "64.0 MiB"],
+                                      ["2001", "server", "vidmem 0x40", "1", "16.0 MiB"]]
+    rows = table(render(TRACES["scenario-exit_holding"], by_layer=True), "Leaked allocations")
     assert rows[0][:7] == ["api", "2000", "worker", "at exit", "cuMemAlloc",
                            "0x7f0000000000", "64.0 MiB"]
     assert [[*r[:3], r[6]] for r in rows] == [
@@ -78,7 +81,13 @@ def test_leaks_table_cells() -> None:
 
 
 def test_real_h200_leak_rows() -> None:
-    text = text_of("real-h200-cuda")
+    joined = text_of("real-h200-cuda")
+    assert "leaked: 69.0 MiB (72,351,744 bytes of API allocations) in 6 allocations" in joined
+    sites = [r[3:5] for r in table(joined, "Leak sites") if r[0]]  # wrapped stacks: r[0] ""
+    assert sites == [["1", "64.0 MiB"], ["5", "5.0 MiB"]]
+    assert "5 \N{MULTIPLICATION SIGN} 1.0 MiB API allocations inside 3" in joined
+    assert "released by \nthe driver at exit: 49 allocations" in joined
+    text = render(TRACES["real-h200-cuda"], by_layer=True)
     api = [r for r in table(text, "Leaked allocations") if r[0] == "api"]
     assert [(r[1], r[2], r[3], r[6]) for r in api][:1] == [
         ("1239", "gpu_workload", "at exit", "64.0 MiB")]
@@ -127,5 +136,8 @@ def test_untrusted_text_is_escaped(tmp_path: Path) -> None:
     b.cuda_alloc(1.0, 77, MiB, stack=["bad\x1b[31mframe", "main"])
     text = render(b.build(tmp_path / "t"))
     assert "\x1b" not in text and "\x07" not in text
-    row = next(r for r in table(text, "Leaked allocations") if r[1] == "77")
+    row = next(r for r in table(text, "Leak sites") if r[0] == "77")
+    assert row[1].startswith("x") and "pwned" in row[1] and row[1] != evil
+    row = next(r for r in table(render(b.build(tmp_path / "t", force=True), by_layer=True),
+                                "Leaked allocations") if r[1] == "77")
     assert row[2].startswith("x") and "pwned" in row[2] and row[2] != evil
