@@ -21,7 +21,7 @@ from gputrace.options import (
     parse_size,
 )
 
-FORMATS = ("terminal", "json")
+FORMATS = ("terminal", "json", "html", "perfetto", "folded")
 PROGRESS_ROWS = 2_000_000
 
 
@@ -153,7 +153,8 @@ def register(app: typer.Typer) -> None:
         only: Annotated[str | None, typer.Option(
             "--only", help="Comma-separated reports: leaks,fault-rate,fragmentation,summary.")
         ] = None,
-        fmt: Annotated[str, typer.Option("--format", "-f", help="terminal or json.")] = (
+        fmt: Annotated[str, typer.Option(
+            "--format", "-f", help="terminal, json, html, perfetto (needs -o) or folded.")] = (
             "terminal"),
         output: Annotated[str | None, typer.Option("--output", "-o", help="Write to FILE.")
                           ] = None,
@@ -176,12 +177,17 @@ def register(app: typer.Typer) -> None:
             help="Reversals per window that make a block thrash.")] = "3",
         by_layer: Annotated[bool, typer.Option(
             "--by-layer", help="Leaks per layer (api, rm, uvm apart), not joined.")] = False,
+        allocated: Annotated[bool, typer.Option(
+            "--allocated", help="--format folded: all allocated bytes, not only leaked.")
+        ] = False,
     ) -> None:
         """Leak, fault-rate, fragmentation and summary reports."""
         from gputrace.tracedir import open_trace
 
         if fmt not in FORMATS:
             raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+        if fmt == "perfetto" and not output:
+            raise UsageError("--format perfetto writes a binary file: give -o FILE")
         names = parse_only(only)
         conds = parse_fail_on(fail_on)
         for name, _ in conds:
@@ -199,12 +205,23 @@ def register(app: typer.Typer) -> None:
         inp = inputs_from_trace(t)
         big = sum(t.rows(n) for n in ("ioctls", "cuda_calls", "faults", "chunks",
                                       "migrations", "mappings")) >= PROGRESS_ROWS
+        if fmt in ("perfetto", "folded"):
+            from gputrace.commands.analyze_files import export
+
+            export(inp, fmt, output, allocated, big and sys.stderr.isatty())
+            if not conds:
+                return
         doc = _with_progress(inp, names, opts, big and sys.stderr.isatty())
         blind = unmeasured(doc, conds)
         if blind:
             raise UsageError("--fail-on cannot check " + "; ".join(blind)
                              + " in this trace; record that layer or drop the condition")
-        _emit(doc, fmt, output, top_n, by_layer)
+        if fmt == "html":
+            from gputrace.commands.analyze_files import export_html
+
+            export_html(t, inp, doc, output, big and sys.stderr.isatty())
+        elif fmt in ("terminal", "json"):
+            _emit(doc, fmt, output, top_n, by_layer)
         hits = gates(doc, conds)
         if hits:
             raise FindingsTriggered("--fail-on: " + "; ".join(hits))

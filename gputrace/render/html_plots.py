@@ -1,0 +1,118 @@
+"""Plotly figure specs (data + layout dicts) for the HTML report's series.
+
+Each function maps series that `gputrace.analyses.timeseries` already built to
+Plotly traces; none computes a value. A figure is None when its layer was not
+recorded, so the page says "not recorded" instead of drawing a flat zero line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Figure = dict[str, Any]
+
+_BYTES_AXIS = {"title": {"text": "bytes"}, "tickformat": "~s", "ticksuffix": "B",
+               "rangemode": "tozero"}
+_TIME_AXIS = {"title": {"text": "seconds since trace start"}}
+_DASH = {"api": "solid", "rm": "dot", "uvm": "dash"}
+
+
+def _layout(title: str, yaxis: dict[str, Any], **more: Any) -> dict[str, Any]:
+    out = {"title": {"text": title}, "xaxis": _TIME_AXIS, "yaxis": yaxis, "height": 420,
+           "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
+           "legend": {"orientation": "h", "y": -0.25},
+           "hovermode": "closest"}
+    out.update(more)
+    return out
+
+
+def live_bytes(s: dict[str, Any]) -> Figure | None:
+    """Live bytes per process and layer (step lines) with growth fits drawn dashed."""
+    if not s["recorded"] or not s["series"]:
+        return None
+    data: list[dict[str, Any]] = [
+        {"type": "scatter", "mode": "lines", "name": x["name"], "x": x["t_s"], "y": x["values"],
+         "line": {"shape": "hv", "dash": _DASH.get(x["layer"], "solid")}}
+        for x in s["series"]]
+    data += [{"type": "scatter", "mode": "lines", "x": f["t_s"], "y": f["values"],
+              "name": f"growth fit {f['layer']} pid {f['pid']}",
+              "line": {"dash": "longdash", "width": 3, "color": "#d62728"}}
+             for f in s["fits"]]
+    return {"data": data, "layout": _layout("Live bytes per process and layer", _BYTES_AXIS)}
+
+
+def gpu_bytes(s: dict[str, Any]) -> Figure | None:
+    """Bytes in use per GPU over time."""
+    if not s["recorded"] or not s["series"]:
+        return None
+    data = [{"type": "scatter", "mode": "lines", "name": x["name"], "x": x["t_s"],
+             "y": x["values"], "line": {"shape": "hv"}} for x in s["series"]]
+    return {"data": data, "layout": _layout(f"Bytes in use per GPU ({s['source']})",
+                                            _BYTES_AXIS)}
+
+
+def fault_rates(s: dict[str, Any]) -> Figure | None:
+    """Faults, fault batches and migrations per second, one trace per recorded kind."""
+    data: list[dict[str, Any]] = []
+    label = {"cpu_faults": "CPU faults", "gpu_faults": "GPU faults",
+             "fault_batches": "fault batches", "migrations": "migrations"}
+    for key, what in label.items():
+        part = s[key]
+        if not part["recorded"]:
+            continue
+        for x in part["series"]:
+            name = f"{what}: {x['name']}" if x["name"] else what
+            data.append({"type": "scatter", "mode": "lines+markers", "name": name,
+                         "x": x["t_s"], "y": x["per_s"], "line": {"shape": "hv"},
+                         "marker": {"size": 4}})
+    if not data:
+        return None
+    yaxis = {"title": {"text": f"per second (bucket {s['bucket_s']:g} s)"}, "rangemode": "tozero"}
+    return {"data": data, "layout": _layout("Fault rate over time", yaxis)}
+
+
+def fragmentation(rm: dict[str, Any] | None) -> Figure | None:
+    """RM heap samples per GPU: unusable share of free memory for 2 MiB allocations."""
+    if not rm or not rm.get("gpus"):
+        return None
+    data: list[dict[str, Any]] = []
+    for g in rm["gpus"]:
+        pts = g.get("series") or []
+        data.append({"type": "scatter", "mode": "lines+markers",
+                     "name": f"GPU {g['gpu_index']} unusable share (2 MiB)",
+                     "x": [p["t_s"] for p in pts], "y": [p["unusable_share_2m"] for p in pts]})
+        data.append({"type": "scatter", "mode": "lines", "yaxis": "y2",
+                     "name": f"GPU {g['gpu_index']} largest free",
+                     "x": [p["t_s"] for p in pts], "y": [p["largest_free_bytes"] for p in pts],
+                     "line": {"dash": "dot"}})
+    y2 = dict(_BYTES_AXIS, overlaying="y", side="right", title={"text": "largest free"})
+    return {"data": data, "layout": _layout(
+        "Fragmentation over time (RM heap samples)",
+        {"title": {"text": "unusable share"}, "range": [0, 1]}, yaxis2=y2)}
+
+
+def leak_icicle(tree: dict[str, Any]) -> Figure | None:
+    """Leaked bytes by call stack: layer, process, then frames outermost first."""
+    if not tree["ids"]:
+        return None
+    data = [{"type": "icicle", "ids": tree["ids"], "labels": tree["labels"],
+             "parents": tree["parents"], "values": tree["values"], "branchvalues": "total",
+             "tiling": {"orientation": "v"}, "root": {"color": "#eee"},
+             "textinfo": "label+value",
+             "hovertemplate": "%{label}<br>%{value:,} bytes<extra></extra>"}]
+    return {"data": data, "layout": {"title": {"text": "Leaked bytes by call stack"},
+                                     "height": 460, "margin": {"l": 10, "r": 10, "t": 50,
+                                                               "b": 10}}}
+
+
+def latency(s: dict[str, Any]) -> Figure | None:
+    """ioctl latency distribution per command (log-spaced buckets)."""
+    if not s["recorded"] or not s["commands"]:
+        return None
+    edges = s["edges_us"]
+    centers = [edges[0] / 2, *edges]  # bucket i holds latencies below edges[i]
+    data = [{"type": "scatter", "mode": "lines+markers", "name": c["name"], "x": centers,
+             "y": c["counts"], "line": {"shape": "hvh"}} for c in s["commands"]]
+    return {"data": data, "layout": _layout(
+        "ioctl latency distribution", {"title": {"text": "calls"}, "rangemode": "tozero"},
+        xaxis={"title": {"text": "latency (us, upper bucket edge)"}, "type": "log"})}

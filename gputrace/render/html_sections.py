@@ -1,0 +1,120 @@
+"""The HTML report's sections: each plot with the table it comes from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gputrace.render import html_plots as plots
+from gputrace.render.html import Page, human_bytes, not_recorded, num, table, text
+
+
+def _missing(rep: dict[str, Any] | None, what: str) -> str | None:
+    """Why a section has no plot: its report was left out, its layers not recorded, or it
+    found nothing to draw."""
+    if rep is None:
+        return f'<p class="note">{what}: not asked for (--only)</p>'
+    if not rep.get("recorded", True):
+        layers = ", ".join(rep.get("not_recorded_layers") or [])
+        return not_recorded(f"{what} (layer {layers})")
+    return None
+
+
+def sections(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
+    """Every section of the analyze report, in reading order."""
+    leaks, summ = doc.get("leaks"), doc.get("summary")
+    fr, frag = doc.get("fault_rate"), doc.get("fragmentation")
+
+    live = s["live_bytes"]
+    miss = _missing(leaks, "allocations") or (
+        not_recorded("allocation layers (api, syscall)") if not live["recorded"]
+        else '<p class="note">no allocations in this trace</p>')
+    procs = (summ or {}).get("processes") or []
+    growth = (leaks or {}).get("growth") or []
+    page.section("Live bytes over time, per process and layer", plots.live_bytes(live), miss,
+                 table(procs, [("layer", "layer", text), ("pid", "pid", num),
+                               ("comm", "process", text), ("allocations", "allocations", num),
+                               ("peak_bytes", "peak", human_bytes),
+                               ("live_end_bytes", "live at end", human_bytes)])
+                 + "<h3>Growth fits</h3>"
+                 + table(growth, [("layer", "layer", text), ("pid", "pid", num),
+                                  ("slope_bytes_per_min", "bytes/min", num),
+                                  ("r2", "R²", num), ("rising_troughs", "rising troughs", num),
+                                  ("duration_s", "span s", num), ("flagged", "growing", text)]))
+
+    g = s["gpu_bytes"]
+    gt = (summ or {}).get("gpus") or {}
+    page.section("Bytes in use per GPU", plots.gpu_bytes(g),
+                 _missing(summ, "GPU memory")
+                 or (not_recorded("GPU memory (driver or syscall layer)") if not g["recorded"]
+                     else '<p class="note">no GPU-attributed memory in this trace</p>'),
+                 table(gt.get("gpus") or [], [("gpu_index", "GPU", num),
+                                              ("peak_bytes", "peak", human_bytes),
+                                              ("end_bytes", "end", human_bytes),
+                                              ("memory_bytes", "memory", human_bytes),
+                                              ("peak_share", "peak share", num)])
+                 + f"<p>source: {text(gt.get('source'))}; imbalance (max/mean) at peak "
+                   f"{num(gt.get('imbalance_peak'))}, at end {num(gt.get('imbalance_end'))}</p>")
+
+    f = s["fault_rates"]
+    absent = [name for key, name in (("cpu_faults", "CPU faults"), ("gpu_faults", "GPU faults"),
+                                     ("fault_batches", "fault batches"),
+                                     ("migrations", "migrations")) if not f[key]["recorded"]]
+    notes = "".join(not_recorded(a) for a in absent)
+    mig = ((fr or {}).get("migrations") or {}).get("by_cause_direction") or []
+    page.section("Fault rate over time", plots.fault_rates(f),
+                 _missing(fr, "fault rate") or '<p class="note">no faults in this trace</p>',
+                 notes + table((fr or {}).get("rates") or [],
+                               [("pid", "pid", num), ("gpu_index", "GPU", num),
+                                ("source", "source", text), ("access_type", "access", text),
+                                ("faults", "faults", num), ("mean_per_s", "mean/s", num),
+                                ("peak_per_s", "peak/s", num)])
+                 + "<h3>Fault batches</h3>"
+                 + (table(fr["batches"], [("gpu_index", "GPU", num), ("batches", "batches", num),
+                                          ("faults", "faults", num),
+                                          ("duplicate_share", "dup share", num),
+                                          ("service_ns_p50", "service p50 ns", num),
+                                          ("service_ns_max", "service max ns", num)])
+                    if fr and fr.get("batches") is not None else not_recorded("fault batches"))
+                 + "<h3>Migrations by cause</h3>"
+                 + (table(mig, [("cause", "cause", text), ("direction", "direction", text),
+                                ("migrations", "migrations", num), ("bytes", "bytes", human_bytes)])
+                    if fr and fr.get("migrations") is not None else not_recorded("migrations")))
+
+    rm = (frag or {}).get("rm")
+    pmm = (frag or {}).get("gpus")
+    fmiss = _missing(frag, "fragmentation") or not_recorded(
+        "fragmentation over time (rm_query layer)")
+    pmm_rows = [{"gpu_index": x["gpu_index"], **{f"{at}_{k}": v for at in ("peak", "end")
+                                                 for k, v in (x.get(at) or {}).items()}}
+                for x in pmm or []]
+    page.section("Fragmentation over time", plots.fragmentation(rm), fmiss,
+                 (table(rm["gpus"], [("gpu_index", "GPU", num), ("samples", "samples", num),
+                                     ("heap_size_bytes", "heap", human_bytes),
+                                     ("min_free_bytes", "min free", human_bytes),
+                                     ("min_largest_free_bytes", "min largest free",
+                                      human_bytes)]) if rm else "")
+                 + ("<h3>PMM chunks (driver layer)</h3>" + table(pmm_rows, [
+                     ("gpu_index", "GPU", num), ("peak_used_bytes", "peak used", human_bytes),
+                     ("peak_fragmentation_index", "peak index", num),
+                     ("end_used_bytes", "end used", human_bytes),
+                     ("end_fragmentation_index", "end index", num)]) if pmm is not None
+                    else not_recorded("PMM chunks (driver layer)")))
+
+    rows = [dict(r, stack="; ".join(r["frames"])) for r in s["leak_stacks"]]
+    page.section("Top leak sites: leaked bytes by call stack", plots.leak_icicle(s["leak_tree"]),
+                 _missing(leaks, "leaks") or '<p class="note">nothing leaked</p>',
+                 table(rows, [("layer", "layer", text), ("pid", "pid", num),
+                              ("comm", "process", text), ("count", "allocations", num),
+                              ("bytes", "bytes", num), ("stack", "stack (outermost first)",
+                                                        text)], limit=30))
+
+    page.section("ioctl latency per command", plots.latency(s["latency"]),
+                 _missing(summ, "ioctl latency") or (
+                     not_recorded("ioctls (syscall layer)") if not s["latency"]["recorded"]
+                     else '<p class="note">no ioctls in this trace</p>'),
+                 table((summ or {}).get("ioctls") or [], [
+                     ("name", "command", text), ("device", "device", text),
+                     ("gpu_index", "GPU", num), ("count", "calls", num),
+                     ("failed", "failed", num), ("latency_ns_p50", "p50 ns", num),
+                     ("latency_ns_p90", "p90 ns", num), ("latency_ns_p99", "p99 ns", num),
+                     ("latency_ns_max", "max ns", num), ("total_ns", "total ns", num)]))
