@@ -57,62 +57,96 @@ def _who() -> pl.Expr:
             .otherwise(pl.lit("program")))
 
 
-def rows(lt: pl.DataFrame, processes: pl.LazyFrame) -> pl.DataFrame:
-    """Memory lifetime rows with `_row`, `piece`, `call_row`, `kind`, `who`, `exit_ts_ns`."""
+def rows(lt: pl.DataFrame, processes: pl.LazyFrame, end_ns: int) -> pl.DataFrame:
+    """Memory lifetime rows with `_row`, `piece`, `call_row`, `kind`, `who`, `exit_ts_ns`
+    and `age_s` (at trace end or process exit)."""
     linked = link(lt).lazy()
     return (with_exits(linked, processes, "alloc_ts_ns")
-            .with_columns(kind=leak_kind(), comm=pl.coalesce("pcomm", "comm"))
-            .with_columns(who=_who()).sort("_row").collect())
+            .with_columns(kind=leak_kind(), comm=pl.coalesce("pcomm", "comm"),
+                          age_s=(pl.coalesce("exit_ts_ns", pl.lit(end_ns))
+                                 - pl.col("alloc_ts_ns")) / 1e9)
+            .with_columns(who=_who()).collect())
+
+
+_API, _RM, _UVM = (pl.col("layer") == k for k in ("api", "rm", "uvm"))
+_LEAKED = pl.col("kind").is_not_null()
+# (column, rows it reads, value, how the rows of one piece combine); strings are few
+# on purpose: a piece's labels are its `what`, `rm_what`, `kind` and `freed_by`.
+SPEC: list[tuple[str, pl.Expr, str | None, str]] = [
+    ("api_count", _API, None, "count"), ("api_bytes", _API, "size_bytes", "sum"),
+    ("api_leaked_count", _API & _LEAKED, None, "count"),
+    ("api_leaked_bytes", _API & _LEAKED, "size_bytes", "sum"),
+    ("leak_stack_id", _API & _LEAKED, "stack_id", "first_set"),
+    ("stack_id", _API, "stack_id", "first_set"), ("api_free_ts_ns", _API, "free_ts_ns", "max"),
+    ("rm_count", _RM, None, "count"), ("rm_leaked_count", _RM & _LEAKED, None, "count"),
+    ("rm_handle", _RM, "id", "first"), ("rm_what", _RM, "what", "first"),
+    ("rm_bytes", _RM, "size_bytes", "sum"), ("rm_alloc_ts_ns", _RM, "alloc_ts_ns", "first"),
+    ("rm_free_ts_ns", _RM, "free_ts_ns", "first"),
+    ("uvm_count", _UVM, None, "count"), ("uvm_bytes", _UVM, "size_bytes", "sum"),
+    ("uvm_base", _UVM, "id", "first"), ("uvm_alloc_ts_ns", _UVM, "alloc_ts_ns", "first"),
+    ("uvm_free_ts_ns", _UVM, "free_ts_ns", "first"),
+    ("uvm_leaked_bytes", _UVM & _LEAKED, "size_bytes", "sum"),
+]
+COMMON = ["pid", "comm", "gpu_index", "alloc_ts_ns", "call_row", "exit_ts_ns"]
+
+
+def _one(name: str, cond: pl.Expr, col: str | None, how: str) -> pl.Expr:
+    """The column of a piece made of one row."""
+    if how == "count":
+        return cond.cast(pl.Int64).alias(name)
+    if how == "sum":
+        return pl.when(cond).then(pl.col(str(col))).otherwise(0).alias(name)
+    return pl.when(cond).then(pl.col(str(col))).alias(name)
+
+
+def _many(name: str, cond: pl.Expr, col: str | None, how: str) -> pl.Expr:
+    """The column of a piece made of several rows (in row order)."""
+    if how == "count":
+        return cond.sum().cast(pl.Int64).alias(name)
+    c = pl.col(str(col)).filter(cond)
+    out = {"sum": c.sum(), "first": c.first(), "first_set": c.drop_nulls().first(),
+           "max": c.max()}[how]
+    return out.alias(name)
+
+
+def _combined() -> list[pl.Expr]:
+    """A piece's label, leak kind and who freed it, from its rows: its API allocations'
+    when it has any (leaked ones first), else its RM object's, else its UVM mapping's."""
+    has_api = _API.any()
+
+    def pick(col: str) -> pl.Expr:
+        return pl.coalesce(pl.col(col).filter(_RM).first(), pl.col(col).filter(_UVM).first())
+
+    kind = pl.when(has_api).then(pl.col("kind").filter(_API & _LEAKED).first()).otherwise(
+        pick("kind"))
+    who = pl.when(has_api).then(pl.coalesce(pl.col("who").filter(_API & _LEAKED).first(),
+                                            pl.lit("program"))).otherwise(pick("who"))
+    what = pl.coalesce(pl.col("what").filter(_API).first(), pick("what"))
+    return [what.alias("what"), kind.alias("kind"), who.alias("freed_by")]
 
 
 def allocations(r: pl.DataFrame, api_pids: pl.DataFrame) -> pl.DataFrame:
     """One row per piece of memory, from `rows` (`api_pids`: pids with API calls)."""
-    api, rm, uvm = (pl.col("layer") == k for k in ("api", "rm", "uvm"))
-    leaked = pl.col("kind").is_not_null()
-
-    def of(cond: pl.Expr, col: str) -> pl.Expr:
-        return pl.col(col).filter(cond)
-
-    g = r.sort("_row").group_by("piece", maintain_order=True).agg(
+    # Most pieces are one row: only the others need a group-by.
+    joined = r.filter(pl.col("piece") != pl.col("_row"))["piece"].unique()
+    many = (pl.col("piece") != pl.col("_row")) | pl.col("_row").is_in(joined.implode())
+    single = r.filter(~many).select(
+        "piece", *COMMON, "what", "kind", pl.col("who").alias("freed_by"),
+        *(_one(*spec) for spec in SPEC))
+    multi = r.filter(many).sort("_row").group_by("piece", maintain_order=True).agg(
         pl.col("pid").first(), pl.col("comm").drop_nulls().first(),
         pl.col("gpu_index").drop_nulls().first(), pl.col("alloc_ts_ns").min(),
-        api.sum().cast(pl.Int64).alias("api_count"),
-        of(api, "size_bytes").sum().alias("api_bytes"),
-        (api & leaked).sum().cast(pl.Int64).alias("api_leaked_count"),
-        of(api & leaked, "size_bytes").sum().alias("api_leaked_bytes"),
-        of(api, "id").alias("api_ids"), of(api, "what").first().alias("api_what"),
-        of(api & leaked, "stack_id").drop_nulls().first().alias("leak_stack_id"),
-        of(api, "stack_id").drop_nulls().first().alias("stack_id"),
-        of(api, "free_ts_ns").max().alias("api_free_ts_ns"),
-        of(api & leaked, "kind").first().alias("api_kind"),
-        of(api & leaked, "who").first().alias("api_who"),
-        rm.sum().cast(pl.Int64).alias("rm_count"),
-        of(rm, "id").first().alias("rm_handle"), of(rm, "what").first().alias("rm_what"),
-        of(rm, "size_bytes").sum().alias("rm_bytes"),
-        of(rm, "alloc_ts_ns").first().alias("rm_alloc_ts_ns"),
-        of(rm, "free_ts_ns").first().alias("rm_free_ts_ns"),
-        of(rm, "kind").first().alias("rm_kind"), of(rm, "who").first().alias("rm_who"),
-        uvm.sum().cast(pl.Int64).alias("uvm_count"),
-        of(uvm, "size_bytes").sum().alias("uvm_bytes"),
-        of(uvm, "id").first().alias("uvm_base"), of(uvm, "what").first().alias("uvm_what"),
-        of(uvm, "alloc_ts_ns").first().alias("uvm_alloc_ts_ns"),
-        of(uvm, "free_ts_ns").first().alias("uvm_free_ts_ns"),
-        of(uvm & leaked, "size_bytes").sum().alias("uvm_leaked_bytes"),
-        of(uvm, "kind").first().alias("uvm_kind"), of(uvm, "who").first().alias("uvm_who"),
         pl.col("call_row").drop_nulls().first(), pl.col("exit_ts_ns").first(),
-    )
+        *_combined(), *(_many(*spec) for spec in SPEC))
+    g = pl.concat([single, multi.select(single.columns)], how="vertical_relaxed")
     seen = pl.col("pid").is_in(api_pids["pid"].implode())
     cls = (pl.when(pl.col("api_count") > 0).then(pl.lit("api"))
            .when(seen).then(pl.lit("driver")).otherwise(pl.lit("unattributed")))
     has_rm = pl.col("rm_count") > 0
-    g = g.with_columns(cls.alias("class"))
-    kind = (pl.when(pl.col("class") == "api").then("api_kind")
-            .when(has_rm).then("rm_kind").otherwise("uvm_kind"))
-    who = (pl.when(pl.col("class") == "api").then(pl.coalesce("api_who", pl.lit("program")))
-           .when(has_rm).then("rm_who").otherwise("uvm_who"))
     counted = (pl.when(pl.col("class") == "api").then("api_leaked_bytes")
                .when(pl.col("class") == "driver").then(pl.lit(0, pl.Int64))
-               .when(has_rm).then(pl.when(pl.col("rm_kind").is_not_null())
+               .when(has_rm).then(pl.when(pl.col("rm_leaked_count") > 0)
                                   .then("rm_bytes").otherwise(0))
                .otherwise("uvm_leaked_bytes"))
-    return g.with_columns(kind=kind, freed_by=who, **{COUNTED: counted.fill_null(0)})
+    return g.with_columns(cls.alias("class")).with_columns(
+        **{COUNTED: counted.fill_null(0)})

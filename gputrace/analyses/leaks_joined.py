@@ -26,10 +26,6 @@ JOINED = ["pid", "comm", "kind", "class", "what", "api_count", "bytes", "rm_what
           "age_s", "stack_id", "frames", "api_ids", "freed_by"]
 
 
-def _what() -> pl.Expr:
-    return pl.coalesce("api_what", "rm_what", "uvm_what")
-
-
 def _driver_bytes() -> pl.Expr:
     return pl.when(pl.col("rm_count") > 0).then("rm_bytes").otherwise("uvm_bytes")
 
@@ -44,14 +40,18 @@ def joined_part(sl: Slice, older_ns: int, min_size: int) -> dict[str, pl.DataFra
     inp = sl.inp
     r, pieces = sl.model()
     end = pl.coalesce("exit_ts_ns", pl.lit(inp.end_ns))
+    ids = (r.filter((pl.col("layer") == "api") & pl.col("kind").is_not_null())
+           .sort("_row").group_by("piece").agg(pl.col("id").alias("api_ids")))
     frames = stack_frames(inp.scan("stacks")).collect()
     leaked = (pieces.filter((pl.col(COUNTED) > 0) & pl.col("kind").is_not_null())
-              .with_columns(what=_what(), bytes=pl.col(COUNTED),
+              .with_columns(bytes=pl.col(COUNTED),
                             api_count=pl.col("api_leaked_count"),
                             stack_id=pl.col("leak_stack_id"),
                             age_s=(end - pl.col("alloc_ts_ns")) / 1e9)
               .filter((pl.col("age_s") * 1e9 >= older_ns) & (pl.col("bytes") >= min_size))
-              .join(frames, on=["pid", "stack_id"], how="left"))
+              .join(frames, on=["pid", "stack_id"], how="left")
+              .join(ids, on="piece", how="left")
+              .with_columns(pl.col("api_ids").fill_null(pl.lit([], pl.List(pl.UInt64)))))
     # leak sites: leaked API allocations by call stack, with the driver memory they sit in
     backing = leaked.select("piece", "rm_count", "rm_bytes")
     api_rows = (r.filter((pl.col("layer") == "api") & pl.col("kind").is_not_null())

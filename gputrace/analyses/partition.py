@@ -68,7 +68,7 @@ class Slice:
             from gputrace.analyses.allocations import allocations, rows
 
             inp = self.inp
-            r = rows(memory(self.lifetimes).collect(), inp.scan("processes"))
+            r = rows(memory(self.lifetimes).collect(), inp.scan("processes"), inp.end_ns)
             pids = (inp.scan("cuda_calls").select("pid").unique().collect()
                     if inp.has("api") else pl.DataFrame(schema={"pid": pl.Int32}))
             self._model = (r, allocations(r, pids))
