@@ -570,6 +570,25 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
 """Manifest keys readers rely on, and what they mean (documented with the tables)."""
 
 
+# ------------------------------------------------------------ fleet datasets
+# `gputrace export` writes many traces as one dataset (docs/fleet.md): every table
+# above plus these columns, which say which recording a row came from. `date` and
+# `host` are hive partitions (`<table>/date=YYYY-MM-DD/host=NAME/<trace_id>.parquet`),
+# so they live in the path; the others are stored in each file.
+FLEET_COLUMNS: tuple[Column, ...] = (
+    Column("host", STR, "", "hostname of the recording host (hive partition `host=`)", False),
+    Column("trace_id", STR, "",
+           "the recording's identity: manifest `trace_id`, else a hash of host, start "
+           "time, creation time and recorder pid", False),
+    Column("driver_version", STR, "", "NVIDIA driver version from the manifest"),
+    Column("gpu_model", STR, "", "GPU names from the manifest, distinct, joined by ', '"),
+    Column("date", STR, "",
+           "UTC date the recording started, YYYY-MM-DD (hive partition `date=`)", False),
+)
+FLEET_PARTITIONS: tuple[str, ...] = ("date", "host")
+"""Hive partition columns of a fleet dataset, outermost first."""
+
+
 def table(name: str) -> Table:
     """Look a table up by name; unknown names raise `KeyError`."""
     return TABLES[name]

@@ -1,0 +1,81 @@
+"""One exported trace read back from a dataset as the `Inputs` every analysis takes.
+
+The per-trace reports must say exactly what `gputrace analyze` says of the
+trace directory: the tables come back with the trace schema's types (the
+fleet columns dropped), and the manifest and the trace's own integrity doubts
+are the ones stored at export time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import polars as pl
+
+from gputrace import schema
+from gputrace.analyses.common import Inputs, inputs_from_trace
+from gputrace.fleet.store import DatasetError, Store
+
+DEVICE_TABLES = ("chunks", "gpu_memory")
+"""Tables a job filter keeps whole: they describe the GPU, not one process."""
+
+
+class _Exported:
+    """What `inputs_from_trace` reads of a trace, served from a dataset record."""
+
+    def __init__(self, record: dict[str, Any], frames: Mapping[str, pl.DataFrame]) -> None:
+        self.manifest: dict[str, Any] = record["manifest"]
+        self._frames = frames
+
+    @property
+    def status(self) -> str:
+        return str(self.manifest.get("status", "unknown"))
+
+    @property
+    def layers(self) -> list[str]:
+        return [str(x) for x in self.manifest.get("layers", [])]
+
+    @property
+    def drops(self) -> dict[str, int]:
+        return {str(k): int(v) for k, v in dict(self.manifest.get("drops", {})).items()}
+
+    def scan(self, name: str) -> pl.LazyFrame:
+        t = schema.table(name)
+        df = self._frames.get(name)
+        if df is None:
+            return pl.LazyFrame(schema=t.polars_schema)
+        return df.lazy().select([pl.col(n).cast(dt) for n, dt in t.polars_schema.items()])
+
+
+def read_record(store: Store, entry: dict[str, Any]) -> dict[str, Any]:
+    rec = store.read_json(str(entry["record"]))
+    if not isinstance(rec, dict) or not isinstance(rec.get("manifest"), dict):
+        raise DatasetError(f"{store.url}/{entry['record']}: not a trace record")
+    return rec
+
+
+def read_frames(store: Store, record: dict[str, Any]) -> dict[str, pl.DataFrame]:
+    out: dict[str, pl.DataFrame] = {}
+    for name, rel in dict(record.get("files", {})).items():
+        if name not in schema.TABLES:
+            continue
+        df = pl.from_arrow(store.read_parquet(str(rel)))
+        assert isinstance(df, pl.DataFrame)
+        out[name] = df
+    return out
+
+
+def trace_inputs(record: dict[str, Any], frames: Mapping[str, pl.DataFrame],
+                 pids: set[int] | None = None) -> Inputs:
+    """Inputs of one exported trace; with `pids`, only those processes' rows (device-wide
+    tables stay whole)."""
+    if pids is not None:
+        keep = pl.Series(sorted(pids), dtype=pl.Int32)
+        frames = {n: (df if n in DEVICE_TABLES or "pid" not in df.columns
+                      else df.filter(pl.col("pid").is_in(keep)))
+                  for n, df in frames.items()}
+    inp = inputs_from_trace(_Exported(record, frames))
+    stored = tuple(str(p) for p in record.get("problems", []))
+    return dataclasses.replace(inp, problems=(*stored, *inp.problems))

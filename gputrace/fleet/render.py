@@ -1,0 +1,73 @@
+"""The fleet document as text for a terminal (computes nothing; host text escaped)."""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+from gputrace.render.safe import printable
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if abs(n) >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
+
+
+def _num(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _table(out: TextIO, head: list[str], rows: list[list[Any]]) -> None:
+    cells = [head, *[[printable("-" if c is None else c) for c in r] for r in rows]]
+    widths = [min(40, max(len(str(r[i])) for r in cells)) for i in range(len(head))]
+    for r in cells:
+        out.write("  " + "  ".join(str(c)[:40].ljust(w) for c, w in zip(r, widths, strict=True))
+                  .rstrip() + "\n")
+    if not rows:
+        out.write("  (none)\n")
+
+
+def render_fleet_terminal(doc: dict[str, Any], out: TextIO) -> None:
+    """Write the fleet report: headline, then one section per fleet question."""
+    lk = doc["leaks"]
+    where = f" where {printable(doc['where'])}" if doc["where"] else ""
+    out.write(f"Fleet {printable(doc['dataset'])}{where}: {doc['traces']} traces, "
+              f"{doc['engine']['workers']} workers ({doc['engine']['scheduler']})\n")
+    out.write(f"Leaked: {_size(lk['total_bytes'])} in {lk['total_count']} allocations\n")
+    for w in doc["warnings"]:
+        out.write(f"warning: {printable(w)}\n")
+    out.write("\nTop leaking jobs\n")
+    _table(out, ["host", "pid", "comm", "bytes", "count", "cmdline"],
+           [[j["host"], j["pid"], j["comm"], _size(j["bytes"]), j["count"], j["cmdline"]]
+            for j in lk["top_jobs"]])
+    out.write("\nTop leaking call sites\n")
+    _table(out, ["bytes", "count", "hosts", "traces", "what", "frames"],
+           [[_size(s["bytes"]), s["count"], s["host_count"], s["traces"], s["what"],
+             s["frames"]] for s in lk["top_sites"]])
+    g = doc["gpus"]
+    out.write("\nGPUs by fragmentation (PMM index, worst of peak/end)\n")
+    _table(out, ["host", "gpu", "model", "index", "memory"],
+           [[r["host"], r["gpu_index"], r["gpu_model"], _num(r["fragmentation_index"]),
+             _size(r["memory_bytes"])] for r in g["by_fragmentation"]])
+    out.write("\nGPUs by oversubscription (managed memory peak / the host's GPU memory)\n")
+    _table(out, ["host", "trace", "model", "ratio", "managed peak", "GPU memory"],
+           [[r["host"], r["trace_id"][:12], r["gpu_model"], _num(r["oversubscription_ratio"]),
+             _size(r["managed_peak_bytes"]), _size(r["gpu_memory_bytes"])]
+            for r in g["by_oversubscription"]])
+    out.write("\nFault rate per driver version (faults/s per trace)\n")
+    _table(out, ["driver", "traces", "median", "MAD", "max", "outliers"],
+           [[d["driver_version"], d["traces"], _num(d["median_faults_per_s"]),
+             _num(d["mad_faults_per_s"]), _num(d["max_faults_per_s"]),
+             ", ".join(f"{o['host']}:{o['trace_id'][:12]}" for o in d["outliers"]) or "-"]
+            for d in doc["fault_rate"]["by_driver_version"]])
+    out.write("\nDrops per host\n")
+    _table(out, ["host", "traces", "with drops", "dropped"],
+           [[h["host"], h["traces"], h["traces_with_drops"], h["dropped"]]
+            for h in doc["drops"]["by_host"]])
+    out.write("\nFlagged traces\n")
+    _table(out, ["host", "date", "trace", "why"],
+           [[f["host"], f["date"], f["trace_id"], "; ".join(f["reasons"])]
+            for f in doc["flagged"]])
