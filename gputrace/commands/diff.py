@@ -1,0 +1,136 @@
+"""`gputrace diff BEFORE AFTER`: what changed between two traces of the same job."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from gputrace.commands.analyze import FindingsTriggered
+from gputrace.errors import UsageError
+from gputrace.options import parse_size
+
+FORMATS = ("terminal", "json", "html")
+METRICS = ("leak_bytes", "peak", "ioctl_p99", "fault_rate")
+Cond = tuple[str, float, bool]
+"""(metric, threshold, is_percent)."""
+
+
+def parse_fail_on(text: str | None) -> list[Cond]:
+    """`leak_bytes>+10%`, `peak>+1GiB`, `ioctl_p99>+20%`, `fault_rate>+50%`."""
+    out: list[Cond] = []
+    for part in (p.strip() for p in (text or "").split(",") if p.strip()):
+        m = re.fullmatch(r"(\w+)\s*>\s*\+?\s*(\S+?)\s*(%?)", part)
+        if m is None or m.group(1) not in METRICS:
+            raise UsageError(f"--fail-on: cannot read {part!r} (METRIC>+N% or METRIC>+SIZE, "
+                             f"METRIC one of {', '.join(METRICS)})")
+        metric, value, pct = m.group(1), m.group(2), bool(m.group(3))
+        if pct:
+            try:
+                x = float(value)
+            except ValueError:
+                raise UsageError(f"--fail-on: {value!r} is not a percentage") from None
+            if not x >= 0:
+                raise UsageError(f"--fail-on: {value!r} is not a percentage")
+            out.append((metric, x, True))
+        elif metric in ("leak_bytes", "peak"):
+            out.append((metric, float(parse_size(value, f"--fail-on {metric}")), False))
+        else:
+            raise UsageError(f"--fail-on {metric}: give a percentage (e.g. {metric}>+20%)")
+    return out
+
+
+def _over(delta: float, pct: float | None, x: float, is_pct: bool) -> bool:
+    if delta <= 0:
+        return False
+    if not is_pct:
+        return delta > x
+    return pct is None or pct > x  # from zero to anything is an unbounded rise
+
+
+def gates(d: dict[str, Any], conds: list[Cond]) -> list[str]:
+    """Messages for each --fail-on condition that holds."""
+    from gputrace.analyses.diff import peak_increase
+
+    hits = []
+    for metric, x, is_pct in conds:
+        want = f"{x:g}%" if is_pct else f"{int(x)} bytes"
+        if metric == "leak_bytes":
+            lb = d["leak_bytes"]
+            delta = (lb["after"] or 0) - (lb["before"] or 0)
+            if _over(delta, lb["delta_pct"], x, is_pct):
+                hits.append(f"leak_bytes rose by {delta} bytes (more than +{want})")
+        elif metric == "peak":
+            best = peak_increase(d)
+            if best and _over(best[0], best[1], x, is_pct):
+                hits.append(f"peak of {best[2]} rose by {int(best[0])} bytes "
+                            f"(more than +{want})")
+        else:
+            key, field = (("ioctl_latency", "latency_ns_p99") if metric == "ioctl_p99"
+                          else ("fault_rates", "mean_per_s"))
+            for r in d[key]:
+                f = r[field]
+                delta = (f["after"] or 0) - (f["before"] or 0)
+                if _over(delta, f["delta_pct"], x, True):
+                    what = r.get("name") or r.get("source")
+                    hits.append(f"{metric} of {what} rose {f['before']} -> {f['after']} "
+                                f"(more than +{want})")
+    return hits
+
+
+def diff_traces(before: str, after: str) -> dict[str, Any]:
+    """Both traces analyzed with default options, then compared."""
+    from gputrace.analyses.common import inputs_from_trace
+    from gputrace.analyses.diff import diff
+    from gputrace.analyses.report import REPORT_KEYS
+    from gputrace.analyses.timeseries import folded_stacks
+    from gputrace.commands.analyze import run_reports
+    from gputrace.tracedir import open_trace
+
+    opts = {"older_ns": 0, "min_size": 0, "top": None, "window_s": 1.0, "thrash_min": 3}
+    docs, stacks = [], []
+    for path in (before, after):
+        inp = inputs_from_trace(open_trace(path))
+        docs.append(run_reports(inp, list(REPORT_KEYS), opts))
+        stacks.append(folded_stacks(inp))
+    out = diff(docs[0], docs[1], stacks[0], stacks[1])
+    out["before_trace"], out["after_trace"] = before, after
+    out["warnings"] = ([f"before: {w}" for w in docs[0]["warnings"]]
+                       + [f"after: {w}" for w in docs[1]["warnings"]])
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("diff")
+    def diff_cmd(
+        before: Annotated[str, typer.Argument(help="Trace directory of the earlier run.")],
+        after: Annotated[str, typer.Argument(help="Trace directory of the later run.")],
+        fmt: Annotated[str, typer.Option("--format", "-f", help="terminal, json or html.")
+                       ] = "terminal",
+        output: Annotated[str | None, typer.Option("--output", "-o", help="Write to FILE.")
+                          ] = None,
+        fail_on: Annotated[str | None, typer.Option(
+            "--fail-on", help="Exit 3 when e.g. leak_bytes>+10%, peak>+1GiB, ioctl_p99>+20%, "
+                              "fault_rate>+50%.")] = None,
+    ) -> None:
+        """What changed between two traces: leaks, peaks, fault rates, ioctl latency."""
+        from gputrace.commands.analyze_files import opened
+        from gputrace.render.diff import render_diff_html, render_diff_terminal
+        from gputrace.render.json import render_json
+
+        if fmt not in FORMATS:
+            raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+        conds = parse_fail_on(fail_on)
+        d = diff_traces(before, after)
+        with opened(output, False) as f:
+            if fmt == "json":
+                f.write(render_json(d))
+            elif fmt == "html":
+                f.write(render_diff_html(d))
+            else:
+                render_diff_terminal(d, f, color=output is None and sys.stdout.isatty())
+        hits = gates(d, conds)
+        if hits:
+            raise FindingsTriggered("--fail-on: " + "; ".join(hits))
