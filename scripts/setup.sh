@@ -14,3 +14,8 @@ if [[ "${1:-}" == "--record" ]]; then
     fi
     bash scripts/setup-record.sh
 fi
+# The HTML report's browser test opens it in Debian's headless chromium (root only).
+if [[ $(id -u) -eq 0 && ! -x /usr/bin/chromium ]]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+fi

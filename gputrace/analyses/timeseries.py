@@ -216,9 +216,11 @@ def fault_rates(inp: Inputs, buckets: int = BUCKETS) -> dict[str, Any]:
 
 
 def latency_histograms(inp: Inputs) -> dict[str, Any]:
-    """ioctl latency distribution of the busiest commands (counts per log-spaced bucket)."""
+    """ioctl latency distribution of the busiest commands: counts per log-spaced bucket,
+    bucket i holding latencies from `from_us[i]` (0 for the first) to `edges_us[i]`."""
     if not inp.has("syscall"):
-        return {"recorded": False, "edges_us": LATENCY_EDGES_US, "commands": []}
+        return {"recorded": False, "edges_us": LATENCY_EDGES_US, "commands": [],
+                "from_us": []}
     edges_ns = [e * 1000 for e in LATENCY_EDGES_US]
     io = (inp.scan("ioctls").filter(pl.col("latency_ns").is_not_null())
           .select(pl.col("name").fill_null("?"), "latency_ns"))
@@ -226,9 +228,9 @@ def latency_histograms(inp: Inputs) -> dict[str, Any]:
            .head(LATENCY_COMMANDS).collect())
     names = list(top["name"])
     df = (io.filter(pl.col("name").is_in(names))
-          .with_columns(_b=pl.col("latency_ns").cast(pl.Float64).cut(
-              edges_ns, labels=[str(i) for i in range(len(edges_ns) + 1)]).cast(pl.String)
-              .cast(pl.Int64))
+          # bucket i: latencies in [edge i-1, edge i); bucket 0 below the first edge
+          .with_columns(_b=pl.sum_horizontal([(pl.col("latency_ns") >= e).cast(pl.Int64)
+                                              for e in edges_ns]))
           .group_by("name", "_b").agg(n=pl.len()).collect())
     cmds = []
     for name in names:
@@ -236,7 +238,8 @@ def latency_histograms(inp: Inputs) -> dict[str, Any]:
         for b, n in df.filter(pl.col("name") == name).select("_b", "n").iter_rows():
             counts[int(b)] = int(n)
         cmds.append({"name": name, "counts": counts})
-    return {"recorded": True, "edges_us": LATENCY_EDGES_US, "commands": cmds}
+    return {"recorded": True, "edges_us": LATENCY_EDGES_US, "commands": cmds,
+            "from_us": [LATENCY_EDGES_US[0] / 10, *LATENCY_EDGES_US]}
 
 
 def folded_stacks(inp: Inputs, allocated: bool = False) -> list[dict[str, Any]]:

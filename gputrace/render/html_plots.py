@@ -109,10 +109,8 @@ def latency(s: dict[str, Any]) -> Figure | None:
     """ioctl latency distribution per command (log-spaced buckets)."""
     if not s["recorded"] or not s["commands"]:
         return None
-    edges = s["edges_us"]
-    centers = [edges[0] / 2, *edges]  # bucket i holds latencies below edges[i]
-    data = [{"type": "scatter", "mode": "lines+markers", "name": c["name"], "x": centers,
-             "y": c["counts"], "line": {"shape": "hvh"}} for c in s["commands"]]
+    data = [{"type": "scatter", "mode": "lines+markers", "name": c["name"], "x": s["from_us"],
+             "y": c["counts"], "line": {"shape": "hv"}} for c in s["commands"]]
     return {"data": data, "layout": _layout(
         "ioctl latency distribution", {"title": {"text": "calls"}, "rangemode": "tozero"},
-        xaxis={"title": {"text": "latency (us, upper bucket edge)"}, "type": "log"})}
+        xaxis={"title": {"text": "latency (us, bucket lower edge)"}, "type": "log"})}
