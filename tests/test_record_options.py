@@ -108,3 +108,46 @@ def test_device_kinds_and_container_id() -> None:
     assert procfs.container_id(f"/system.slice/docker-{cid}.scope") == cid
     assert procfs.container_id("/user.slice") is None
     assert procfs.cgroup_path("0::/user.slice/x\n") == "/user.slice/x"
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (["--uvm-queue-entries", "1000"], "--uvm-queue-entries must be a power of two, not 1000"),
+        (["--uvm-queue-entries", "1"], "--uvm-queue-entries must be a whole number from 2"),
+        (["--uvm-queue-entries", str(1 << 23)], "--uvm-queue-entries must be a whole number"),
+        (["--uvm-queue-entries", "-4"], "--uvm-queue-entries"),
+        (["--sample-interval", "0"], "--sample-interval must be from 1 ms to 1 h"),
+        (["--sample-interval", "soon"], "--sample-interval: cannot read"),
+        (["--sample-interval", "2h"], "--sample-interval must be from 1 ms to 1 h"),
+        (["--uvm-queue-version", "3"], "--uvm-queue-version must be a whole number from 1 to 2"),
+    ],
+)
+def test_driver_layer_options_refused_before_anything_starts(
+    tmp_path: Path, args: list[str], text: str
+) -> None:
+    r = run("-o", str(tmp_path / "t"), *args, "--", "true")
+    _one_line_error(r, text)
+    assert r.returncode == 2
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="checks that come after the root check")
+def test_queue_version_the_driver_lacks_is_a_usage_error(tmp_path: Path) -> None:
+    # V2 queue records exist from 550.54.14 on: a 535 driver has only V1
+    r = run("-o", str(tmp_path / "t"), "--driver-version", "535.104.05",
+            "--uvm-queue-version", "2", "--device-dir", str(tmp_path), "--", "true")  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "gputrace: error:" in r.stderr
+
+
+def test_driver_layer_off_without_device_files(tmp_path: Path) -> None:
+    from gputrace.record.recorder import Options, Recorder
+
+    rec = Recorder(Options(output=str(tmp_path / "t")))
+    assert rec._driver_layer(str(tmp_path) + "/") is None  # neither nvidia-uvm-tools nor ctl
+    (tmp_path / "nvidiactl").touch()
+    layer = rec._driver_layer(str(tmp_path) + "/")
+    assert layer is not None and layer.want_rm and layer.queue_entries == 1 << 16
+    rec.opts.driver_layer = False  # --no-driver-layer
+    assert rec._driver_layer(str(tmp_path) + "/") is None

@@ -26,6 +26,20 @@ def trace_info(trace: Trace) -> dict[str, Any]:
             f"{sum(drops.values())} events were dropped by full ring buffers: "
             + ", ".join(f"{k}={v}" for k, v in sorted(drops.items()) if v)
         )
+    errors = {k: v for k, v in (m.get("decode_errors") or {}).items() if v}
+    if errors:
+        warnings.append(
+            f"{sum(errors.values())} records could not be decoded and were skipped: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(errors.items()))
+        )
+    dl = m.get("driver_layer") or {}
+    for f in dl.get("attach_failures") or []:
+        warnings.append(
+            f"driver layer: no UVM tools tracker on pid {f.get('pid')}: "
+            f"{f.get('error')} (its GPU faults and migrations are missing)"
+        )
+    if dl.get("error"):
+        warnings.append(str(dl["error"]))
     if m.get("synthetic"):
         warnings.append("synthetic trace: built by gputrace.builder, not recorded")
     warnings += trace_warnings(trace)
@@ -50,6 +64,9 @@ def trace_info(trace: Trace) -> dict[str, Any]:
         "hooks": m.get("hooks", {}),
         "api": m.get("api"),
         "cpu_faults": m.get("cpu_faults"),
+        "driver_layer": m.get("driver_layer"),
+        "decode_errors": m.get("decode_errors", {}),
+        "target_exit": m.get("target_exit"),
         "drops": drops,
         "rows": rows,
         "warnings": warnings,
@@ -77,6 +94,7 @@ def render_info(info: dict[str, Any], fmt: str = "text") -> str:
         f"driver     {info['driver_version'] or 'not loaded / unknown'}",
         f"gpus       {len(info['gpus'])}",
         f"target     {_target(info['target'])}",
+        *([f"exit       {_exit(info['target_exit'])}"] if info.get("target_exit") else []),
         f"start      {info['start_wall'] or '?'}",
         f"duration   {info['duration_s']:.3f} s" if info["duration_s"] is not None
         else "duration   ?",
@@ -110,6 +128,7 @@ def render_info(info: dict[str, Any], fmt: str = "text") -> str:
             f"{cpu.get('untracked_blocks', 0)} blocks, {cpu.get('untracked_ranges', 0)} ranges "
             "untracked (their CPU faults are missing)"
         )
+    lines += _driver_lines(info.get("driver_layer"))
     drops = info["drops"]
     lines.append(
         "drops      " + (", ".join(f"{k}={v}" for k, v in sorted(drops.items())) or "none")
@@ -120,6 +139,41 @@ def render_info(info: dict[str, Any], fmt: str = "text") -> str:
     for w in info["warnings"]:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def _exit(ended: dict[str, Any]) -> str:
+    """How CMD ended (manifest `target_exit`)."""
+    status = ended.get("status")
+    if status == "exited":
+        return f"exited with status {ended.get('code')}"
+    if status == "signaled":
+        return f"killed by signal {ended.get('signal')} ({ended.get('signal_name') or '?'})"
+    return "still running when the recording stopped"
+
+
+def _driver_lines(dl: Any) -> list[str]:
+    """The driver layer's trackers, attach failures, queue drops and RM sampling."""
+    if not isinstance(dl, dict):
+        return []
+    pids = dl.get("trackers_attached") or []
+    pids = pids if isinstance(pids, list) else []
+    fails = dl.get("attach_failures") or []
+    shown = ",".join(str(p) for p in pids[:8]) + (" ..." if len(pids) > 8 else "")
+    lines = [f"trackers   {len(pids)} attached" + (f" (pids {shown})" if pids else "")
+             + f", {len(fails)} failed"]  # fmt: skip
+    lines += [f"  failed   pid {f.get('pid')}: {f.get('error')}" for f in fails[:5]]
+    missed = dl.get("missed_before_attach") or []
+    if missed:
+        lines.append(f"  note     {len(missed)} process(es) attached while already running: "
+                     "their earlier UVM events are not in the trace")  # fmt: skip
+    rm = dl.get("rm_client") or {}
+    if isinstance(rm, dict):
+        lines.append(
+            f"rm         {rm.get('samples', 0)} GPU memory samples every "
+            f"{dl.get('sample_interval_ms')} ms" if rm.get("open")
+            else f"rm         no RM client: {rm.get('error') or 'not opened'}"
+        )
+    return lines
 
 
 def _target(target: dict[str, Any]) -> str:

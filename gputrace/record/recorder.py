@@ -216,16 +216,17 @@ class Recorder:
         opts = self.opts
         if not opts.driver_layer:
             return None
-        if not any(os.path.exists(prefix + n) for n in ("nvidia-uvm-tools", "nvidiactl")):
-            return None
-        try:
-            return driver_layer.DriverLayer(
+        try:  # built first: its options are refused even where it would not run
+            layer = driver_layer.DriverLayer(
                 prefix, opts.driver_version, queue_entries=opts.uvm_queue_entries,
                 sample_ms=opts.sample_ms, rm=os.path.exists(prefix + "nvidiactl"),
                 queue_version=opts.uvm_queue_version,
             )  # fmt: skip
         except uvm_tools.ToolsError as e:
             raise UsageError(str(e)) from None
+        if not any(os.path.exists(prefix + n) for n in ("nvidia-uvm-tools", "nvidiactl")):
+            return None
+        return layer
 
     def run(self) -> int:
         """Record until CMD exits, the -p targets exit, -d passes or SIGINT/SIGTERM.
