@@ -1,0 +1,120 @@
+"""`--format perfetto`: a native Perfetto protobuf trace, checked against Perfetto's
+published schema (the perfetto_trace.proto message classes the `perfetto` package
+ships): it parses as a `Trace`, every track an event names is described, every slice
+ends on its own track in nesting order, and the event counts equal the trace's rows.
+
+Perfetto's trace processor is not used: the `perfetto` wheel downloads the
+trace_processor_shell binary at run time, and tests run without network.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from gputrace.cli import main
+from gputrace.tracedir import open_trace
+from tests.conftest import FIXTURES
+
+pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
+TRACES = sorted(p.parent for p in FIXTURES.rglob("manifest.json"))
+
+
+def export(trace: Path, tmp: Path) -> Any:
+    out = tmp / "x.perfetto-trace"
+    assert main(["analyze", str(trace), "--format", "perfetto", "-o", str(out)]) == 0
+    t = pb.Trace()
+    t.ParseFromString(out.read_bytes())
+    return t
+
+
+def check_structure(t: Any) -> dict[int, Any]:
+    tracks: dict[int, Any] = {}
+    for p in t.packet:
+        if p.HasField("track_descriptor"):
+            td = p.track_descriptor
+            assert td.uuid not in tracks, "track described twice"
+            if td.HasField("parent_uuid"):
+                assert td.parent_uuid in tracks, "parent described after child"
+            tracks[td.uuid] = td
+    ev = [(p.timestamp, i, p.track_event) for i, p in enumerate(t.packet)
+          if p.HasField("track_event")]
+    open_: dict[int, list[int]] = defaultdict(list)
+    for ts, _, e in sorted(ev, key=lambda x: (x[0], x[1])):  # trace processor's stable sort
+        assert e.track_uuid in tracks
+        if e.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
+            open_[e.track_uuid].append(ts)
+        elif e.type == pb.TrackEvent.TYPE_SLICE_END:
+            assert open_[e.track_uuid], "slice end without begin"
+            assert open_[e.track_uuid].pop() <= ts
+        elif e.type == pb.TrackEvent.TYPE_COUNTER:
+            assert tracks[e.track_uuid].HasField("counter")
+    assert all(not v for v in open_.values()), "slice never ended"
+    for p in t.packet:
+        assert p.trusted_packet_sequence_id == 1
+    return tracks
+
+
+def counts(t: Any, tracks: dict[int, Any]) -> Counter[tuple[str, int]]:
+    c: Counter[tuple[str, int]] = Counter()
+    for p in t.packet:
+        if p.HasField("track_event"):
+            td = tracks[p.track_event.track_uuid]
+            kind = ("thread" if td.HasField("thread") else "counter" if td.HasField("counter")
+                    else td.name)
+            c[(kind, p.track_event.type)] += 1
+    return c
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_every_fixture_exports_with_row_counts(trace: Path, tmp_path: Path) -> None:
+    t = export(trace, tmp_path)
+    tracks = check_structure(t)
+    c = counts(t, tracks)
+    tr = open_trace(trace)
+
+    def rows(name: str, timed: bool) -> int:
+        df = tr.scan(name).select("latency_ns").collect()
+        return df.filter(pl.col("latency_ns").is_not_null() == timed).height
+
+    B, E, INST = (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END,
+                  pb.TrackEvent.TYPE_INSTANT)
+    assert c[("ioctls", B)] == c[("ioctls", E)] == rows("ioctls", True)
+    assert c[("ioctls", INST)] == rows("ioctls", False)
+    assert c[("thread", B)] == c[("thread", E)] == rows("cuda_calls", True)
+    assert c[("thread", INST)] == rows("cuda_calls", False)
+    assert c[("faults", INST)] == tr.scan("faults").select(pl.len()).collect().item()
+    assert c[("migrations", INST)] == tr.scan("migrations").select(pl.len()).collect().item()
+
+
+def test_exact_values_of_the_default_fixture(tmp_path: Path) -> None:
+    t = export(FIXTURES / "default", tmp_path)
+    tracks = check_structure(t)
+    io = (open_trace(FIXTURES / "default").scan("ioctls").sort("ts_ns").collect()
+          .row(0, named=True))
+    first = next(p for p in t.packet if p.HasField("track_event")
+                 and tracks[p.track_event.track_uuid].name == "ioctls")
+    assert first.timestamp == io["ts_ns"] and first.track_event.name == io["name"]
+    args = {a.name: a for a in first.track_event.debug_annotations}
+    assert args["latency_ns"].int_value == io["latency_ns"]
+    assert args["handle"].int_value == io["h_object"]
+    procs = {td.process.pid: td.process.process_name for td in tracks.values()
+             if td.HasField("process")}
+    assert procs[4242] == "train.py"
+    # live bytes counters: api of train.py peaks at 74 MiB (the summary's peak)
+    live = [u for u, td in tracks.items() if td.name == "live bytes api"
+            and tracks[td.parent_uuid].process.pid == 4242]
+    vals = [p.track_event.double_counter_value for p in t.packet
+            if p.HasField("track_event") and p.track_event.track_uuid in live]
+    assert max(vals) == 74 * 1024 * 1024
+    gpu = [u for u, td in tracks.items() if td.name == "GPU 0 bytes in use"]
+    assert gpu and tracks[gpu[0]].counter.unit == pb.CounterDescriptor.UNIT_SIZE_BYTES
+
+
+def test_perfetto_needs_an_output_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(FIXTURES / "default"), "--format", "perfetto"]) == 2
+    assert "give -o FILE" in capsys.readouterr().err
