@@ -114,12 +114,13 @@ def export_traces(paths: Iterable[str], store: Store,
     done = ExportResult()
     try:
         for path in paths:
-            t = open_trace(path)
+            t = open_trace(path, validate=False)  # the manifest decides; parts only if new
             tid = trace_id(t.manifest)
             old = index["traces"].get(tid)
             if old is not None and old.get("fingerprint") == fingerprint(t.manifest):
                 done.unchanged.append(tid)
                 continue
+            t.validate()
             index["traces"][tid] = _write_trace(t, tid, store, old)
             (done.replaced if old is not None else done.exported).append(tid)
             note(f"exported {path} as {tid}")
