@@ -39,7 +39,8 @@ CODES: dict[str, dict[str, list[int]]] = {
     "mapping_events": {"op": list(schema.MAPPING_OPS), "device": list(schema.DEVICE_KINDS)},
     "fd_events": {"op": list(schema.FD_OPS), "device": list(schema.DEVICE_KINDS)},
     "fault_events": {},
-    "proc_events": {"kind": [decode.PROC_EXEC, decode.PROC_EXIT, decode.PROC_SEEN]},
+    "proc_events": {"kind": [decode.PROC_EXEC, decode.PROC_EXIT, decode.PROC_SEEN,
+                             decode.PROC_UVM_INIT]},
     "api:cuda_calls": {"func": sorted(hooks.cuda_symbols().values())},
 }
 STAGE = {"leftover": decode.STAGE_EVENTS, "fault_leftover": decode_faults.FAULT_STAGE_EVENTS}

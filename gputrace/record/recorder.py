@@ -692,11 +692,12 @@ class Recorder:
             if kind == decode.PROC_FORK:
                 self.forks[pid] = (int(e["ts_ns"]), int(e["ppid"]))
                 continue
-            if kind == decode.PROC_UVM_INIT:  # acted on by the poll thread (loader)
-                continue
-            if kind not in (decode.PROC_EXEC, decode.PROC_EXIT, decode.PROC_SEEN):
+            if kind not in (decode.PROC_EXEC, decode.PROC_EXIT, decode.PROC_SEEN,
+                            decode.PROC_UVM_INIT):  # fmt: skip
                 self._skip("proc_events", 1, f"unknown kind {kind}")
                 continue
+            # UVM_INIT: the poll thread attached its tracker already (loader); here it
+            # only makes the process known, as its ioctl rows would
             info = self.procs.get(pid) or self._new_proc(pid)
             if kind == decode.PROC_EXEC:
                 procfs.read_info(pid, info)
