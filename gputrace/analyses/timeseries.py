@@ -299,7 +299,7 @@ def plot_series(inp: Inputs, doc: dict[str, Any], buckets: int = BUCKETS) -> dic
             "leak_tree": icicle(rows[:200])}
 
 
-TIMELINE_BUCKETS = 20_000
+TIMELINE_BUCKETS = 2_000
 """Counter points per series in the Perfetto timeline (min/max decimated like the plots)."""
 
 

@@ -20,6 +20,8 @@ id, so Perfetto shows them as the trace's own clock.
 
 from __future__ import annotations
 
+import functools
+import struct
 import zlib
 from collections.abc import Iterator
 from typing import Any, BinaryIO
@@ -38,6 +40,7 @@ def _pb() -> Any:
     return perfetto_trace_pb2
 
 
+@functools.lru_cache(maxsize=65_536)
 def _uuid(*parts: object) -> int:
     """A stable 63-bit track uuid from its identity (no collisions among our few kinds)."""
     key = "/".join(str(p) for p in parts).encode()
@@ -52,20 +55,14 @@ class Writer:
         self.pb = _pb()
         self.packets = 0
         self.first = True
+        self.tags = _Tags(self.pb)
 
     def packet(self, pkt: Any) -> None:
         pkt.trusted_packet_sequence_id = SEQ
         if self.first:
             pkt.sequence_flags = self.pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
             self.first = False
-        body = pkt.SerializeToString()
-        n, head = len(body), bytearray(b"\x0a")
-        while True:  # varint length
-            head.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-            n >>= 7
-            if not n:
-                break
-        self.out.write(bytes(head) + body)
+        self.out.write(b"\x0a" + _len_bytes(pkt.SerializeToString()))  # Trace.packet = 1
         self.packets += 1
 
     def track(self, uuid: int, name: str | None = None, parent: int | None = None,
@@ -85,25 +82,80 @@ class Writer:
 
     def event(self, ts: int, track: int, kind: int, name: str | None = None,
               args: dict[str, Any] | None = None, value: float | None = None) -> None:
-        pkt = self.pb.TracePacket()
-        pkt.timestamp = ts
-        te = pkt.track_event
-        te.type = kind
-        te.track_uuid = track
+        """One TrackEvent packet, encoded directly (this is the hot path: one or two per
+        row); the field numbers are read from the schema's descriptors (`_Tags`)."""
+        t = self.tags
+        ev = [t.type, _varint(kind), t.track(track)]
         if name is not None:
-            te.name = name
+            ev.append(t.name_field(name))
         if value is not None:
-            te.double_counter_value = value
+            ev.append(t.counter + struct.pack("<d", value))
         for k, v in (args or {}).items():
             if v is None:
                 continue
-            a = te.debug_annotations.add()
-            a.name = k
-            if isinstance(v, str):
-                a.string_value = v
-            else:
-                a.int_value = int(v)
-        self.packet(pkt)
+            body = t.ann_name(k) + (t.ann_str + _len_bytes(v.encode()) if isinstance(v, str)
+                                    else t.ann_int + _varint(int(v)))
+            ev.append(t.ann + _varint(len(body)) + body)
+        te = b"".join(ev)
+        pkt = t.ts + _varint(ts) + t.track_event + _varint(len(te)) + te + t.seq
+        if self.first:
+            self.packet(self.pb.TracePacket())  # carries the sequence flags
+        self.out.write(b"\x0a" + _varint(len(pkt)) + pkt)
+        self.packets += 1
+
+
+def _varint(n: int) -> bytes:
+    """Protobuf base-128 varint; negative int64 as its 10-byte two's complement."""
+    if n < 0:
+        n += 1 << 64
+    if n < 0x80:
+        return bytes((n,))
+    last = (n.bit_length() - 1) // 7
+    return bytes([(n >> s & 0x7F) | 0x80 for s in range(0, 7 * last, 7)] + [n >> 7 * last])
+
+
+def _len_bytes(b: bytes) -> bytes:
+    return _varint(len(b)) + b
+
+
+def _tag(msg: Any, field: str, wire: int) -> bytes:
+    return _varint(msg.DESCRIPTOR.fields_by_name[field].number << 3 | wire)
+
+
+class _Tags:
+    """Encoded field keys of the messages the hot path writes, from the descriptors of
+    Perfetto's perfetto_trace.proto, plus caches of encoded names."""
+
+    def __init__(self, pb: Any) -> None:
+        tp, te, da = pb.TracePacket, pb.TrackEvent, pb.DebugAnnotation
+        self.ts, self.track_event = _tag(tp, "timestamp", 0), _tag(tp, "track_event", 2)
+        self.seq = _tag(tp, "trusted_packet_sequence_id", 0) + _varint(SEQ)
+        self.type, self.track_uuid = _tag(te, "type", 0), _tag(te, "track_uuid", 0)
+        self.name, self.counter = _tag(te, "name", 2), _tag(te, "double_counter_value", 1)
+        self.ann = _tag(te, "debug_annotations", 2)
+        self.ann_key, self.ann_int = _tag(da, "name", 2), _tag(da, "int_value", 0)
+        self.ann_str = _tag(da, "string_value", 2)
+        self._names: dict[str, bytes] = {}
+        self._keys: dict[str, bytes] = {}
+        self._tracks: dict[int, bytes] = {}
+
+    def track(self, uuid: int) -> bytes:
+        b = self._tracks.get(uuid)
+        if b is None:
+            b = self._tracks[uuid] = self.track_uuid + _varint(uuid)
+        return b
+
+    def name_field(self, name: str) -> bytes:
+        b = self._names.get(name)
+        if b is None:
+            b = self._names[name] = self.name + _len_bytes(name.encode())
+        return b
+
+    def ann_name(self, key: str) -> bytes:
+        b = self._keys.get(key)
+        if b is None:
+            b = self._keys[key] = self.ann_key + _len_bytes(key.encode())
+        return b
 
 
 def _rows(frame: pl.LazyFrame) -> Iterator[dict[str, Any]]:
