@@ -183,3 +183,22 @@ def test_short_rise_is_not_growth(tmp_path: Path) -> None:
     (g,) = lk["growth"]
     assert g["rising_troughs"] >= 4 and g["slope_bytes_per_min"] > 0
     assert not g["flagged"] and lk["growing_pids"] == []
+
+
+def test_cli_by_layer_shows_each_layer(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    def run(*extra: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "gputrace.cli", "analyze", str(STANDIN),
+                            "--only", "leaks", *extra], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    joined, layered = run(), run("--by-layer")
+    assert "Leak sites" in joined and "Leaked allocations" not in joined
+    assert "Leaked allocations" in layered and "Leak sites" not in layered
+    assert "api 23.0 MiB, rm 24.0 MiB, uvm 24.0 MiB" in layered

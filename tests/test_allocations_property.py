@@ -83,7 +83,7 @@ def test_model_totals_equal_lifetimes_and_headline_counts_once(
             mine = lt.filter(pl.col("layer") == layer)
             assert int(pieces[n].sum()) == mine.height, layer
             assert int(pieces[b].sum() or 0) == int(mine["size_bytes"].sum() or 0), layer
-        assert r["_row"].n_unique() == lt.height  # every row in exactly one piece
+        assert r["_row"].n_unique() == r.height == lt.height  # every row in exactly one piece
         lk = analyze(path, ["leaks"])["leaks"]
     # every process made API calls: the headline is exactly the API layer's leaks,
     # whatever RM and UVM memory backs them (no piece counted in two layers)

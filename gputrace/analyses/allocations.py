@@ -27,6 +27,7 @@ from __future__ import annotations
 import polars as pl
 
 from gputrace.analyses.allocations_join import link
+from gputrace.analyses.lifetimes import VIRTUAL_LAYERS
 
 COUNTED = "counted_bytes"
 
@@ -57,15 +58,25 @@ def _who() -> pl.Expr:
             .otherwise(pl.lit("program")))
 
 
-def rows(lt: pl.DataFrame, processes: pl.LazyFrame, end_ns: int) -> pl.DataFrame:
-    """Memory lifetime rows with `_row`, `piece`, `call_row`, `kind`, `who`, `exit_ts_ns`
-    and `age_s` (at trace end or process exit)."""
-    linked = link(lt).lazy()
-    return (with_exits(linked, processes, "alloc_ts_ns")
+def rows(lt: pl.DataFrame, processes: pl.LazyFrame, end_ns: int,
+         held_only: bool = False) -> pl.DataFrame:
+    """Memory lifetime rows (of `lt`, every layer) with `_row`, `piece`, `call_row`,
+    `kind`, `who`, `exit_ts_ns` and `age_s` (at trace end or process exit); with
+    `held_only`, only the rows of pieces still holding memory at the end (a row with a
+    leak kind): the rest is never materialized with its labels."""
+    linked = link(lt)
+    mem = ~pl.col("layer").is_in(list(VIRTUAL_LAYERS))
+    if held_only:
+        held = (with_exits(linked.lazy().filter(mem).select(
+                    "piece", "pid", "alloc_ts_ns", "free_ts_ns"), processes, "alloc_ts_ns")
+                .filter(leak_kind().is_not_null()).select("piece").unique().collect())
+        mem = mem & pl.col("piece").is_in(held["piece"].implode())
+    return (with_exits(linked.lazy().filter(mem), processes, "alloc_ts_ns")
             .with_columns(kind=leak_kind(), comm=pl.coalesce("pcomm", "comm"),
                           age_s=(pl.coalesce("exit_ts_ns", pl.lit(end_ns))
                                  - pl.col("alloc_ts_ns")) / 1e9)
-            .with_columns(who=_who()).collect())
+            .with_columns(who=_who())
+            .drop("tid", "call_end_ns", "client", "handle", "pcomm").collect())
 
 
 _API, _RM, _UVM = (pl.col("layer") == k for k in ("api", "rm", "uvm"))

@@ -22,6 +22,7 @@ largest); the others stay pieces of their own, marked `call_row`.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from gputrace.analyses.common import BLOCK_2M
@@ -93,17 +94,20 @@ def link(lt: pl.DataFrame) -> pl.DataFrame:
     made = (r2c.sort("size_bytes", "alloc_ts_ns", descending=[True, False])
             .group_by("call_row", maintain_order=True).agg(pl.col(ROW).first().alias("_made"))
             .rename({"call_row": ROW}))
-    api_piece = (api.select(ROW).join(a2u, on=ROW, how="left").join(made, on=ROW, how="left")
+    # only rows some rule matched can move (the rest stay their own piece)
+    api_piece = (pl.concat([a2u.select(ROW), made.select(ROW)]).unique()
+                 .join(a2u, on=ROW, how="left").join(made, on=ROW, how="left")
                  .select(ROW, piece=pl.coalesce("rm_row", "_made", "uvm_row", ROW)))
     # a mapping that no RM object backs anchors the API allocations in it
-    uvm_piece = uvm.select(ROW).join(u2r, on=ROW, how="left").select(
-        ROW, piece=pl.coalesce("rm_row", ROW))
+    uvm_piece = u2r.select(ROW, piece="rm_row")
     backing = api_piece.filter(pl.col("piece") != pl.col(ROW)).select("piece").unique()
     calls = r2c.join(backing.rename({"piece": ROW}), on=ROW, how="anti").select(ROW, "call_row")
-    rm_piece = rm.select(ROW).join(calls, on=ROW, how="left").with_columns(
-        piece=pl.col(ROW))
-    pieces = pl.concat([api_piece.with_columns(call_row=pl.lit(None, pl.Int64)),
-                        uvm_piece.with_columns(call_row=pl.lit(None, pl.Int64)),
-                        rm_piece.select(ROW, "piece", pl.col("call_row").cast(pl.Int64))])
-    return lt.join(pieces, on=ROW, how="left").with_columns(
-        piece=pl.coalesce("piece", ROW))
+    # Every row is its own piece unless a rule moved it: scatter the few that moved
+    # into full columns (no join of the whole frame).
+    piece = np.arange(lt.height, dtype=np.int64)
+    moved = pl.concat([api_piece, uvm_piece]).filter(pl.col("piece") != pl.col(ROW))
+    piece[moved[ROW].to_numpy()] = moved["piece"].to_numpy()
+    call = np.full(lt.height, -1, dtype=np.int64)
+    call[calls[ROW].to_numpy()] = calls["call_row"].to_numpy()
+    return lt.with_columns(piece=pl.Series(piece),
+                           call_row=pl.Series(call).replace(-1, None))

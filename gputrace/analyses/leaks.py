@@ -59,7 +59,7 @@ def leak_part(sl: Slice, opts: LeakOptions | None = None) -> dict[str, pl.DataFr
     inp, every = sl.inp, sl.lifetimes
     lt = every.filter(~pl.col("layer").is_in(list(VIRTUAL_LAYERS)))
     # the model's rows carry each memory row's leak kind and age: no second classify
-    leaked = sl.model()[0].lazy().filter(pl.col("kind").is_not_null()).filter(
+    leaked = sl.model(held_only=True)[0].lazy().filter(pl.col("kind").is_not_null()).filter(
         (pl.col("age_s") * 1e9 >= o.older_ns) & (pl.col("size_bytes") >= o.min_size_bytes))
     count_bytes = [pl.len().cast(pl.Int64).alias("count"), pl.col("size_bytes").sum()]
     by_stack = (leaked.filter(pl.col("stack_id").is_not_null())

@@ -38,7 +38,7 @@ def _uniform(col: str) -> pl.Expr:
 def joined_part(sl: Slice, older_ns: int, min_size: int) -> dict[str, pl.DataFrame]:
     """The joined leak findings of one pid slice."""
     inp = sl.inp
-    r, pieces = sl.model()
+    r, pieces = sl.model(held_only=True)
     end = pl.coalesce("exit_ts_ns", pl.lit(inp.end_ns))
     ids = (r.filter((pl.col("layer") == "api") & pl.col("kind").is_not_null())
            .sort("_row").group_by("piece").agg(pl.col("id").alias("api_ids")))

@@ -21,7 +21,7 @@ from typing import TypeVar
 import polars as pl
 
 from gputrace.analyses.common import Inputs
-from gputrace.analyses.lifetimes import lifetimes, memory
+from gputrace.analyses.lifetimes import lifetimes
 
 T = TypeVar("T")
 
@@ -58,21 +58,26 @@ class Slice:
 
     def __init__(self, inp: Inputs) -> None:
         self.inp = inp
-        self.lifetimes = lifetimes(inp).collect().lazy()
-        self._model: tuple[pl.DataFrame, pl.DataFrame] | None = None
+        self._lt = lifetimes(inp).collect()
+        self.lifetimes = self._lt.lazy()
+        self._pids: pl.DataFrame | None = None
+        self._model: dict[bool, tuple[pl.DataFrame, pl.DataFrame]] = {}
 
-    def model(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+    def model(self, held_only: bool = False) -> tuple[pl.DataFrame, pl.DataFrame]:
         """(rows, pieces): the memory lifetime rows linked into pieces
-        (`allocations.rows`) and one row per piece (`allocations.allocations`)."""
-        if self._model is None:
-            from gputrace.analyses.allocations import allocations, rows
+        (`allocations.rows`) and one row per piece (`allocations.allocations`); with
+        `held_only`, only the pieces still holding memory at the end of the trace or
+        at their process's exit (what the leak report reads: freed pieces skipped)."""
+        from gputrace.analyses.allocations import allocations, rows
 
-            inp = self.inp
-            r = rows(memory(self.lifetimes).collect(), inp.scan("processes"), inp.end_ns)
-            pids = (inp.scan("cuda_calls").select("pid").unique().collect()
-                    if inp.has("api") else pl.DataFrame(schema={"pid": pl.Int32}))
-            self._model = (r, allocations(r, pids))
-        return self._model
+        inp = self.inp
+        if self._pids is None:
+            self._pids = (inp.scan("cuda_calls").select("pid").unique().collect()
+                          if inp.has("api") else pl.DataFrame(schema={"pid": pl.Int32}))
+        if held_only not in self._model:
+            r = rows(self._lt, inp.scan("processes"), inp.end_ns, held_only)
+            self._model[held_only] = (r, allocations(r, self._pids))
+        return self._model[held_only]
 
 
 def per_slice(inp: Inputs, steps: Mapping[str, Callable[[Slice], T]]) -> dict[str, list[T]]:
