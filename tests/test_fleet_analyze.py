@@ -116,6 +116,16 @@ def test_a_fleet_of_one_reports_what_analyze_reports(tmp_path: Path) -> None:
     assert doc["leaks"]["total_count"] == alone["leaks"]["total_count"]
 
 
+def test_scheduler_address_runs_on_that_cluster(world: dict[str, Any]) -> None:
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        doc = fleet(world["ds"], "--scheduler", cluster.scheduler_address)
+    assert doc["engine"]["scheduler"] == cluster.scheduler_address
+    for key in ("traces", "leaks", "gpus", "fault_rate", "drops", "flagged"):
+        assert doc[key] == world["all"][key]
+
+
 def test_terminal_report(world: dict[str, Any]) -> None:
     r = gputrace("fleet", "analyze", str(world["ds"]), "--workers", "2", "--top", "3")
     assert r.returncode == 0, r.stderr
