@@ -72,7 +72,7 @@ def test_leak_filters() -> None:
 
 @pytest.mark.parametrize(("args", "needle"), [
     (["--only", "leaks,bogus"], "unknown report bogus"),
-    (["--format", "html"], "--format"),
+    (["--format", "svg"], "--format"),
     (["--fail-on", "sometimes"], "--fail-on"),
     (["--older", "ten minutes"], "--older"),
     (["--min-size", "lots"], "--min-size"),

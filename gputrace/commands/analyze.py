@@ -261,5 +261,8 @@ def _emit(doc: dict[str, Any], fmt: str, output: str | None, top: int | None,
     elif fmt == "json":
         sys.stdout.write(render_json(doc))
     else:
-        render_terminal(doc, sys.stdout, color=sys.stdout.isatty(), top=top,
-                        by_layer=by_layer)
+        import shutil
+
+        tty = sys.stdout.isatty()
+        render_terminal(doc, sys.stdout, color=tty, top=top, by_layer=by_layer,
+                        width=shutil.get_terminal_size().columns if tty else None)

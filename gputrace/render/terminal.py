@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -69,19 +70,60 @@ def hexa(v: Any) -> str:
 Col = tuple[str, str, Fmt]
 
 
+STACK_MIN = 24
+"""Narrowest a trailing call-stack column gets before other columns are left out."""
+
+
+def fit_columns(width: int, cols: Sequence[Col], cells: list[list[str]]
+                ) -> tuple[list[int], list[int], bool]:
+    """Which columns fit in `width` (indexes), the width of each, and whether the last is
+    a free-text column (a call stack) that takes what is left, cut with an ellipsis.
+    Columns are left out from the right, the first two (whose row it is) always stay,
+    and nothing is ever wrapped, so a number is never broken over lines."""
+    sizes = [max([cell_len(h), *(cell_len(row[i]) for row in cells)])
+             for i, (_, h, _) in enumerate(cols)]
+    last = len(cols) - 1
+    free = cols[last][0] in STACK_KEYS
+    keep = list(range(len(cols)))
+
+    def used(i: int) -> int:
+        return min(sizes[i], STACK_MIN) if free and i == last else sizes[i]
+
+    while sum(used(i) for i in keep) + 3 * (len(keep) - 1) > width and len(keep) > 2:
+        drop = keep[-2] if free and len(keep) > 3 else keep[-1]
+        if free and drop == last:
+            break
+        keep.remove(drop)
+    widths = [sizes[i] for i in keep]
+    if free and last in keep:
+        rest = width - sum(widths[:-1]) - 3 * (len(keep) - 1)
+        widths[-1] = max(min(sizes[last], rest), min(sizes[last], STACK_MIN))
+    return keep, widths, free
+
+
+STACK_KEYS = ("frames", "stack")
+
+
 def table(con: Console, title: str, rows: Sequence[dict[str, Any]], cols: Sequence[Col],
           limit: int = ROWS) -> None:
     if not rows:
         con.print(Text(f"{title}: none", style="dim"))
         return
+    cells = [[f(r.get(k)) for k, _, f in cols] for r in rows[:limit]]
+    keep, widths, _ = fit_columns(con.width, cols, cells)
     t = Table(title=Text(title), title_justify="left", expand=False, show_edge=False,
               pad_edge=False)
-    for i, (_, header, _) in enumerate(cols):
-        # Only the last column may wrap: ids and kinds broken over lines are unreadable.
-        t.add_column(header, overflow="fold", no_wrap=i < len(cols) - 1)
-    for r in rows[:limit]:
-        t.add_row(*(Text(f(r.get(k))) for k, _, f in cols))
+    for i, w in zip(keep, widths, strict=True):
+        # Nothing wraps: ids, numbers and kinds broken over lines are unreadable; a call
+        # stack too long for the terminal is cut (the whole of it is in json and html).
+        t.add_column(cols[i][1], no_wrap=True, overflow="ellipsis", width=w)
+    for row in cells:
+        t.add_row(*(Text(row[i]) for i in keep))
     con.print(t)
+    left = [cols[i][1] for i in range(len(cols)) if i not in keep]
+    if left:
+        con.print(Text(f"(too narrow for: {', '.join(left)}; --format json or html has them)",
+                       style="dim"))
     if len(rows) > limit:
         con.print(f"[dim]... {len(rows) - limit} more (use --top or --format json)[/dim]")
 
@@ -274,10 +316,12 @@ def _warn(con: Console, text: str) -> None:
 
 
 def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True,
-                    top: int | None = None, by_layer: bool = False) -> None:
+                    top: int | None = None, by_layer: bool = False,
+                    width: int | None = None) -> None:
     """Print every report in `document` (the JSON document's shape); `by_layer`: the
-    leak report's per-layer view (api, rm, uvm apart) instead of the joined one."""
-    con = Console(file=out, width=WIDTH, force_terminal=color, no_color=not color,
+    leak report's per-layer view (api, rm, uvm apart) instead of the joined one; `width`:
+    the terminal's columns (WIDTH when not a terminal), tables leave out what won't fit."""
+    con = Console(file=out, width=max(width or WIDTH, 40), force_terminal=color, no_color=not color,
                   highlight=False, soft_wrap=False, emoji=False)
     document = printable_tree(document)
     limit = top if top is not None else ROWS
