@@ -289,12 +289,17 @@ def test_gpu_memory_sampled_with_the_first_fit_truth_while_fragmented(cmd_rec: R
     rows = [r for r in run.rows("gpu_memory") if r["gpu_index"] == dl.GPU]
     truth = (frag["heap_size_kib"] << 10, frag["heap_free_kib"] << 10,
              frag["largest_free_kib"] << 10, frag["largest_free_base_kib"] << 10)  # fmt: skip
-    during = [r for r in rows if run.t_frag < r["ts_ns"] < run.t_resume]
-    assert during, "no RM sample of the GPU while it was fragmented"
-    for r in during:
-        assert r["status"] == 0
-        assert (r["heap_size_bytes"], r["heap_free_bytes"], r["largest_free_bytes"],
-                r["largest_free_base_bytes"]) == truth  # fmt: skip
+    during = sorted((r for r in rows if run.t_frag < r["ts_ns"] < run.t_resume),
+                    key=lambda r: r["ts_ns"])  # fmt: skip
+
+    def values(r: dict[str, Any]) -> tuple[int, int, int, int]:
+        return (r["heap_size_bytes"], r["heap_free_bytes"], r["largest_free_bytes"],
+                r["largest_free_base_bytes"])  # fmt: skip
+
+    # rows are stamped at the middle of their query: the last one may have been in
+    # flight at the resume and answered after the frees (seen on a loaded host)
+    assert any(values(r) == truth for r in during), "no RM sample while fragmented"
+    assert all(values(r) == truth and r["status"] == 0 for r in during[:-1])
     assert frag["largest_free_kib"] < frag["heap_free_kib"]
     other = [r for r in run.rows("gpu_memory") if r["gpu_index"] == 0]
     assert other and all(r["heap_free_bytes"] == dl.BUDGET for r in other)
