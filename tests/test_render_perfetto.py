@@ -118,3 +118,13 @@ def test_exact_values_of_the_default_fixture(tmp_path: Path) -> None:
 def test_perfetto_needs_an_output_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", str(FIXTURES / "default"), "--format", "perfetto"]) == 2
     assert "give -o FILE" in capsys.readouterr().err
+
+
+def test_varint_matches_protobuf() -> None:
+    from google.protobuf.internal.encoder import _VarintBytes
+
+    from gputrace.render.perfetto_wire import varint
+
+    for n in [0, 1, 127, 128, 300, 2**35 + 5, 10**12, 2**63 - 1, *(3**k for k in range(40))]:
+        assert varint(n) == _VarintBytes(n)
+    assert varint(-1) == _VarintBytes(2**64 - 1)

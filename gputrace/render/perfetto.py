@@ -28,8 +28,9 @@ from typing import Any, BinaryIO
 
 import polars as pl
 
+from gputrace.render.perfetto_wire import SEQ, Tags, len_bytes, varint
+
 BATCH_ROWS = 65_536
-SEQ = 1
 
 
 def _pb() -> Any:
@@ -55,14 +56,14 @@ class Writer:
         self.pb = _pb()
         self.packets = 0
         self.first = True
-        self.tags = _Tags(self.pb)
+        self.tags = Tags(self.pb)
 
     def packet(self, pkt: Any) -> None:
         pkt.trusted_packet_sequence_id = SEQ
         if self.first:
             pkt.sequence_flags = self.pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
             self.first = False
-        self.out.write(b"\x0a" + _len_bytes(pkt.SerializeToString()))  # Trace.packet = 1
+        self.out.write(b"\x0a" + len_bytes(pkt.SerializeToString()))  # Trace.packet = 1
         self.packets += 1
 
     def track(self, uuid: int, name: str | None = None, parent: int | None = None,
@@ -83,9 +84,9 @@ class Writer:
     def event(self, ts: int, track: int, kind: int, name: str | None = None,
               args: dict[str, Any] | None = None, value: float | None = None) -> None:
         """One TrackEvent packet, encoded directly (this is the hot path: one or two per
-        row); the field numbers are read from the schema's descriptors (`_Tags`)."""
+        row); the field numbers are read from the schema's descriptors (`Tags`)."""
         t = self.tags
-        ev = [t.type, _varint(kind), t.track(track)]
+        ev = [t.type, varint(kind), t.track(track)]
         if name is not None:
             ev.append(t.name_field(name))
         if value is not None:
@@ -93,69 +94,15 @@ class Writer:
         for k, v in (args or {}).items():
             if v is None:
                 continue
-            body = t.ann_name(k) + (t.ann_str + _len_bytes(v.encode()) if isinstance(v, str)
-                                    else t.ann_int + _varint(int(v)))
-            ev.append(t.ann + _varint(len(body)) + body)
+            body = t.ann_name(k) + (t.ann_str + len_bytes(v.encode()) if isinstance(v, str)
+                                    else t.ann_int + varint(int(v)))
+            ev.append(t.ann + varint(len(body)) + body)
         te = b"".join(ev)
-        pkt = t.ts + _varint(ts) + t.track_event + _varint(len(te)) + te + t.seq
+        pkt = t.ts + varint(ts) + t.track_event + varint(len(te)) + te + t.seq
         if self.first:
             self.packet(self.pb.TracePacket())  # carries the sequence flags
-        self.out.write(b"\x0a" + _varint(len(pkt)) + pkt)
+        self.out.write(b"\x0a" + varint(len(pkt)) + pkt)
         self.packets += 1
-
-
-def _varint(n: int) -> bytes:
-    """Protobuf base-128 varint; negative int64 as its 10-byte two's complement."""
-    if n < 0:
-        n += 1 << 64
-    if n < 0x80:
-        return bytes((n,))
-    last = (n.bit_length() - 1) // 7
-    return bytes([(n >> s & 0x7F) | 0x80 for s in range(0, 7 * last, 7)] + [n >> 7 * last])
-
-
-def _len_bytes(b: bytes) -> bytes:
-    return _varint(len(b)) + b
-
-
-def _tag(msg: Any, field: str, wire: int) -> bytes:
-    return _varint(msg.DESCRIPTOR.fields_by_name[field].number << 3 | wire)
-
-
-class _Tags:
-    """Encoded field keys of the messages the hot path writes, from the descriptors of
-    Perfetto's perfetto_trace.proto, plus caches of encoded names."""
-
-    def __init__(self, pb: Any) -> None:
-        tp, te, da = pb.TracePacket, pb.TrackEvent, pb.DebugAnnotation
-        self.ts, self.track_event = _tag(tp, "timestamp", 0), _tag(tp, "track_event", 2)
-        self.seq = _tag(tp, "trusted_packet_sequence_id", 0) + _varint(SEQ)
-        self.type, self.track_uuid = _tag(te, "type", 0), _tag(te, "track_uuid", 0)
-        self.name, self.counter = _tag(te, "name", 2), _tag(te, "double_counter_value", 1)
-        self.ann = _tag(te, "debug_annotations", 2)
-        self.ann_key, self.ann_int = _tag(da, "name", 2), _tag(da, "int_value", 0)
-        self.ann_str = _tag(da, "string_value", 2)
-        self._names: dict[str, bytes] = {}
-        self._keys: dict[str, bytes] = {}
-        self._tracks: dict[int, bytes] = {}
-
-    def track(self, uuid: int) -> bytes:
-        b = self._tracks.get(uuid)
-        if b is None:
-            b = self._tracks[uuid] = self.track_uuid + _varint(uuid)
-        return b
-
-    def name_field(self, name: str) -> bytes:
-        b = self._names.get(name)
-        if b is None:
-            b = self._names[name] = self.name + _len_bytes(name.encode())
-        return b
-
-    def ann_name(self, key: str) -> bytes:
-        b = self._keys.get(key)
-        if b is None:
-            b = self._keys[key] = self.ann_key + _len_bytes(key.encode())
-        return b
 
 
 def _rows(frame: pl.LazyFrame) -> Iterator[dict[str, Any]]:
