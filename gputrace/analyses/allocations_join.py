@@ -86,10 +86,17 @@ def link(lt: pl.DataFrame) -> pl.DataFrame:
     """`lt` (memory rows of every layer) with `_row`, `piece` and `call_row` (the API
     allocation whose call made an RM object that is not its backing)."""
     lt = lt.with_row_index(ROW).with_columns(pl.col(ROW).cast(pl.Int64))
-    api, rm, uvm = (lt.filter(pl.col("layer") == k) for k in ("api", "rm", "uvm"))
-    u2r = _uvm_to_rm(uvm, rm)
-    a2u = _api_to_uvm(api, uvm).join(u2r.rename({ROW: "uvm_row"}), on="uvm_row", how="left")
-    r2c = _rm_to_call(rm, api).join(rm.select(ROW, "size_bytes", "alloc_ts_ns"), on=ROW)
+    # only the evidence columns travel through the joins
+    ev = lt.select(ROW, "layer", "pid", "tid", "id", "what", "size_bytes", "alloc_ts_ns",
+                   "free_ts_ns", "call_end_ns", "client", "handle")
+    api, rm, uvm = (ev.filter(pl.col("layer") == k) for k in ("api", "rm", "uvm"))
+    none = pl.DataFrame(schema={ROW: pl.Int64, "uvm_row": pl.Int64})
+    u2r = _uvm_to_rm(uvm, rm) if uvm.height else none.rename({"uvm_row": "rm_row"})
+    a2u = (_api_to_uvm(api, uvm) if uvm.height and api.height else none).join(
+        u2r.rename({ROW: "uvm_row"}), on="uvm_row", how="left")
+    made_in = (_rm_to_call(rm, api) if rm.height and api.height
+               else pl.DataFrame(schema={ROW: pl.Int64, "call_row": pl.Int64}))
+    r2c = made_in.join(rm.select(ROW, "size_bytes", "alloc_ts_ns"), on=ROW)
     # an API call's own backing when its pointer maps none: the largest object it made
     made = (r2c.sort("size_bytes", "alloc_ts_ns", descending=[True, False])
             .group_by("call_row", maintain_order=True).agg(pl.col(ROW).first().alias("_made"))
