@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
@@ -142,6 +143,73 @@ def test_clock_offset_moves_every_cpu_timestamp(real_raw: bytes) -> None:
         assert (b[name]["ts_ns"] - a[name]["ts_ns"]).unique().to_list() == [OFFSET]
         if "ts_gpu_ns" in a[name].columns:  # the GPU timer is not a CPU clock
             assert a[name]["ts_gpu_ns"].equals(b[name]["ts_gpu_ns"])
+
+
+def _ts_raw(raw: bytes) -> list[int]:
+    """The CPU timestamp (bytes 16..24 of a V2 record: faults, replays) of each record."""
+    return [struct.unpack_from("<Q", raw, i + 16)[0] for i in range(0, len(raw), 72)]
+
+
+def test_clock_map_is_a_function_of_the_raw_time(real_raw: bytes) -> None:
+    """Drains converted with points measured after each of them (offsets that move
+    by hundreds of ns, as NTP slews) give exactly what one feed through the final map
+    gives: a fault and its duplicates (same raw time) split across drains get the
+    same converted time, and converted times keep the raw order."""
+    from gputrace.record.uvm_clock import RawClock
+
+    step = 997 * 72
+    pieces = [real_raw[i:i + step] for i in range(0, len(real_raw), step)]
+    ts = _ts_raw(real_raw)
+    clock = RawClock()
+    clock.add(min(ts) - 10_000_000, min(ts) - 10_000_000 + OFFSET)
+    dec = UvmStreamDecoder(UvmStreamContext(pid=77, version=2, cpu_fault_has_cpu_id=True,
+                                            processors={0: -1, 1: 0}))
+    got: dict[str, list[pa.Table]] = {}
+    for k, piece in enumerate(pieces):
+        after = max(_ts_raw(piece)) + 1 + 6_000_000 * k  # measured after the drain
+        clock.add(after, after + OFFSET + (-1) ** k * 300 * k)
+        for name, t in dec.feed(piece, clock.snapshot()).items():
+            got.setdefault(name, []).append(t)
+    assert len(clock) == len(pieces) + 1  # points 6 ms apart are all kept
+    whole, _ = _decode(real_raw, 2, offset=0)
+    final = clock.snapshot()
+    for name in ("faults", "migrations"):
+        df = pl.from_arrow(pa.concat_tables(got[name]))
+        assert isinstance(df, pl.DataFrame)
+        raw = whole[name]["ts_ns"].to_numpy()
+        want = whole[name].with_columns(ts_ns=pl.Series(final(raw)))
+        cols = whole[name].columns
+        assert df.sort(cols, nulls_last=True).equals(want.sort(cols, nulls_last=True))
+        pairs = pl.DataFrame({"raw": raw, "mono": final(raw)}).unique().sort("raw")
+        assert pairs["raw"].n_unique() == pairs.height  # equal raw -> one converted time
+        assert pairs["mono"].diff().drop_nulls().min() >= 0  # order kept
+    assert final(np.array([0], np.int64))[0] == OFFSET  # before the first point: held
+
+
+def test_clock_points_are_clamped_and_thinned() -> None:
+    """A noisy point moves the offset at most 1000 ppm of the raw time since the last
+    one (the map stays monotone); a point closer than MIN_GAP_NS to the one before
+    replaces the previous point unless a snapshot already handed it out. Synthetic."""
+    from gputrace.record.uvm_clock import MIN_GAP_NS, RawClock
+
+    ms, base = 1_000_000, 100_000_000
+    c = RawClock()
+    c.add(1000 * ms, 1000 * ms + base)
+    c.add(1010 * ms, 1010 * ms + base + 50_000)  # +50 us in 10 ms: clamped to +10 us
+    c.add(1011 * ms, 1011 * ms + base + 9_100)  # -900 ns in 1 ms: inside the band
+    assert c.offsets().tolist() == [base, base + 10_000, base + 9_100]
+    c.add(1013 * ms, 1013 * ms + base + 14_100)  # 3 ms after point 1: replaces point 2,
+    assert c.offsets().tolist() == [base, base + 10_000, base + 13_000]  # clamped
+    m = c.snapshot()
+    c.add(1014 * ms, 1014 * ms + base + 13_000)  # point 2 is sealed now: appended
+    assert len(c) == 4
+    assert m.raw.tolist() == [1000 * ms, 1010 * ms, 1013 * ms]  # the snapshot is unchanged
+    c.add(1013 * ms, 0)  # raw time going back: ignored
+    assert len(c) == 4
+    raw = np.arange(999 * ms, 1016 * ms, 997, dtype=np.int64)
+    mono = c.snapshot()(raw)
+    assert (np.diff(mono) > 0).all()
+    assert 3 * ms < MIN_GAP_NS < 10 * ms
 
 
 # ------------------------------------------------------- synthetic records (synthetic)

@@ -11,8 +11,8 @@ enums differently from the tables; `schema.TOOLS_*` maps them. Processor
 indices in the records are tools indices (the CPU is 0), mapped to trace GPU
 indices (the CPU is -1) through `UvmStreamContext.processors`.
 
-CPU timestamps in the records are CLOCK_MONOTONIC_RAW; the recorder measures
-CLOCK_MONOTONIC - CLOCK_MONOTONIC_RAW near each drain and passes it in. GPU
+CPU timestamps in the records are CLOCK_MONOTONIC_RAW; the recorder passes in the
+map to CLOCK_MONOTONIC (`uvm_clock`: a pure function of the raw time). GPU
 timestamps (`*_gpu_ns`) are the GPU's global timer, kept as they are.
 """
 
@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gputrace import schema
+from gputrace.record.uvm_clock import RawMap
 
 # ------------------------------------------------------------------ event types
 CPU_FAULT, MIGRATION, GPU_FAULT, GPU_FAULT_REPLAY = 1, 2, 3, 4
@@ -388,10 +389,11 @@ class UvmStreamDecoder:
             if 0 <= k < len(self._proc):
                 self._proc[k] = v
 
-    def feed(self, records: bytes | memoryview, clock_offset_ns: int) -> dict[str, pa.Table]:
+    def feed(self, records: bytes | memoryview, clock: RawMap | int) -> dict[str, pa.Table]:
         """Tables (by name; only those with rows) of the records in `records`.
 
-        clock_offset_ns = CLOCK_MONOTONIC - CLOCK_MONOTONIC_RAW measured near this drain.
+        clock: the CLOCK_MONOTONIC_RAW -> CLOCK_MONOTONIC map (`uvm_clock`), or one
+        fixed offset CLOCK_MONOTONIC - CLOCK_MONOTONIC_RAW for every record.
         """
         buf = memoryview(records).cast("B")
         es = self.entry_size
@@ -427,7 +429,7 @@ class UvmStreamDecoder:
             return _Records(np.frombuffer(buf, dt, n), sel, m,
                             "begin" if kind == MIGRATION else "ts")
 
-        off = int(clock_offset_ns)
+        off = clock if isinstance(clock, RawMap) else RawMap.constant(int(clock))
         out: dict[str, list[pa.Table | None]] = {}
         cpu, gpu = view(CPU_FAULT), view(GPU_FAULT)
         out["faults"] = [self._cpu_faults(cpu, off), self._gpu_faults(gpu, off)]
@@ -454,13 +456,13 @@ class UvmStreamDecoder:
     def _pid(self, n: int) -> Any:
         return _const(self.ctx.pid, np.int32, n)
 
-    def _cpu_faults(self, ev: _Records, off: int) -> pa.Table | None:
+    def _cpu_faults(self, ev: _Records, off: RawMap) -> pa.Table | None:
         n = len(ev)
         if not n:
             return None
         addr = ev["address"]
         return _table("faults", n, {
-            "ts_ns": ev["ts"].view(np.int64) + off,
+            "ts_ns": off(ev["ts"]),
             "pid": self._pid(n),
             "tid": ev["tid"],
             "source_code": _const(_code("source", "cpu"), np.uint8, n),
@@ -470,7 +472,7 @@ class UvmStreamDecoder:
             "ip": ev["pc"], "cpu_id": (ev["cpu_id"], np.full(n, self._no_cpu_id)),
         })  # fmt: skip
 
-    def _gpu_faults(self, ev: _Records, off: int) -> pa.Table | None:
+    def _gpu_faults(self, ev: _Records, off: RawMap) -> pa.Table | None:
         n = len(ev)
         if not n:
             return None
@@ -479,7 +481,7 @@ class UvmStreamDecoder:
         ct = ev["client_type"]
         addr = ev["address"]
         return _table("faults", n, {
-            "ts_ns": ev["ts"].view(np.int64) + off,
+            "ts_ns": off(ev["ts"]),
             "pid": self._pid(n),
             "source_code": _SOURCE_LUT[ct], "gpu_index": (g, null),
             "address": addr, "block_2m": addr & ~np.uint64((2 << 20) - 1),
@@ -497,14 +499,14 @@ class UvmStreamDecoder:
                 | (ev["client_type"].astype(np.uint64) << _U32)
                 | ev["batch"].astype(np.uint64))
 
-    def _batches(self, faults: _Records, replays: _Records, off: int) -> pa.Table | None:
+    def _batches(self, faults: _Records, replays: _Records, off: RawMap) -> pa.Table | None:
         if len(faults):
             self._add_faults(faults, off)
         if not len(replays):
             return None
         rkey = self._key(replays)
         rkey, first = np.unique(rkey, return_index=True)  # a repeated replay closes once
-        rts = replays["ts"][first].view(np.int64) + off
+        rts = off(replays["ts"][first])
         okey = self._okey
         if len(okey):
             pos = np.minimum(np.searchsorted(okey, rkey), len(okey) - 1)
@@ -523,7 +525,7 @@ class UvmStreamDecoder:
             self._close(p)
         return self._batch_rows(rkey, fts, count, dups, has, (rts, replays["ts_gpu"][first]))
 
-    def _add_faults(self, f: _Records, off: int) -> None:
+    def _add_faults(self, f: _Records, off: RawMap) -> None:
         """Fold a drain's GPU faults into the open batches' totals."""
         pair = (self._key(f) << _U8) | f["access"].astype(np.uint64)
         addr = f["address"]
@@ -543,7 +545,7 @@ class UvmStreamDecoder:
         add[-1, _COUNT] = n - start[-1]
         add[:, _DISTINCT] = np.add.reduceat(new_pair, start, dtype=np.int64)
         add[:, _FIRST] = np.minimum.reduceat(f["ts"].view(np.int64)[order], start)
-        add[:, _FIRST] += off
+        add[:, _FIRST] = off(add[:, _FIRST])
         add[:, _PART] = self._next_part
         keys = skey[start]
         pair, addr = pair[new_pair], addr[new_pair]
@@ -640,7 +642,7 @@ class UvmStreamDecoder:
             cols["replay_ts_gpu_ns"] = rgpu
         return _table("fault_batches", m, cols)
 
-    def _migrations(self, ev: _Records, off: int) -> pa.Table | None:
+    def _migrations(self, ev: _Records, off: RawMap) -> pa.Table | None:
         if not len(ev):
             return None
         src, snull = self._gpu_of(ev["src"])
@@ -656,7 +658,7 @@ class UvmStreamDecoder:
         begin, end = ev["begin"].view(np.int64), ev["end"].view(np.int64)
         bg, eg = ev["begin_gpu"], ev["end_gpu"]
         cols: dict[str, Col] = {
-            "ts_ns": begin + off, "pid": self._pid(n),
+            "ts_ns": off(begin), "pid": self._pid(n),
             "src": src, "dst": dst, "address": ev["address"], "size_bytes": ev["bytes"],
             "cause_code": _CAUSE_LUT[ev["cause"]],
             "duration_ns": (end - begin, end == 0),
@@ -685,7 +687,7 @@ class UvmStreamDecoder:
         lists = pa.ListArray.from_arrays(offsets.tolist(), values)
         return pc.binary_join(lists, ",")
 
-    def _events(self, view: Any, off: int) -> pa.Table | None:
+    def _events(self, view: Any, off: RawMap) -> pa.Table | None:
         parts: list[pa.Table] = []
         for kind in _EVENT_KINDS:
             ev = view(kind)
@@ -694,7 +696,7 @@ class UvmStreamDecoder:
                 continue
             names = ev.names
             cols: dict[str, Col] = {
-                "ts_ns": ev["ts"].view(np.int64) + off,
+                "ts_ns": off(ev["ts"]),
                 "pid": self._pid(n),
                 "kind_code": np.full(n, kind, np.uint8), "address": ev["address"],
             }

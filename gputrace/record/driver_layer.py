@@ -20,19 +20,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from gputrace.record import decode_uvm, driver, rm_client, uvm_tools
+from gputrace.record import decode_uvm, driver, rm_client, uvm_clock, uvm_tools
 from gputrace.record.decode_uvm import UvmStreamContext, UvmStreamDecoder
 
 DEFAULT_DRAIN_MS = 10.0
 CLOCK_NOTE = (
-    "CLOCK_MONOTONIC_RAW converted to CLOCK_MONOTONIC with offsets measured at start "
-    "and during recording"
+    "CLOCK_MONOTONIC_RAW converted to CLOCK_MONOTONIC by the piecewise-linear map through "
+    "(raw, monotonic) points measured at start and after every drain"
 )
 TABLE_REREAD_NS = 1_000_000_000  # re-read a processor table at most once a second
-OFFSET_MERGE_NS = 2_000
-"""Drains whose clock offsets differ by at most this much are decoded as one feed with
-their mean offset: the decoder's cost is mostly per feed below ~4k records, and two
-offset measurements of one instant already differ by about a microsecond."""
 FEED_RECORDS = 16_384
 """At most this many records per decoder feed. The decoder holds the GIL through
 each numpy call, so a huge feed would keep the consumer thread from draining while
@@ -47,14 +43,6 @@ def mono_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
-def clock_offset_ns() -> int:
-    """CLOCK_MONOTONIC - CLOCK_MONOTONIC_RAW, the monotonic read bracketed by two raw ones."""
-    r0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW)
-    m = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    r1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW)
-    return m - (r0 + r1) // 2
-
-
 Tables = dict[str, list[pa.Table]]
 
 
@@ -65,7 +53,7 @@ class _Target:
     pid: int
     tracker: uvm_tools.Tracker
     attached_ts_ns: int
-    chunks: list[tuple[bytes, int]] = field(default_factory=list)  # (records, offset)
+    chunks: list[bytes] = field(default_factory=list)  # drained records
     table: list[bytes] | None = None
     table_ts_ns: int = 0
     dropped: list[int] = field(default_factory=lambda: [0] * uvm_tools.NUM_EVENT_TYPES)
@@ -76,34 +64,25 @@ class _Target:
     bytes_drained: int = 0
 
 
-def _coalesce(chunks: Sequence[tuple[bytes, int]], max_bytes: int) -> list[tuple[bytes, int]]:
+def _coalesce(chunks: Sequence[bytes], max_bytes: int) -> list[bytes]:
     """Consecutive drains joined into feeds of at most `max_bytes` (whole records:
-    a multiple of the entry size) while their offsets stay within OFFSET_MERGE_NS of
-    the feed's first; each feed gets its drains' mean offset."""
-    out: list[tuple[bytes, int]] = []
-    run: list[tuple[bytes, int]] = []
+    a multiple of the entry size). The clock map is a function of each record's raw
+    time, so where a feed is cut never changes a timestamp."""
+    out: list[bytes] = []
+    run: list[bytes] = []
     size = 0
-
-    def flush() -> None:
-        nonlocal size
-        if run:
-            off = sum(o for _, o in run) // len(run)
-            out.append((run[0][0] if len(run) == 1 else b"".join(d for d, _ in run), off))
-            run.clear()
-            size = 0
-
-    for data, off in chunks:
-        if run and abs(off - run[0][1]) > OFFSET_MERGE_NS:
-            flush()
+    for data in chunks:
         view = memoryview(data)
         while len(view):
             if size == max_bytes:
-                flush()
+                out.append(run[0] if len(run) == 1 else b"".join(run))
+                run, size = [], 0
             piece = view[: max_bytes - size]
-            run.append((bytes(piece) if len(piece) < len(data) else data, off))
+            run.append(bytes(piece) if len(piece) < len(data) else data)
             size += len(piece)
             view = view[len(piece) :]
-    flush()
+    if run:
+        out.append(run[0] if len(run) == 1 else b"".join(run))
     return out
 
 
@@ -149,7 +128,7 @@ class DriverLayer:
         self._thread: threading.Thread | None = None
         self.consumer_tid: int | None = None
         self.error: str | None = None
-        self.offsets: list[int] = []  # first, last, min, max of the clock offsets
+        self.clock = uvm_clock.RawClock()  # (raw, mono) points: the records' clock map
         self._last_counters_ns = 0
         self._given_uuids = dict(gpu_uuids or {})
         self._gpu_uuids: dict[bytes, int] = dict(self._given_uuids)
@@ -157,7 +136,7 @@ class DriverLayer:
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Open the RM client and start the sampler and the consumer thread."""
-        self._note_offset(clock_offset_ns())
+        self._note_clock()
         self._gpu_uuids = {**rm_client.proc_gpu_uuids(self.proc_root), **self._given_uuids}
         if self.want_rm:
             try:
@@ -223,7 +202,8 @@ class DriverLayer:
         with self._lock:
             for t in self._targets.values():
                 if t.closed_ts_ns is None:
-                    self._close(t, self.offsets[1] if self.offsets else clock_offset_ns())
+                    self._close(t)
+            self._note_clock()  # after the last drains: their records are inside the map
         if self.sampler is not None:
             self.sampler.stop()
         out = self._collect(final=True)
@@ -250,30 +230,28 @@ class DriverLayer:
             live = [t for t in self._targets.values() if t.closed_ts_ns is None]
             if not live:
                 return False
-            off = clock_offset_ns()
-            self._note_offset(off)
             for t in live:
                 # Check exit before draining: records written before the exit
                 # are then all in this drain, with the flush in _close.
                 gone = t.tracker.exited()
-                busy |= self._drain(t, off) * BUSY_SHARE > self.queue_entries
+                busy |= self._drain(t) * BUSY_SHARE > self.queue_entries
                 if gone:
-                    self._close(t, off)
+                    self._close(t)
+            # measured after the drains: every record drained so far lies at or
+            # before this point, so its segment of the clock map is final
+            self._note_clock()
         return busy
 
-    def _note_offset(self, off: int) -> None:
-        """Keep first, last, min and max of the offsets (one per drain: unbounded)."""
-        if not self.offsets:
-            self.offsets = [off, off, off, off]
-        else:
-            o = self.offsets
-            o[1], o[2], o[3] = off, min(o[2], off), max(o[3], off)
+    def _note_clock(self) -> None:
+        """Add a (raw, mono) point to the clock map (caller holds the lock, or
+        the consumer thread is not running)."""
+        self.clock.add(*uvm_clock.measure())
 
-    def _drain(self, t: _Target, off: int) -> int:
+    def _drain(self, t: _Target) -> int:
         """Drain one queue; the number of records it held."""
         data = t.tracker.drain()
         if data:
-            t.chunks.append((data, off))
+            t.chunks.append(data)
             t.bytes_drained += len(data)
             now = mono_ns()
             if t.table is None or now - t.table_ts_ns >= TABLE_REREAD_NS:
@@ -283,10 +261,10 @@ class DriverLayer:
         t.dropped = t.tracker.dropped()
         return len(data) // self.abi.entry_size
 
-    def _close(self, t: _Target, off: int) -> None:
+    def _close(self, t: _Target) -> None:
         """Final flush and drain, then release the tracker and the duplicated fd."""
         t.tracker.flush()
-        self._drain(t, off)
+        self._drain(t)
         if t.table is None:
             t.table = t.tracker.processors()
         t.counters = t.tracker.counters()
@@ -315,6 +293,7 @@ class DriverLayer:
                 elif counters_due:
                     counters = t.tracker.counters()
                 work.append((t, chunks, t.table, counters, t.closed_ts_ns is not None))
+            clock = self.clock.snapshot()  # covers every chunk just taken
         if counters_due:
             self._last_counters_ns = now
         for t, chunks, table, counters, closed in work:
@@ -327,9 +306,9 @@ class DriverLayer:
                 )
             elif chunks and t.decoder is not None:
                 t.decoder.set_processors(mapping)  # GPUs registered since it was built
-            for data, off in _coalesce(chunks, FEED_RECORDS * self.abi.entry_size):
+            for data in _coalesce(chunks, FEED_RECORDS * self.abi.entry_size):
                 assert t.decoder is not None
-                add(t.decoder.feed(data, off))
+                add(t.decoder.feed(data, clock))
                 time.sleep(0)  # let the consumer thread take the GIL between feeds
             if counters is not None:
                 add({"uvm_counters": decode_uvm.counters_table(now, t.pid, counters)})
@@ -395,11 +374,7 @@ class DriverLayer:
                 if t.closed_ts_ns is not None
             ],
             "rm_client": self._rm_manifest(),
-            "clock_offsets_ns": (
-                dict(zip(("first", "last", "min", "max"), self.offsets, strict=True))
-                if self.offsets
-                else None
-            ),
+            "clock_offsets_ns": self._offsets_manifest(),
         }
         if self.error:
             dl["error"] = self.error
@@ -413,6 +388,16 @@ class DriverLayer:
                 for u, i in sorted(self._gpu_uuids.items(), key=lambda x: x[1])
             ],
         }
+
+    def _offsets_manifest(self) -> dict[str, int] | None:
+        """First, last, min and max offset (mono - raw) of the clock map's points, and
+        how many points it holds."""
+        with self._lock:
+            off = self.clock.offsets()
+        if not len(off):
+            return None
+        return {"first": int(off[0]), "last": int(off[-1]), "min": int(off.min()),
+                "max": int(off.max()), "points": len(off)}
 
     def _rm_manifest(self) -> dict[str, Any]:
         if self.rm is None:
