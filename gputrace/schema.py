@@ -514,6 +514,25 @@ CHUNKS = Table(
     ),
 )
 
+ALERTS = Table(
+    "alerts",
+    "Alerts that fired while recording (`record --alert EXPR`): one row per condition "
+    "episode, when it began (docs/live.md).",
+    "live",
+    (
+        Column("ts_ns", I64, "ns", "CLOCK_MONOTONIC time the alert fired", False),
+        Column("alert", STR, "", "what was measured, e.g. leak_rate, gpu_free, drops", False),
+        Column("expr", STR, "", "the --alert expression as given", False),
+        Column("pid", I32, "", "process the alert is about (null for GPU and recording alerts)"),
+        Column("comm", STR, "", "that process's name"),
+        Column("gpu_index", I16, "", "GPU the alert is about (null for process alerts)"),
+        Column("value", pa.float64(), "",
+               "measured value in base units (bytes, bytes/s, events/s, share, count)", False),
+        Column("threshold", pa.float64(), "", "the expression's threshold, in the same units",
+               False),
+    ),
+)
+
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (
@@ -530,16 +549,18 @@ TABLES: dict[str, Table] = {
         UVM_EVENTS,
         UVM_COUNTERS_TABLE,
         GPU_MEMORY,
+        ALERTS,
     )
 }
 
 LAYERS: dict[str, tuple[str, ...]] = {
     layer: tuple(t.name for t in TABLES.values() if layer in t.layers)
-    for layer in ("syscall", "api", "cpu_faults", "driver", "uvm_tools", "rm_query")
+    for layer in ("syscall", "api", "cpu_faults", "driver", "uvm_tools", "rm_query", "live")
 }
 """Tables each layer writes. `driver` is in-kernel driver hooks (PMM chunks, fault
 batches); `uvm_tools` is the driver's own UVM tools event stream and counters
-(no kernel hooks); `rm_query` is RM queries of our own client (GPU memory)."""
+(no kernel hooks); `rm_query` is RM queries of our own client (GPU memory); `live` is
+what the recorder concluded while recording (alerts)."""
 
 
 MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (

@@ -17,7 +17,7 @@ def test_required_tables_and_columns() -> None:
     assert set(schema.TABLES) == {
         "processes", "ioctls", "files", "mappings", "cuda_calls", "stacks",
         "faults", "fault_batches", "migrations", "chunks", "uvm_events", "uvm_counters",
-        "gpu_memory",
+        "gpu_memory", "alerts",
     }
     ioctls = {c.name for c in schema.IOCTLS.columns}
     assert {
