@@ -176,6 +176,10 @@ def _leaks(con: Console, d: dict[str, Any], limit: int) -> None:
         con.print(Text(f"driver memory the program never asked for through the API (CUDA "
                        f"context and runtime), {how}: {num(v['count'])} allocations "
                        f"({human_bytes(v['bytes'])}); not a leak"))
+    if (c := d.get("rm_freed_by_fd_close")) and c["count"]:
+        con.print(Text(f"RM memory never freed by the program, torn down by the driver when "
+                       f"its control fd was released: {num(c['count'])} "
+                       f"({human_bytes(c['bytes'])}); not a leak", style="dim"))
     for layer, v in sorted((d.get("reservations") or {}).items()):
         con.print(Text(f"address-space reservations not released ({layer}; not memory, not "
                        f"counted): {num(v['count'])} ({human_bytes(v['bytes'])})",
