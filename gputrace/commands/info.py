@@ -121,13 +121,7 @@ def render_info(info: dict[str, Any], fmt: str = "text") -> str:
             f"api        {', '.join(api['libraries'])}; {api.get('stack_frames', 0)} stack "
             f"frames, {api.get('unresolved_frames', 0)} unresolved"
         )
-    cpu = info.get("cpu_faults") or {}
-    if cpu.get("untracked_blocks") or cpu.get("untracked_ranges"):
-        lines.append(
-            f"warning: managed ranges too large for the in-kernel filter: "
-            f"{cpu.get('untracked_blocks', 0)} blocks, {cpu.get('untracked_ranges', 0)} ranges "
-            "untracked (their CPU faults are missing)"
-        )
+    lines += _untracked_lines(info.get("cpu_faults"), info.get("driver_layer"))
     lines += _driver_lines(info.get("driver_layer"))
     drops = info["drops"]
     lines.append(
@@ -139,6 +133,37 @@ def render_info(info: dict[str, Any], fmt: str = "text") -> str:
     for w in info["warnings"]:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def _untracked_lines(cpu: Any, dl: Any) -> list[str]:
+    """Managed ranges the in-kernel CPU-fault filter could not hold: are their
+    faults missing? Not for processes with a UVM tools tracker, whose CPU faults come
+    from the tools stream (the driver's own account, every managed range)."""
+    cpu = cpu if isinstance(cpu, dict) else {}
+    blocks, ranges = cpu.get("untracked_blocks", 0), cpu.get("untracked_ranges", 0)
+    if not (blocks or ranges):
+        return []
+    what = (f"managed ranges too large for the in-kernel filter: {blocks} blocks, "
+            f"{ranges} ranges")  # fmt: skip
+    dl = dl if isinstance(dl, dict) else {}
+    src = dl.get("cpu_fault_source") or {}
+    tracked = src.get("uvm_tools_pids") or [] if isinstance(src, dict) else []
+    without = [f.get("pid") for f in dl.get("attach_failures") or [] if isinstance(f, dict)]
+    if isinstance(src, dict):
+        without += [p for p in src.get("uvm_pids_without_tracker") or [] if p not in without]
+    if tracked and not without:
+        return [f"note: {what}; no CPU faults are missing: every process using UVM had a "
+                f"tracker (pids {_pids(tracked)}) and its CPU faults come from the UVM "
+                "tools stream"]  # fmt: skip
+    if tracked:
+        return [f"warning: {what}: CPU faults of processes without a UVM tools tracker "
+                f"(pids {_pids(without)}) in those ranges are missing; those of tracked "
+                f"processes (pids {_pids(tracked)}) come from the UVM tools stream"]  # fmt: skip
+    return [f"warning: {what} untracked (their CPU faults are missing)"]
+
+
+def _pids(pids: list[Any]) -> str:
+    return ",".join(str(p) for p in pids[:8]) + (" ..." if len(pids) > 8 else "")
 
 
 def _exit(ended: dict[str, Any]) -> str:
@@ -177,11 +202,16 @@ def _driver_lines(dl: Any) -> list[str]:
 
 
 def _target(target: dict[str, Any]) -> str:
+    """`pids 1496,1497`, `command CMD ARGS (pid N)`, `whole host`."""
     if not target:
         return "?"
-    parts = [str(target.get("mode", "?"))]
-    if target.get("pids"):
-        parts.append("pids " + ",".join(str(p) for p in target["pids"]))
-    if target.get("command"):
-        parts.append(" ".join(target["command"]))
-    return " ".join(parts)
+    mode = target.get("mode")
+    pids = ",".join(str(p) for p in target.get("pids") or [])
+    if mode == "host":
+        return "whole host"
+    if mode == "pids":
+        return f"pids {pids or '?'}"
+    if mode == "command":
+        cmd = " ".join(str(a) for a in target.get("command") or [])
+        return f"command {cmd}" + (f" (pid {pids})" if pids else "")
+    return str(mode or "?") + (f" pids {pids}" if pids else "")

@@ -178,6 +178,8 @@ class Recorder:
         # pids with a UVM tools tracker: their CPU faults come from the tools stream only
         self.tracked: set[int] = set()
         self.cpu_faults_replaced = 0  # tracepoint CPU faults dropped for tracked pids
+        self.no_tracker: set[int] = set()  # pids that initialized UVM but got no tracker
+        self.names: dict[int, str] = {}  # pid -> comm of tracked processes (tools rows)
         self._driver_bad = 0  # the driver layer's decoder bad records, already counted
         self._driver_due = threading.Event()  # a driver poll is queued for the worker
 
@@ -506,12 +508,18 @@ class Recorder:
     def _attach(self, pid: int, fds: list[int], already_running: bool) -> None:
         assert self.driver is not None
         if not os.path.exists(self.driver.devdir + "/nvidia-uvm-tools"):
+            self.no_tracker.add(pid)
             return
         if self.driver.attach(pid, already_running=already_running, fds=fds):
             self.tracked.add(pid)
+            self.no_tracker.discard(pid)
+            comm = procfs.read_info(pid).comm  # alive now: the tools rows' process name
+            if comm is not None:
+                self.names[pid] = comm
             print(f"gputrace: driver layer: tracker attached to pid {pid}",
                   file=sys.stderr, flush=True)  # fmt: skip
         else:
+            self.no_tracker.add(pid)
             why = next((f["error"] for f in reversed(self.driver.failures)
                         if f["pid"] == pid), "unknown")  # fmt: skip
             print(f"gputrace: warning: driver layer: no tracker on pid {pid}: {why}",
@@ -537,10 +545,32 @@ class Recorder:
             return
         for name, parts in tables.items():
             for part in parts:
+                if name == "faults":
+                    part = self._with_comm(part)
                 self._append(writer, name, "uvm_tools", b"", UVM_RECORD, partial(_ready, part))
         bad = layer.bad_records()
         self._skip("uvm_tools", bad - self._driver_bad, "cut short or unknown codes")
         self._driver_bad = bad
+
+    def _comm(self, pid: int) -> str | None:
+        info = self.procs.get(pid)
+        return (info.comm if info is not None else None) or self.names.get(pid)
+
+    def _with_comm(self, table: pa.Table) -> pa.Table:
+        """Tools-stream fault rows carry no process name: fill `comm` from what the
+        recorder knows of the tracked process (its name, not the thread's)."""
+        i = table.schema.get_field_index("comm")
+        if i < 0 or not table.num_rows or table.column(i).null_count < table.num_rows:
+            return table
+        pids = table.column("pid")
+        pid_list: list[int] = pc.unique(pids).drop_null().to_numpy().tolist()
+        names = {p: c for p in pid_list if (c := self._comm(p)) is not None}
+        if not names:
+            return table
+        keys = pa.array(list(names), pa.int32())
+        idx = pc.index_in(pids, value_set=keys)
+        comm = pc.take(pa.array(list(names.values()), pa.string()), idx)
+        return table.set_column(i, table.schema.field(i), comm.cast(table.schema.field(i).type))
 
     def _driver_manifest(self, writer: TraceWriter) -> None:
         """Merge the driver layer's manifest fragment (layers, drops, clock, facts)."""
@@ -559,6 +589,7 @@ class Recorder:
             clock={**m.get("clock", {}), **frag["clock"]},
             driver_layer={**frag["driver_layer"], "cpu_fault_source": {
                 "uvm_tools_pids": sorted(self.driver.attached_pids()),
+                "uvm_pids_without_tracker": sorted(self.no_tracker),
                 "tracepoint_rows_dropped": self.cpu_faults_replaced}},
             gpus=gpus,
         )
@@ -704,6 +735,8 @@ class Recorder:
                 info.comm = comm
                 if self.child is not None and pid == self.child.pid:
                     info.comm, info.exe, info.cmdline = self.cmd_info
+                if pid in self.names and info.comm:
+                    self.names[pid] = info.comm
             elif kind == decode.PROC_EXIT:
                 info.exit_ts_ns = int(e["ts_ns"])
                 code = int(e["exit_code"])
