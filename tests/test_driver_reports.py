@@ -66,15 +66,19 @@ def test_real_h200_migrations_by_cause_direction_and_size() -> None:
     sizes: dict[str, int] = {}
     for r in m["by_cause_direction_size"]:
         sizes[r["size_class"]] = sizes.get(r["size_class"], 0) + r["migrations"]
-    assert sum(sizes.values()) == 1_102 and set(sizes) <= {"4KiB", "64KiB", "2MiB", ">2MiB"}
+    assert sum(sizes.values()) == 1_102 and set(sizes) <= {"<=4KiB", "<=64KiB", "<=2MiB",
+                                                           ">2MiB"}
 
 
 def test_real_h200_resident_bytes_and_counters() -> None:
     fr = _fault_rate(UVM)
     (g,) = fr["oversubscription"]["resident_by_gpu"]
-    # all 64 MiB written by the CPU then by the kernel moved to the GPU before anything
-    # came back (the counters say 64 MiB host->device)
-    assert g["resident_peak_bytes"] == 64 * MiB and g["memory_source"] == "manifest"
+    # the kernel writes all 256 MiB: the 64 MiB the CPU wrote first migrate (the counters
+    # say 64 MiB host->device), the other 192 MiB are populated on the GPU by its faults
+    # with no migration; then the CPU reads 16 MiB back and 32 MiB are prefetched to it
+    assert (g["resident_peak_bytes"], g["populated_bytes"], g["resident_end_bytes"]) == (
+        256 * MiB, 192 * MiB, (256 - 16 - 32) * MiB)
+    assert g["memory_source"] == "manifest"
     counters = {r["counter"]: r["value"] for r in fr["uvm_counters"]}
     assert (counters["bytes_htod"], counters["bytes_dtoh"], counters["cpu_faults"],
             counters["gpu_faults"]) == (64 * MiB, 48 * MiB, 240, 70_813)
@@ -99,25 +103,65 @@ def test_real_h200_fragmentation_735_percent_unusable() -> None:
 
 # ------------------------------------------------------------- synthetic traces
 def test_rates_never_put_the_mean_above_the_peak(tmp_path: Path) -> None:
-    """Synthetic: 7 faults in 2.5 s with 1 s windows; the last window is 1.5 s long."""
+    """Synthetic: 7 faults in 2.5 s with 1 s windows; the last window is 0.5 s long
+    (half a window: a window of its own)."""
     b = TraceBuilder(layers=("uvm_tools",), duration_s=2.5)
     for k in range(7):
         b.gpu_fault(0.1 + 0.35 * k, 0, 0x1000 * k, pid=3)
     fr = _fault_rate(b.build(tmp_path / "t"))
     (r,) = fr["rates"]
-    assert fr["windows"] == {"count": 2, "last_window_s": 1.5, "span_s": 2.5}
+    assert fr["windows"] == {"count": 3, "last_window_s": 0.5, "span_s": 2.5}
     assert r["mean_per_s"] == pytest.approx(7 / 2.5)
-    # windows [0,1): 3 faults; [1,2.5): 4 faults -> 3/s peak
+    # windows [0,1): 3 faults; [1,2): 3; [2,2.5): 1 -> 2/s; peak 3/s, the earliest
     assert r["peak_per_s"] == pytest.approx(3.0) and r["peak_window_start_s"] == 0.0
+    assert r["peak_window_len_s"] == 1.0
     assert r["mean_per_s"] <= r["peak_per_s"]
 
 
+def test_events_at_the_end_land_in_the_window_holding_them(tmp_path: Path) -> None:
+    """Synthetic: the real thrash trace's shape: 7.7 s, every fault at 7.1-7.4 s. The
+    peak window starts at 7 s (it used to say 6 s, the remainder merged into the
+    window before), divides by its own 0.7 s, and agrees with the thrashing table."""
+    b = TraceBuilder(layers=("uvm_tools",), duration_s=7.7)
+    for k in range(70):
+        b.gpu_fault(7.1 + 0.004 * k, 0, 0x1000 * k, pid=3)
+    blk = 0x7E0000000000
+    for k in range(4):
+        b.migration(7.1 + 0.05 * k, -1 if k % 2 == 0 else 0, 0 if k % 2 == 0 else -1, blk,
+                    2 * MiB, pid=3)
+    fr = _fault_rate(b.build(tmp_path / "t"))
+    (r,) = fr["rates"]
+    assert fr["windows"]["count"] == 8
+    assert r["peak_window_start_s"] == 7.0
+    assert r["peak_window_len_s"] == pytest.approx(0.7)
+    assert r["peak_per_s"] == pytest.approx(70 / 0.7)
+    assert r["mean_per_s"] == pytest.approx(70 / 7.7) and r["mean_per_s"] <= r["peak_per_s"]
+    (th,) = fr["thrashing"]["blocks"]
+    assert th["window_start_s"] == 7.0
+
+
+def test_a_sliver_at_the_end_joins_the_window_before(tmp_path: Path) -> None:
+    """Synthetic: 7.2 s, 5 faults at 7.15 s: a 0.2 s remainder (under half a window)
+    would make 25/s out of 5 faults; it joins [6, 7.2) instead, whose start and length
+    the report gives."""
+    b = TraceBuilder(layers=("uvm_tools",), duration_s=7.2)
+    for k in range(5):
+        b.gpu_fault(7.15 + 0.001 * k, 0, 0x1000 * k, pid=3)
+    fr = _fault_rate(b.build(tmp_path / "t"))
+    (r,) = fr["rates"]
+    assert fr["windows"] == {"count": 7, "last_window_s": 1.2, "span_s": 7.2}
+    assert (r["peak_window_start_s"], r["peak_window_len_s"]) == (6.0, 1.2)
+    assert r["peak_per_s"] == pytest.approx(5 / 1.2)
+
+
 @pytest.mark.parametrize(("span_ns", "window_s"), [(1, 1.0), (62_000_000, 1.0),
-                                                   (2_500_000_000, 1.0), (10**10, 0.001)])
+                                                   (2_500_000_000, 1.0), (2_400_000_000, 1.0),
+                                                   (3_000_000_000, 1.0), (10**10, 0.001),
+                                                   (10**10 + 7, 0.001)])
 def test_window_rule_covers_the_span_exactly(span_ns: int, window_s: float) -> None:
     w, k, last = windows(0, span_ns, window_s)
     assert k >= 1 and (k - 1) * w + last == max(span_ns, 1)
-    assert k == 1 or w <= last < 2 * w
+    assert k == 1 or w / 2 <= last < 1.5 * w
 
 
 def test_driver_thrashing_throttling_and_evictions(tmp_path: Path) -> None:
@@ -149,10 +193,46 @@ def test_driver_thrashing_throttling_and_evictions(tmp_path: Path) -> None:
     assert kinds[("map_remote", "thrashing")] == 1 and kinds[("thrashing", None)] == 3
     assert fr["evictions"]["migrations"] == 1 and fr["evictions"]["bytes"] == 4 * MiB
     (res,) = fr["oversubscription"]["resident_by_gpu"]
-    # 6 MiB in, 4 MiB evicted; measured against the RM heap (4 GiB), not the manifest's 8
+    # 6 MiB in, 4 MiB evicted; the manifest gives the GPU's size (8 GiB), so the RM
+    # heap sampled (4 GiB) does not stand in (gputrace.analyses.gpus.memory_sizes)
     assert (res["gpu_index"], res["resident_peak_bytes"], res["resident_end_bytes"],
-            res["gpu_memory_bytes"], res["memory_source"]) == (
-        1, 6 * MiB, 2 * MiB, 4 * GiB, "gpu_memory heap")
+            res["populated_bytes"], res["gpu_memory_bytes"], res["memory_source"]) == (
+        1, 6 * MiB, 2 * MiB, 0, 8 * GiB, "manifest")
+
+
+def test_gpu_memory_from_the_rm_heap_when_the_manifest_has_none(tmp_path: Path) -> None:
+    """Synthetic: two GPUs without a size in the manifest; GPU 1 sampled by RM (4 GiB):
+    GPU 1's size comes from the heap, GPU 0's is unknown and named."""
+    b = TraceBuilder(layers=("uvm_tools", "rm_query"), duration_s=1.0, gpus=2,
+                     gpu_memory_bytes=0)
+    b.migration(0.3, -1, 1, 0x7F0000200000, 2 * MiB, cause=11, pid=9)
+    b.gpu_memory(0.0, 1, heap=4 * GiB, free=4 * GiB, largest=4 * GiB)
+    o = _fault_rate(b.build(tmp_path / "t"))["oversubscription"]
+    assert (o["gpu_memory_bytes"], o["gpu_memory_source"], o["gpus_of_unknown_memory"]) == (
+        4 * GiB, ["gpu_memory heap"], [0])
+    (res,) = o["resident_by_gpu"]
+    assert (res["gpu_memory_bytes"], res["memory_source"]) == (4 * GiB, "gpu_memory heap")
+
+
+def test_resident_first_touch_rules(tmp_path: Path) -> None:
+    """Synthetic, one process, GPU 0: block A touched first by the GPU (populated, 2 MiB),
+    then migrated to the CPU and back; block B touched first by the CPU, then 1 MiB
+    migrated to the GPU (not populated); block C faulted by the GPU but its first
+    migration is CPU->GPU (on the CPU before the trace: not populated)."""
+    b = TraceBuilder(layers=("uvm_tools",), duration_s=1.0)
+    a, bb, c = 0x7E0000000000, 0x7E0000200000, 0x7E0000400000
+    b.gpu_fault(0.1, 0, a + 0x1000, pid=3)
+    b.migration(0.2, 0, -1, a, 2 * MiB, pid=3)
+    b.migration(0.3, -1, 0, a, 2 * MiB, pid=3)
+    b.cpu_fault(0.1, 3, bb, write=True)
+    b.gpu_fault(0.4, 0, bb + 0x1000, pid=3)
+    b.migration(0.41, -1, 0, bb, 1 * MiB, pid=3)
+    b.gpu_fault(0.5, 0, c, pid=3)
+    b.migration(0.51, -1, 0, c, 64 * KiB, pid=3)
+    (res,) = _fault_rate(b.build(tmp_path / "t"))["oversubscription"]["resident_by_gpu"]
+    assert res["populated_bytes"] == 2 * MiB
+    assert res["resident_end_bytes"] == 2 * MiB + 1 * MiB + 64 * KiB
+    assert res["resident_peak_bytes"] == res["resident_end_bytes"]
 
 
 def test_fragmentation_warns_on_failed_rm_samples(tmp_path: Path) -> None:

@@ -355,3 +355,114 @@ def test_thrash_fault_rate_report(probe: dict[str, Any]) -> None:
     assert len(blocks) == THRASH_BYTES // (2 * MIB)
     assert {b["reversals"] for b in blocks} == {2 * THRASH_ROUNDS - 2}
     assert {b["processors"] for b in blocks} == {"-1,0"}
+
+
+# ------------------------------------------------- report rules on the real traces
+
+
+def test_thrash_peak_window_is_the_window_holding_the_faults() -> None:
+    """Every GPU fault of the thrash run lies in [7 s, 8 s) of the trace; the busiest
+    window must start there (not at 6 s with the remainder merged in), agree with the
+    thrashing table's window, and its rate divide by that window's own length."""
+    doc = analyze(THRASH / "trace", ["fault-rate"])
+    fr, start = doc["fault_rate"], doc["trace"]["start_ts_ns"]
+    gpu = _table(THRASH, "faults").filter(pl.col("source") == "gpu_replayable")
+    lo, hi = ((t - start) / 1e9 for t in _ts_range(gpu))
+    assert 7.0 <= lo <= hi < 8.0
+    (r,) = [x for x in fr["rates"] if x["source"] == "gpu_replayable"]
+    assert r["peak_window_start_s"] == 7.0
+    assert r["peak_window_start_s"] + r["peak_window_len_s"] > hi
+    assert r["peak_window_len_s"] == pytest.approx(fr["windows"]["span_s"] - 7.0, abs=1e-6)
+    assert r["peak_per_s"] == pytest.approx(230_148 / r["peak_window_len_s"], rel=1e-6)
+    assert r["mean_per_s"] <= r["peak_per_s"]
+    assert {b["window_start_s"] for b in fr["thrashing"]["blocks"]} == {7.0}
+    (w,) = fr["gpu_windows"]
+    assert (w["window_start_s"], w["faults"]) == (7.0, 230_148)
+
+
+@pytest.mark.parametrize("fixture", [CUDA, FRAG, THRASH], ids=lambda p: p.name)
+def test_gpu_memory_size_comes_from_the_rm_heap(fixture: Path) -> None:
+    """The manifest lists GPU 0 without a size; RM's heap size (139.8 GiB, = CUDA's
+    own mem_total in gpu_workload's truth) stands in, and the reports say so."""
+    assert "memory_bytes" not in open_trace(fixture / "trace").manifest["gpus"][0]
+    heap = int(_table(fixture, "gpu_memory")["heap_size_bytes"].max())  # type: ignore[arg-type]
+    doc = analyze(fixture / "trace", ["fault-rate", "summary"])
+    o = doc["fault_rate"]["oversubscription"]
+    assert (o["gpu_memory_bytes"], o["gpu_memory_source"], o["gpus_of_unknown_memory"]) == (
+        heap, ["gpu_memory heap"], [])
+    assert o["ratio"] == pytest.approx(o["managed_peak_bytes"] / heap, abs=1e-6)
+    (g,) = doc["summary"]["gpus"]["gpus"]
+    assert (g["memory_bytes"], g["memory_source"]) == (heap, "gpu_memory heap")
+    assert g["peak_share"] == pytest.approx(g["peak_bytes"] / heap, abs=1e-6)
+
+
+def test_cuda_gpu_memory_equals_cudas_mem_total(cuda_truth: dict[str, Any]) -> None:
+    heap = int(_table(CUDA, "gpu_memory")["heap_size_bytes"].max())  # type: ignore[arg-type]
+    assert heap == cuda_truth["init"]["mem_total"]
+
+
+def test_resident_counts_blocks_the_gpu_touched_first(cuda_truth: dict[str, Any]) -> None:
+    """gpu_workload: the CPU writes 64 MiB of a 256 MiB managed buffer, the kernel writes
+    all 256 MiB (64 MiB migrate, 192 MiB are populated on the GPU by its faults, with no
+    migration), the CPU reads 16 MiB back. thrash: the first kernel populates 16 MiB on
+    the GPU; every CPU round takes it all back."""
+    m = cuda_truth["managed"]
+    (c,) = analyze(CUDA / "trace", ["fault-rate"])["fault_rate"]["oversubscription"][
+        "resident_by_gpu"]
+    assert c["resident_peak_bytes"] == m["gpu_write_bytes"] == 256 * MIB
+    assert c["populated_bytes"] == m["gpu_write_bytes"] - m["cpu_write_bytes"]
+    assert c["resident_end_bytes"] == m["gpu_write_bytes"] - m["cpu_read_bytes"]
+    (t,) = analyze(THRASH / "trace", ["fault-rate"])["fault_rate"]["oversubscription"][
+        "resident_by_gpu"]
+    assert (t["resident_peak_bytes"], t["populated_bytes"], t["resident_end_bytes"]) == (
+        THRASH_BYTES, THRASH_BYTES, 0)
+
+
+def test_migration_size_classes_bound_every_migration() -> None:
+    """cuda: 151 prefetch CPU->GPU migrations average ~317 KiB; they are '<=2MiB', and
+    every class label is a true bound on the sizes it holds."""
+    bounds = {"<=4KiB": (0, 4 * KIB), "<=64KiB": (4 * KIB, 64 * KIB),
+              "<=2MiB": (64 * KIB, 2 * MIB), ">2MiB": (2 * MIB, 1 << 62)}
+    for fixture in (CUDA, THRASH):
+        rows = analyze(fixture / "trace", ["fault-rate"])["fault_rate"]["migrations"][
+            "by_cause_direction_size"]
+        sizes = _table(fixture, "migrations").with_columns(
+            pl.col("size_bytes").cast(pl.Int64))
+        for r in rows:
+            lo, hi = bounds[r["size_class"]]
+            mine = sizes.filter((pl.col("cause") == r["cause"]) & (pl.col("src") == r["src"])
+                                & (pl.col("dst") == r["dst"])
+                                & pl.col("size_bytes").is_between(lo + 1, hi))
+            assert (mine.height, int(mine["size_bytes"].sum())) == (r["migrations"],
+                                                                    r["bytes"]), r
+    rows = analyze(CUDA / "trace", ["fault-rate"])["fault_rate"]["migrations"][
+        "by_cause_direction_size"]
+    (p,) = [r for r in rows if (r["cause"], r["direction"], r["size_class"])
+            == ("prefetch", "cpu->gpu0", "<=2MiB")]
+    assert p["migrations"] == 151 and 300 * KIB < p["bytes"] / 151 < 330 * KIB
+
+
+def test_frag_max_row_is_each_columns_own_maximum() -> None:
+    """thrash: the worst sample overall (0.1% unusable for 1 GiB at 7.5 s) is not where
+    the 1 GiB column peaks (0.6% at the end): `max` holds each column's own maximum."""
+    mem = _table(THRASH, "gpu_memory").filter(pl.col("status") == 0)
+    free = pl.col("heap_free_bytes").cast(pl.Int64)
+    largest = pl.col("largest_free_bytes").cast(pl.Int64)
+    one_g = ((free - largest // GIB * GIB) / free).max()
+    (g,) = analyze(THRASH / "trace", ["fragmentation"])["fragmentation"]["rm"]["gpus"]
+    assert g["max"]["unusable_share_1g"] == pytest.approx(mem.select(one_g).item(), abs=1e-6)
+    assert g["max"]["unusable_share_1g"] > g["worst"]["unusable_share_1g"]
+    for col, v in g["max"].items():
+        assert all(v >= s[col] for s in g["series"] if s[col] is not None), col
+        assert v >= g["worst"][col] and v >= g["end"][col]
+
+
+def test_reports_name_the_in_kernel_hooks_not_the_driver_layer(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """uvm_tools and rm_query (record's "driver layer") are present; only the in-kernel
+    driver hooks (schema layer `driver`) are not, and the text must not say otherwise."""
+    assert main(["analyze", str(THRASH / "trace"), "--only", "fault-rate,fragmentation"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "driver layer absent" not in out and "driver layers absent" not in out
+    assert "in-kernel driver hooks" in out
+    assert "the manifest lists no GPUs" not in out and "GPU memory unknown" not in out

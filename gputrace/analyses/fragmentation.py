@@ -125,8 +125,10 @@ def reservations(calls: pl.LazyFrame, end_ns: int) -> pl.LazyFrame:
 
 
 def rm_section(inp: Inputs, warnings: list[str]) -> dict[str, Any]:
-    """Per GPU from RM samples: the worst sample (highest unusable share), the last one,
-    and the series (see gputrace.analyses.gpu_memory)."""
+    """Per GPU from RM samples: the worst sample (highest unusable share), each share
+    column's own maximum over the samples (`max`, with `max_at_s`: the per-size shares
+    can peak in another sample than the overall one), the last sample, and the series
+    (see gputrace.analyses.gpu_memory)."""
     s, bad = pl.collect_all([gpu_memory.samples(inp.scan("gpu_memory"), inp.start_ns),
                              gpu_memory.failed(inp.scan("gpu_memory"))])
     for r in bad.iter_rows(named=True):
@@ -139,11 +141,18 @@ def rm_section(inp: Inputs, warnings: list[str]) -> dict[str, Any]:
         mine = s.filter(pl.col("gpu_index") == g).drop("gpu_index", "ts_ns")
         worst = mine.sort("unusable_share", "t_s", descending=[True, False],
                           nulls_last=True).head(1)
+        cols = [c for c in mine.columns if c.startswith("unusable_share")]
+        top = {c: mine.sort(c, "t_s", descending=[True, False], nulls_last=True).head(1)
+               for c in cols}
         gpus.append({"gpu_index": g, "samples": mine.height,
                      "heap_size_bytes": mine["heap_size_bytes"].max(),
                      "min_free_bytes": mine["heap_free_bytes"].min(),
                      "min_largest_free_bytes": mine["largest_free_bytes"].min(),
-                     "worst": records(worst)[0], "end": records(mine.tail(1))[0],
+                     "worst": records(worst)[0],
+                     "max": {c: records(f.select(c))[0][c] for c, f in top.items()},
+                     "max_at_s": {c: records(f.select("t_s"))[0]["t_s"]
+                                  for c, f in top.items()},
+                     "end": records(mine.tail(1))[0],
                      "series": records(ser.filter(pl.col("gpu_index") == g)
                                        .drop("gpu_index"))})
     return {"alloc_sizes": {k: v for k, v in gpu_memory.ALLOC_SIZES.items()},

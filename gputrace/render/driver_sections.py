@@ -25,6 +25,8 @@ def fault_rate_section(con: Console, d: dict[str, Any], limit: int) -> None:
     title = f"Fault rate ({d['window_s']} s windows"
     if w.get("count") == 1:
         title += f"; trace shorter: one window of {num(w.get('last_window_s'))} s"
+    elif w.get("last_window_s") is not None and w["last_window_s"] != d["window_s"]:
+        title += f"; the last one {num(w['last_window_s'])} s"
     t(con, title + ")", d["rates"], [
         ("pid", "pid", plain), ("gpu_index", "gpu", num), ("source", "source", str),
         ("access_type", "access", str), ("faults", "faults", num),
@@ -56,7 +58,7 @@ def fault_rate_section(con: Console, d: dict[str, Any], limit: int) -> None:
     m = d.get("migrations")
     if m is not None:
         con.print(Text(f"migrations: {num(m['migrations'])} ({hb(m['bytes'])})"))
-        t(con, "Migrations by cause, direction and page size", m["by_cause_direction_size"], [
+        t(con, "Migrations by cause, direction and size", m["by_cause_direction_size"], [
             ("cause", "cause", str), ("direction", "direction", str),
             ("size_class", "size", str), ("migrations", "count", num),
             ("bytes", "bytes", hb)], limit)
@@ -85,21 +87,30 @@ def fault_rate_section(con: Console, d: dict[str, Any], limit: int) -> None:
                        f"({hb(evi['bytes'])}), {num(evi['chunk_evictions'])} chunk evictions"))
     else:
         con.print(Text("GPU faults, batches, migrations, thrashing, evictions: not recorded "
-                       "(driver layers absent)", style="dim"))
+                       "(they need the UVM tools events or in-kernel driver hooks)",
+                       style="dim"))
     o = d["oversubscription"]
     if o is not None and o.get("managed_peak_bytes") is not None:
         if not o["gpu_memory_bytes"]:
             con.print(Text(f"managed memory peak {hb(o['managed_peak_bytes'])} (GPU memory "
-                           "unknown: the manifest lists no GPUs)"))
+                           "unknown: neither the manifest nor an RM sample gives its size)"))
         else:
+            src = " and ".join(o.get("gpu_memory_source") or [])
             con.print(Text(f"managed memory peak {hb(o['managed_peak_bytes'])} vs GPU memory "
-                           f"{hb(o['gpu_memory_bytes'])}: ratio {num(o['ratio'])}"))
+                           f"{hb(o['gpu_memory_bytes'])} (from the {src}): ratio "
+                           f"{num(o['ratio'])}"))
+            if o.get("gpus_of_unknown_memory"):
+                con.print(Text("GPU memory unknown for GPU(s) "
+                               + ", ".join(str(g) for g in o["gpus_of_unknown_memory"])
+                               + ": the ratio is too high", style="yellow"))
             if o["oversubscribed"]:
                 con.print(Text("OVERSUBSCRIBED", style="bold red"))
     if o is not None and o.get("resident_by_gpu"):
-        t(con, "Managed bytes migrated onto each GPU", o["resident_by_gpu"], [
+        t(con, "Managed bytes resident on each GPU (estimate: blocks first touched by the "
+          "GPU + migrations in - out)", o["resident_by_gpu"], [
             ("gpu_index", "gpu", num), ("resident_peak_bytes", "peak", hb),
-            ("resident_end_bytes", "end", hb), ("gpu_memory_bytes", "memory", hb),
+            ("resident_end_bytes", "end", hb), ("populated_bytes", "first touch", hb),
+            ("gpu_memory_bytes", "memory", hb),
             ("ratio", "ratio", num), ("memory_source", "memory from", plain)], limit)
 
 
@@ -109,9 +120,10 @@ def fragmentation_section(con: Console, d: dict[str, Any], limit: int) -> None:
     rm = d.get("rm")
     if rm is not None:
         rows = [{"gpu_index": g["gpu_index"], "at": at, **g[at]} for g in rm["gpus"]
-                for at in ("worst", "end") if g.get(at)]
+                for at in ("worst", "max", "end") if g.get(at)]
         t(con, "GPU memory from RM (unusable = share of free memory one allocation "
-          "cannot use; per size: at most)", rows, [
+          "cannot use; per size: at most; worst = the sample with the most unusable, "
+          "max = each column's highest over all samples)", rows, [
               ("gpu_index", "gpu", num), ("at", "at", str), ("t_s", "t s", num),
               ("heap_free_bytes", "free", hb), ("largest_free_bytes", "largest", hb),
               ("unusable_share", "unusable", _share),
@@ -125,7 +137,9 @@ def fragmentation_section(con: Console, d: dict[str, Any], limit: int) -> None:
           limit)
     gpus = d.get("gpus")
     if gpus is None:
-        con.print(Text("PMM chunks: not recorded (driver layer absent)", style="dim"))
+        con.print(Text("PMM chunks: not recorded (chunk events need in-kernel driver hooks, "
+                       "layer `driver`, which this trace lacks; the UVM tools events and RM "
+                       "samples carry none)", style="dim"))
         return
     rows = [{"gpu_index": g["gpu_index"], "at": at, **g[at]} for g in gpus
             for at in ("peak", "end") if g.get(at)]
