@@ -14,6 +14,12 @@ from gputrace.errors import GputraceError
 
 ROOT = Path(__file__).resolve().parent.parent
 READY = "gputrace: recording ("
+COMPILE_S = 240.0
+"""Bound on waits that include compiling the BPF programs (the ready line, lines the
+recorder prints before it): bcc compiles for tens of seconds on a loaded 2-core host.
+A deadline, never a sleep and never a timing assertion."""
+RUN_S = COMPILE_S + 120.0
+"""Bound on a whole `gputrace record` run: its compile plus a short workload."""
 
 
 def standin_driver_args() -> list[str]:
@@ -63,7 +69,7 @@ class RecorderProc:
             self.lines.put(line)
         self.lines.put(None)
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = COMPILE_S) -> None:
         while True:
             try:
                 line = self.lines.get(timeout=timeout)

@@ -383,14 +383,21 @@ def test_target_uvm_file_released_after_exit_while_the_layer_runs(run: Run) -> N
 def test_gpu_memory_samples_during_fragmentation_equal_first_fit(run: Run) -> None:
     frag = run.expected["fragmentation"]
     rows = run.rows("gpu_memory")
-    during = [r for r in rows if r["gpu_index"] == GPU and run.t_frag < r["ts_ns"] < run.t_resume]
-    assert during, "no RM sample of the GPU while it was fragmented"
-    for r in during:
-        assert r["status"] == 0
-        assert (r["heap_size_bytes"], r["heap_free_bytes"], r["largest_free_bytes"],
-                r["largest_free_base_bytes"]) == (
-            frag["heap_size_kib"] << 10, frag["heap_free_kib"] << 10,
-            frag["largest_free_kib"] << 10, frag["largest_free_base_kib"] << 10)  # fmt: skip
+    truth = (frag["heap_size_kib"] << 10, frag["heap_free_kib"] << 10,
+             frag["largest_free_kib"] << 10, frag["largest_free_base_kib"] << 10)  # fmt: skip
+    during = sorted((r for r in rows if r["gpu_index"] == GPU
+                     and run.t_frag < r["ts_ns"] < run.t_resume), key=lambda r: r["ts_ns"])
+
+    def values(r: dict[str, Any]) -> tuple[int, int, int, int]:
+        return (r["heap_size_bytes"], r["heap_free_bytes"], r["largest_free_bytes"],
+                r["largest_free_base_bytes"])  # fmt: skip
+
+    # A row is stamped at the middle of its query: the last one in the window may
+    # have been in flight at the resume and answered after the frees (a loaded
+    # host). The wait loop saw one whole query inside the window, so one matches.
+    assert any(values(r) == truth and r["status"] == 0 for r in during), \
+        "no RM sample of the GPU while it was fragmented"
+    assert all(values(r) == truth and r["status"] == 0 for r in during[:-1])
     assert frag["largest_free_kib"] < frag["heap_free_kib"]  # the plan does fragment
     other = [r for r in rows if r["gpu_index"] == 0]
     assert other and all(r["heap_free_bytes"] == BUDGET for r in other)

@@ -29,7 +29,13 @@ import pytest
 
 from gputrace.tracedir import open_trace
 from tests import test_driver_layer_live as dl
-from tests.record_helpers import ROOT, live_skip_reason, record_cmd, standin_driver_args
+from tests.record_helpers import (
+    COMPILE_S,
+    ROOT,
+    live_skip_reason,
+    record_cmd,
+    standin_driver_args,
+)
 from tests.standin import standin
 
 _SKIP = live_skip_reason()
@@ -65,8 +71,9 @@ class Recording:
         self.lines.put(None)
 
     def wait_line(self, prefix: str) -> str:
-        """Block until the recorder writes a stderr line starting with `prefix`."""
-        deadline = time.monotonic() + DEADLINE_S
+        """Block until the recorder writes a stderr line starting with `prefix` (the
+        ready line and the trackers before it come after the BPF compile)."""
+        deadline = time.monotonic() + COMPILE_S
         while True:
             try:
                 line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))

@@ -18,6 +18,7 @@ import pytest
 from gputrace.tracedir import open_trace
 from tests.record_helpers import (
     ROOT,
+    RUN_S,
     RecorderProc,
     live_skip_reason,
     record_cmd,
@@ -97,7 +98,7 @@ def test_record_command_exact(tmp_path: Path) -> None:
     with mounted_driver(tmp_path, budget=1 << 30) as dev:
         r = subprocess.run(
             record_cmd(out, "--device-dir", str(dev), *DRIVER, "--", str(wl), str(dev)),
-            cwd=ROOT, capture_output=True, text=True, timeout=120,
+            cwd=ROOT, capture_output=True, text=True, timeout=RUN_S,
         )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "DONE" in r.stdout
