@@ -1,0 +1,473 @@
+"""What is live right now, and how fast is it changing? Running aggregates of a
+recording, fed the decoded tables as the recorder appends them.
+
+`Aggregates.observe(name, table)` is called from the recorder's writer thread
+with each table it appended; `snapshot()` is called from any thread (the view,
+the metrics endpoint, the alert evaluator) and returns a consistent copy. Only
+vectorized work runs per row; Python loops run over allocation and free rows
+(rare next to the ioctl flood) and over processes and GPUs.
+
+Live bytes per layer:
+
+- `api`: cuda_calls allocations paired with their frees by (pid, pointer or
+  handle), as the offline lifetimes pair them (gputrace.analyses.lifetimes);
+  failed calls never count; address reservations are not memory.
+- `rm`: RM_ALLOC / RM_ALLOC_MEMORY of the memory classes and RM_VID_HEAP_CONTROL
+  allocations, ended by their own RM_FREE, the RM_FREE of their parent or of
+  their client (gputrace.analyses.rm_objects; fd releases are not followed live).
+  The GPU is that of the RM device (class 0x80) the object hangs under.
+
+A process's memory ends with it: when its exit is seen, its series go away.
+`growth` (leak rate) is the live bytes gained over the trailing window divided
+by the window: (live now - live at now-W) / W, with 0 before the process was
+first seen, so a process that grows 24 MiB in a 60 s window shows 0.4 MiB/s.
+"""
+
+from __future__ import annotations
+
+import resource
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gputrace.analyses.lifetimes import API_ALLOCS, API_FREES
+from gputrace.analyses.rm_objects import ALLOCS, MEMORY_CLASSES, VID_HEAP
+
+NS = 1_000_000_000
+GROWTH_WINDOW_NS = 60 * NS
+"""Window of the growth (leak) rate: long enough that one allocation burst is not
+a trend, short enough to react within minutes."""
+RATE_WINDOW_NS = 10 * NS
+"""Window of the event rates (allocations, frees, faults, migrations per second)."""
+SAMPLE_NS = NS // 4
+"""At most one rate sample per process per quarter second."""
+LATENCY_BUCKETS_S: tuple[float, ...] = (1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3, 4e-3,
+                                        16e-3, 64e-3, 0.256, 1.0)
+"""Upper bounds of the ioctl latency histogram (seconds); +Inf is implied."""
+_BOUNDS_NS = np.array([round(b * NS) for b in LATENCY_BUCKETS_S], dtype=np.int64)
+DEVICE_CLASS = 0x80
+SUBDEVICE_CLASS = 0x2080
+LAYERS = ("api", "rm")
+_API_KIND = {**{f: ("alloc", k) for f, k in API_ALLOCS.items()},
+             **{f: ("free", k) for f, k in API_FREES.items()}}
+
+
+def _base(func: str) -> str:
+    """cuMemAlloc_v2, cuMemFreeAsync_ptsz -> cuMemAlloc, cuMemFreeAsync."""
+    for suffix in ("_ptsz", "_ptds"):
+        if func.endswith(suffix):
+            func = func[: -len(suffix)]
+    head, _, tail = func.rpartition("_v")
+    return head if head and tail.isdigit() else func
+
+
+def mono_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+@dataclass
+class Proc:
+    """One process's running totals."""
+
+    pid: int
+    comm: str = ""
+    first_ns: int = 0
+    live: Counter[tuple[str, int | None]] = field(default_factory=Counter)  # (layer, gpu)
+    allocations: Counter[str] = field(default_factory=Counter)  # per layer
+    frees: Counter[str] = field(default_factory=Counter)
+    gpu_faults: int = 0
+    cpu_faults: int = 0
+    migrations: int = 0
+    # (ts_ns, live total) at each change, pruned to the growth window (plus one before it)
+    history: deque[tuple[int, int]] = field(default_factory=deque)
+    # (ts_ns, allocations, frees, gpu faults, migrations) samples for the event rates
+    samples: deque[tuple[int, int, int, int, int]] = field(default_factory=deque)
+
+    @property
+    def live_total(self) -> int:
+        return sum(self.live.values())
+
+
+@dataclass(frozen=True)
+class ProcView:
+    """A process as a snapshot shows it (rates per second)."""
+
+    pid: int
+    comm: str
+    live: dict[tuple[str, int | None], int]
+    live_total: int
+    allocations: dict[str, int]
+    frees: dict[str, int]
+    gpu_faults: int
+    cpu_faults: int
+    migrations: int
+    growth_bytes_per_s: float
+    alloc_rate: float
+    free_rate: float
+    gpu_fault_rate: float
+    migration_rate: float
+
+
+@dataclass(frozen=True)
+class GpuView:
+    index: int
+    heap_bytes: int | None
+    free_bytes: int | None
+    largest_free_bytes: int | None
+    ts_ns: int
+
+    @property
+    def fragmentation(self) -> float | None:
+        """Share of free memory no single allocation can use: 1 - largest free / free
+        (the offline report's `unusable_share`)."""
+        if not self.free_bytes or self.largest_free_bytes is None:
+            return None
+        return max(0.0, 1.0 - self.largest_free_bytes / self.free_bytes)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the view, the metrics and the alerts read, copied at `ts_ns`."""
+
+    ts_ns: int
+    procs: list[ProcView]
+    gpus: list[GpuView]
+    ioctls: dict[str, int]
+    ioctl_latency: dict[str, tuple[list[int], float]]  # name -> (bucket counts, sum s)
+    gpu_faults: dict[tuple[int | None, str], int]  # (gpu, source)
+    fault_batches: dict[int | None, int]
+    migrations: dict[str, tuple[int, int]]  # cause -> (count, bytes)
+    cpu_faults: int
+    rows: dict[str, int]
+    drops: dict[str, int]
+    decode_errors: dict[str, int]
+    cpu_seconds: float
+    rss_bytes: int
+    alerts: dict[str, int]
+    exited: int
+
+    @property
+    def drops_total(self) -> int:
+        return sum(self.drops.values())
+
+
+def _own_stats() -> dict[str, Any]:
+    """CPU time and peak RSS of this process, when the recorder offers no stats()."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    rss = ru.ru_maxrss * 1024
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"cpu_seconds": ru.ru_utime + ru.ru_stime, "rss_bytes": rss}
+
+
+class Aggregates:
+    """Running per pid/comm/GPU/layer aggregates of the tables a recording appends."""
+
+    def __init__(self, clock: Callable[[], int] = mono_ns,
+                 growth_window_ns: int = GROWTH_WINDOW_NS,
+                 stats: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.clock = clock
+        self.growth_window_ns = growth_window_ns
+        self.stats_fn = stats
+        self.lock = threading.Lock()
+        self.procs: dict[int, Proc] = {}
+        self.exited: set[int] = set()
+        self._api: dict[tuple[int, bool, int], tuple[int, str]] = {}  # -> (size, layer key)
+        self._rm: dict[tuple[int, int, int], tuple[int, int | None, int]] = {}
+        self._rm_gpu: dict[tuple[int, int, int], int | None] = {}  # devices, subdevices
+        # (pid, client, parent) -> handles of live memory objects under that parent
+        self._rm_kids: dict[tuple[int, int, int], set[int]] = {}
+        self.ioctls: Counter[str] = Counter()
+        self._lat: dict[str, np.ndarray[Any, Any]] = {}
+        self._lat_sum: dict[str, float] = {}
+        self.gpu_faults: Counter[tuple[int | None, str]] = Counter()
+        self.fault_batches: Counter[int | None] = Counter()
+        self.migrations: Counter[str] = Counter()
+        self.migrated_bytes: Counter[str] = Counter()
+        self.cpu_faults = 0
+        self.gpus: dict[int, GpuView] = {}
+        self.rows: Counter[str] = Counter()
+        self.alerts: Counter[str] = Counter()
+
+    # ------------------------------------------------------------ feeding
+    def observe(self, name: str, table: pa.Table | pa.RecordBatch) -> None:
+        """Fold one appended table in (writer thread)."""
+        if table.num_rows == 0:
+            return
+        handler = _HANDLERS.get(name)
+        with self.lock:
+            self.rows[name] += table.num_rows
+            now = self.clock()
+            if handler is not None:
+                handler(self, table, now)
+            self._sample(now)
+
+    def _proc(self, pid: int, comm: str | None, now: int) -> Proc:
+        p = self.procs.get(pid)
+        if p is None:
+            p = self.procs[pid] = Proc(pid, comm or "", now)
+            p.history.append((now, 0))
+        elif comm and not p.comm:
+            p.comm = comm
+        return p
+
+    def _live(self, p: Proc, layer: str, gpu: int | None, delta: int) -> None:
+        key = (layer, gpu)
+        p.live[key] += delta
+        if p.live[key] <= 0:
+            del p.live[key]
+
+    def _ioctls(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
+        name = t.column("name")
+        if isinstance(name, pa.ChunkedArray):
+            name = name.combine_chunks()
+        if not pa.types.is_dictionary(name.type):
+            name = pc.dictionary_encode(name)
+        assert isinstance(name, pa.DictionaryArray)
+        names: list[str] = [str(x) for x in name.dictionary.to_pylist()]
+        idx = name.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        per = np.bincount(idx, minlength=len(names))
+        lat_col = t.column("latency_ns")
+        lat = np.asarray(lat_col.to_numpy(zero_copy_only=False), dtype=np.float64)
+        ok = ~np.isnan(lat)
+        nb = len(_BOUNDS_NS) + 1
+        bucket = np.searchsorted(_BOUNDS_NS, lat[ok], side="left")
+        hist = np.bincount(idx[ok] * nb + bucket, minlength=len(names) * nb)
+        sums = np.bincount(idx[ok], weights=lat[ok], minlength=len(names))
+        for i, n in enumerate(names):
+            if per[i]:
+                self.ioctls[n] += int(per[i])
+                h = self._lat.setdefault(n, np.zeros(nb, dtype=np.int64))
+                h += hist[i * nb:(i + 1) * nb]
+                self._lat_sum[n] = self._lat_sum.get(n, 0.0) + float(sums[i]) / NS
+        # memory objects: only the RM alloc/free rows go through Python
+        wanted = [i for i, n in enumerate(names) if n in (*ALLOCS, VID_HEAP, "RM_FREE")]
+        if not wanted:
+            return
+        sel = np.isin(idx, wanted)
+        if not sel.any():
+            return
+        rows = t.filter(pa.array(sel)).select(
+            ["pid", "comm", "name", "gpu_index", "ret", "status", "h_client", "h_parent",
+             "h_object", "h_class", "size_bytes"]).to_pylist()
+        for r in rows:
+            self._rm_row(r, now)
+
+    def _rm_row(self, r: dict[str, Any], now: int) -> None:
+        if (r["ret"] or 0) != 0 or (r["status"] or 0) != 0:
+            return
+        pid, client, handle = r["pid"], r["h_client"], r["h_object"]
+        if client is None or handle is None:
+            return
+        name, cls, size = r["name"], r["h_class"], r["size_bytes"] or 0
+        if name in ALLOCS and cls in (DEVICE_CLASS, SUBDEVICE_CLASS):
+            gpu = r["gpu_index"] if cls == DEVICE_CLASS else self._rm_gpu.get(
+                (pid, client, r["h_parent"]))
+            self._rm_gpu[(pid, client, handle)] = gpu
+            return
+        is_alloc = (name in ALLOCS and cls in MEMORY_CLASSES) or (name == VID_HEAP and size > 0)
+        if is_alloc:
+            gpu = self._rm_gpu.get((pid, client, r["h_parent"]), r["gpu_index"])
+            p = self._proc(pid, r["comm"], now)
+            old = self._rm.pop((pid, client, handle), None)
+            if old is not None:  # handle reused without a free we saw
+                self._live(p, "rm", old[1], -old[0])
+            parent = r["h_parent"] or 0
+            self._rm[(pid, client, handle)] = (size, gpu, parent)
+            self._rm_kids.setdefault((pid, client, parent), set()).add(handle)
+            self._live(p, "rm", gpu, size)
+            p.allocations["rm"] += 1
+        elif name == "RM_FREE" or name == VID_HEAP:
+            self._rm_free(pid, client, handle, now)
+
+    def _rm_free(self, pid: int, client: int, handle: int, now: int) -> None:
+        """An RM_FREE ends the object, its children, or (the client) all of them."""
+        if handle == client:
+            gone = [k for k in self._rm if k[0] == pid and k[1] == client]
+        else:
+            gone = [(pid, client, h) for h in self._rm_kids.get((pid, client, handle), ())]
+            if (pid, client, handle) in self._rm:
+                gone.append((pid, client, handle))
+        p = self.procs.get(pid)
+        for k in gone:
+            size, gpu, parent = self._rm.pop(k)
+            kids = self._rm_kids.get((pid, client, parent))
+            if kids is not None:
+                kids.discard(k[2])
+                if not kids:
+                    del self._rm_kids[(pid, client, parent)]
+            if p is not None:
+                self._live(p, "rm", gpu, -size)
+                p.frees["rm"] += 1
+        if handle == client:
+            for k in [k for k in self._rm_gpu if k[0] == pid and k[1] == client]:
+                del self._rm_gpu[k]
+        else:
+            self._rm_gpu.pop((pid, client, handle), None)
+
+    def _cuda_calls(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
+        cols = t.select(["pid", "comm", "func", "size_bytes", "ptr", "handle",
+                         "result"]).to_pydict()
+        for pid, comm, func, size, ptr, handle, result in zip(*cols.values(), strict=True):
+            kind = _API_KIND.get(_base(func))
+            if kind is None or (result or 0) != 0:
+                continue
+            op, space = kind
+            ident = handle if space == "handle" else ptr
+            if not ident:
+                continue
+            key = (pid, space == "handle", ident)
+            p = self._proc(pid, comm, now)
+            if op == "alloc":
+                old = self._api.pop(key, None)
+                if old is not None:
+                    self._live(p, "api", None, -old[0])
+                self._api[key] = (size or 0, func)
+                self._live(p, "api", None, size or 0)
+                p.allocations["api"] += 1
+            elif (old := self._api.pop(key, None)) is not None:
+                self._live(p, "api", None, -old[0])
+                p.frees["api"] += 1
+
+    def _processes(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
+        cols = t.select(["pid", "comm", "exit_ts_ns"]).to_pydict()
+        for pid, comm, exit_ts in zip(*cols.values(), strict=True):
+            if exit_ts is None:
+                if comm:
+                    self._proc(pid, comm, now).comm = comm
+                continue
+            self.exited.add(pid)
+            self.procs.pop(pid, None)
+            self._api = {k: v for k, v in self._api.items() if k[0] != pid}
+            self._rm = {k: v for k, v in self._rm.items() if k[0] != pid}
+            self._rm_gpu = {k: v for k, v in self._rm_gpu.items() if k[0] != pid}
+            self._rm_kids = {k: v for k, v in self._rm_kids.items() if k[0] != pid}
+
+    def _faults(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
+        src = t.column("source").to_pylist()
+        gpu = t.column("gpu_index").to_pylist()
+        pid = t.column("pid").to_pylist()
+        for key, n in Counter(zip(gpu, src, pid, strict=True)).items():
+            g, s, p = key
+            if s == "cpu":
+                self.cpu_faults += n
+                if p is not None:
+                    self._proc(p, None, now).cpu_faults += n
+            else:
+                self.gpu_faults[(g, s or "unknown")] += n
+                if p is not None:
+                    self._proc(p, None, now).gpu_faults += n
+
+    def _fault_batches(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
+        for g, n in Counter(t.column("gpu_index").to_pylist()).items():
+            self.fault_batches[g] += n
+
+    def _migrations(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
+        cols = t.select(["cause", "size_bytes", "pid"]).to_pydict()
+        for cause, size, pid in zip(*cols.values(), strict=True):
+            c = cause or "unknown"
+            self.migrations[c] += 1
+            self.migrated_bytes[c] += size or 0
+            if pid is not None:
+                self._proc(pid, None, now).migrations += 1
+
+    def _gpu_memory(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
+        cols = t.select(["ts_ns", "gpu_index", "heap_size_bytes", "heap_free_bytes",
+                         "largest_free_bytes", "status"]).to_pydict()
+        for ts, g, heap, free, largest, status in zip(*cols.values(), strict=True):
+            old = self.gpus.get(g)
+            if status == 0 and (old is None or ts >= old.ts_ns):
+                self.gpus[g] = GpuView(g, heap, free, largest, ts)
+
+    def _sample(self, now: int) -> None:
+        """Record each process's change points and rate samples; prune old ones."""
+        horizon = now - self.growth_window_ns
+        for p in self.procs.values():
+            total = p.live_total
+            if p.history[-1][1] != total:
+                p.history.append((now, total))
+            while len(p.history) > 1 and p.history[1][0] <= horizon:
+                p.history.popleft()
+            s = (now, sum(p.allocations.values()), sum(p.frees.values()), p.gpu_faults,
+                 p.migrations)
+            if not p.samples or now - p.samples[-1][0] >= SAMPLE_NS:
+                p.samples.append(s)
+            else:
+                p.samples[-1] = (p.samples[-1][0], *s[1:])
+            while len(p.samples) > 2 and p.samples[1][0] <= now - RATE_WINDOW_NS:
+                p.samples.popleft()
+
+    # ------------------------------------------------------------ reading
+    def note_alert(self, name: str) -> None:
+        with self.lock:
+            self.alerts[name] += 1
+
+    def growth(self, p: Proc, now: int) -> float:
+        """Bytes per second gained over the trailing window (0 before first seen)."""
+        start = now - self.growth_window_ns
+        before = 0
+        for ts, total in p.history:
+            if ts > start:
+                break
+            before = total
+        return (p.live_total - before) / (self.growth_window_ns / NS)
+
+    @staticmethod
+    def _rates(p: Proc, now: int) -> tuple[float, float, float, float]:
+        first = p.samples[0] if p.samples else (now, 0, 0, 0, 0)
+        if p.samples and p.samples[0][0] == p.first_ns:
+            first = (p.first_ns, 0, 0, 0, 0)  # counted from zero at first sight
+        span = max(now - first[0], NS) / NS
+        last = (now, sum(p.allocations.values()), sum(p.frees.values()), p.gpu_faults,
+                p.migrations)
+        return tuple((last[i] - first[i]) / span for i in range(1, 5))  # type: ignore[return-value]
+
+    def snapshot(self) -> Snapshot:
+        """A consistent copy of everything, with rates computed at the current time."""
+        stats = self.stats_fn() if self.stats_fn is not None else {}
+        own = _own_stats()
+        with self.lock:
+            now = self.clock()
+            self._sample(now)
+            procs = []
+            for p in self.procs.values():
+                a, f, gf, m = self._rates(p, now)
+                procs.append(ProcView(
+                    p.pid, p.comm, dict(p.live), p.live_total, dict(p.allocations),
+                    dict(p.frees), p.gpu_faults, p.cpu_faults, p.migrations,
+                    self.growth(p, now), a, f, gf, m))  # fmt: skip
+            lat = {n: (h.tolist(), self._lat_sum.get(n, 0.0)) for n, h in self._lat.items()}
+            return Snapshot(
+                ts_ns=now, procs=procs, gpus=sorted(self.gpus.values(), key=lambda g: g.index),
+                ioctls=dict(self.ioctls), ioctl_latency=lat, gpu_faults=dict(self.gpu_faults),
+                fault_batches=dict(self.fault_batches),
+                migrations={c: (n, self.migrated_bytes[c]) for c, n in self.migrations.items()},
+                cpu_faults=self.cpu_faults,
+                rows={**dict(self.rows), **stats.get("rows", {})},
+                drops=dict(stats.get("drops", {})),
+                decode_errors=dict(stats.get("decode_errors", {})),
+                cpu_seconds=float(stats.get("cpu_seconds", own["cpu_seconds"])),
+                rss_bytes=int(stats.get("rss_bytes", own["rss_bytes"])),
+                alerts=dict(self.alerts), exited=len(self.exited),
+            )  # fmt: skip
+
+
+_HANDLERS: dict[str, Callable[[Aggregates, Any, int], None]] = {
+    "ioctls": Aggregates._ioctls,
+    "cuda_calls": Aggregates._cuda_calls,
+    "processes": Aggregates._processes,
+    "faults": Aggregates._faults,
+    "fault_batches": Aggregates._fault_batches,
+    "migrations": Aggregates._migrations,
+    "gpu_memory": Aggregates._gpu_memory,
+}
