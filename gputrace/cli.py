@@ -13,7 +13,7 @@ import pyarrow as pa
 import typer
 
 from gputrace import __version__
-from gputrace.commands import analyze, diff, doctor, export, fleet, record
+from gputrace.commands import analyze, diff, doctor, export, fleet, record, top
 from gputrace.commands.dump import FORMATS, dump_table
 from gputrace.commands.info import render_info, trace_info
 from gputrace.errors import GputraceError, UsageError
@@ -93,6 +93,7 @@ diff.register(app)
 doctor.register(app)
 export.register(app)
 fleet.register(app)
+top.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,6 +87,25 @@ def register(app: typer.Typer) -> None:
         ebpf: Annotated[
             bool, typer.Option("--ebpf", help="Print the BPF program and cflags, then exit.")
         ] = False,
+        live: Annotated[
+            bool, typer.Option("--live", help="A terminal view of the recording, once a second.")
+        ] = False,
+        metrics: Annotated[
+            str | None,
+            typer.Option("--metrics", metavar="[HOST:]PORT",
+                         help="Serve Prometheus metrics (a bare port: on 127.0.0.1)."),
+        ] = None,
+        alert: Annotated[
+            list[str] | None,
+            typer.Option("--alert", metavar="EXPR",
+                         help="Alert once per episode, e.g. leak_rate>100MiB/min, "
+                              "gpu_free<1GiB (repeatable; docs/live.md)."),
+        ] = None,
+        on_alert: Annotated[
+            str | None,
+            typer.Option("--on-alert", metavar="CMD",
+                         help="Run CMD per alert, details in GPUTRACE_ALERT_* variables."),
+        ] = None,
     ) -> None:
         """Record GPU memory activity into a trace directory (root).
 
@@ -157,4 +176,6 @@ def register(app: typer.Typer) -> None:
             typer.echo(cuda.probe_source())
             typer.echo("// cflags: " + " ".join(cuda.cflags()))
             raise typer.Exit(0)
-        raise typer.Exit(Recorder(opts).run())
+        from gputrace.live import LiveOptions, run
+
+        raise typer.Exit(run(Recorder(opts), LiveOptions(live, metrics, alert or [], on_alert)))

@@ -82,6 +82,8 @@ def run(recorder: Watchable, opts: LiveOptions) -> int:
 
     def observe(name: str, table: pa.Table) -> None:
         # writer thread: the alerts table is appended on the thread that owns the writer
+        if name == "alerts":
+            return
         agg.observe(name, table)
         if rules:
             mark_layer(recorder, [r.text for r in rules])
@@ -108,9 +110,15 @@ def run(recorder: Watchable, opts: LiveOptions) -> int:
         alerts.close()
 
 
+def _writer(recorder: Any) -> Any:
+    """The recorder's trace writer (on the recorder, or on its session)."""
+    w = getattr(recorder, "writer", None)
+    return w if w is not None else getattr(getattr(recorder, "session", None), "writer", None)
+
+
 def _write_alerts(recorder: Any, table: pa.Table) -> None:
     """Append alert rows to the trace (writer thread)."""
-    writer = getattr(recorder, "writer", None)
+    writer = _writer(recorder)
     if writer is None:
         return
     writer.append("alerts", table)
@@ -119,7 +127,7 @@ def _write_alerts(recorder: Any, table: pa.Table) -> None:
 def mark_layer(recorder: Any, rules: list[str]) -> None:
     """Name the `live` layer and the alert expressions in the manifest, so an empty
     alerts table reads as "none fired", not "not recorded"."""
-    writer = getattr(recorder, "writer", None)
+    writer = _writer(recorder)
     if writer is None:
         return
     layers = list(writer.manifest.get("layers", []))
