@@ -86,10 +86,12 @@ def link(lt: pl.DataFrame) -> pl.DataFrame:
     """`lt` (memory rows of every layer) with `_row`, `piece` and `call_row` (the API
     allocation whose call made an RM object that is not its backing)."""
     lt = lt.with_row_index(ROW).with_columns(pl.col(ROW).cast(pl.Int64))
-    # only the evidence columns travel through the joins
-    ev = lt.select(ROW, "layer", "pid", "tid", "id", "what", "size_bytes", "alloc_ts_ns",
-                   "free_ts_ns", "call_end_ns", "client", "handle")
-    api, rm, uvm = (ev.filter(pl.col("layer") == k) for k in ("api", "rm", "uvm"))
+    # only each layer's evidence columns travel through the joins
+    cols = {"api": ["pid", "tid", "id", "what", "alloc_ts_ns", "call_end_ns"],
+            "rm": ["pid", "tid", "client", "handle", "size_bytes", "alloc_ts_ns", "free_ts_ns"],
+            "uvm": ["pid", "id", "size_bytes", "client", "handle", "alloc_ts_ns", "free_ts_ns"]}
+    api, rm, uvm = (lt.lazy().filter(pl.col("layer") == k).select(ROW, *c).collect()
+                    for k, c in cols.items())
     none = pl.DataFrame(schema={ROW: pl.Int64, "uvm_row": pl.Int64})
     u2r = _uvm_to_rm(uvm, rm) if uvm.height else none.rename({"uvm_row": "rm_row"})
     a2u = (_api_to_uvm(api, uvm) if uvm.height and api.height else none).join(
