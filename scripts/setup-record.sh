@@ -26,6 +26,8 @@ command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
 [ -e /usr/include/stdio.h ] || need="$need libc6-dev"
 command -v nm >/dev/null 2>&1 || need="$need binutils"
 command -v gdb >/dev/null 2>&1 || need="$need gdb"
+# The live view's test drives `record --live` in a real terminal.
+command -v tmux >/dev/null 2>&1 || need="$need tmux"
 if [ -n "$need" ]; then
     if command -v apt-get >/dev/null 2>&1; then
         export DEBIAN_FRONTEND=noninteractive

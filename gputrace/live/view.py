@@ -70,7 +70,9 @@ def render(snap: Snapshot, sort: str = "b", started_ns: int | None = None) -> Gr
     procs = Table(title="Processes", title_justify="left", expand=False)
     for c in ("PID", "COMM", "API live", "RM live", "allocs", "frees", "allocs/s", "frees/s",
               "GPU faults/s", "migr/s", "growth/min"):
-        procs.add_column(c, justify="left" if c == "COMM" else "right", no_wrap=True)
+        # numbers are never cut: narrow terminals lose the name's tail first
+        procs.add_column(c, justify="left" if c == "COMM" else "right", no_wrap=True,
+                         min_width=None if c == "COMM" else max(len(c), 7))
     rows = sorted(snap.procs, key=key)
     for p in rows[:MAX_ROWS]:
         procs.add_row(
