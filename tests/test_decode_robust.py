@@ -17,7 +17,12 @@ from hypothesis import strategies as st
 
 from gputrace import schema
 from gputrace.record import cpufaults, cuda, decode, decode_cuda, decode_faults, hooks, loader
-from gputrace.record.recorder import PID_MAX, Options, Recorder
+from gputrace.record.layers import buffer_table
+from gputrace.record.layers.api import ApiLayer
+from gputrace.record.layers.cpu_faults import CpuFaultsLayer
+from gputrace.record.layers.syscall import SyscallLayer
+from gputrace.record.recorder import PID_MAX, Options
+from gputrace.record.session import Session
 
 FUZZ = settings(max_examples=200, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
@@ -65,13 +70,36 @@ class Sink:
         self.manifest.update(fields)
 
 
-def recorder() -> Recorder:
-    r = Recorder(Options(output="unused"))
-    api = cuda.ApiLayer.__new__(cuda.ApiLayer)  # no BPF: only its decoder is used
-    api.names = {v: k for k, v in hooks.cuda_symbols().items()}
-    r.api = api
-    r._note_pids = lambda pids: None  # type: ignore[method-assign]  # no /proc reads
-    return r
+class Offline:
+    """The writer-thread side of a recording, without BPF: each kind goes to the
+    decoder its layer registered (gputrace.record.layers)."""
+
+    def __init__(self) -> None:
+        self.s = Session(Options(output="unused"), "/dev/", None, [], [], 0)  # type: ignore[arg-type]
+        self.s.note_pids = lambda pids: None  # type: ignore[method-assign]  # no /proc reads
+        api = cuda.ApiLayer.__new__(cuda.ApiLayer)  # no BPF: only its decoder is used
+        api.names = {v: k for k, v in hooks.cuda_symbols().items()}
+        self.layers = {SyscallLayer: SyscallLayer(), CpuFaultsLayer: CpuFaultsLayer(),
+                       ApiLayer: ApiLayer(api)}  # fmt: skip
+        self.table = buffer_table()
+        self.s.decode_errors = {b.counted_as: 0 for _, b in self.table.values()}
+
+    @property
+    def decode_errors(self) -> dict[str, int]:
+        return self.s.decode_errors
+
+    def _handle(self, kind: str, data: bytes, sink: Sink) -> None:
+        self.s.writer = sink  # type: ignore[assignment]
+        cls, buf = self.table[kind]
+        self.s.decode(self.layers[cls], buf, kind, data)
+
+    def _finish_processes(self, sink: Sink) -> None:
+        self.s.writer = sink  # type: ignore[assignment]
+        self.s.finish_processes()
+
+
+def recorder() -> Offline:
+    return Offline()
 
 
 def valid(kind: str, n: int, seed: int) -> np.ndarray[Any, Any]:
@@ -101,10 +129,10 @@ def raw_of(kind: str, ev: np.ndarray[Any, Any]) -> bytes:
     return b"".join(out)
 
 
-def handle(kind: str, data: bytes) -> tuple[Recorder, Sink]:
+def handle(kind: str, data: bytes) -> tuple[Offline, Sink]:
     r, sink = recorder(), Sink()
-    r._handle(kind, data, sink)  # type: ignore[arg-type]
-    r._finish_processes(sink)  # type: ignore[arg-type]
+    r._handle(kind, data, sink)
+    r._finish_processes(sink)
     return r, sink
 
 
@@ -188,8 +216,8 @@ def test_decoder_bug_costs_the_chunk_not_the_recording(monkeypatch: Any) -> None
 
     monkeypatch.setattr(decode, "mappings_batch", flaky)
     r, sink = recorder(), Sink()
-    r._handle("mapping_events", ev.tobytes(), sink)  # type: ignore[arg-type]
-    r._handle("mapping_events", ev.tobytes(), sink)  # type: ignore[arg-type]
+    r._handle("mapping_events", ev.tobytes(), sink)
+    r._handle("mapping_events", ev.tobytes(), sink)
     assert r.decode_errors["mapping_events"] == 10
     assert sink.rows["mappings"] == 10
 

@@ -239,3 +239,69 @@ def test_record_sigint_completes(tmp_path: Path) -> None:
     ioctls = t.scan("ioctls").collect()
     assert ioctls.height == _expected()["ioctls_total"]
     assert os.stat(out).st_mode & 0o777 == 0o700
+
+
+def test_record_in_process_observers_stats_and_a_toy_layer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Recorder.add_observer` sees every table appended, so its rows per table equal
+    the trace's, as do `stats().rows`; a toy layer added to the one registration
+    table (and nowhere else) takes part in every step, and its manifest fragment
+    lands in the trace."""
+    from gputrace import schema
+    from gputrace.record import recorder as recmod
+    from gputrace.record.layers import LAYERS, Due, Layer
+    from gputrace.record.recorder import Options, Recorder
+    from gputrace.record.session import Session
+    from tests.standin.standin import build, mounted_driver
+
+    steps: Counter[str] = Counter()
+
+    class Toy(Layer):
+        name = "toy"
+
+        def configure(self, s: Session) -> None:
+            steps["configure"] += 1
+
+        def attach(self, s: Session) -> None:
+            steps["attach"] += 1
+
+        def seed(self, s: Session) -> None:
+            steps["seed"] += 1
+
+        def drain(self, s: Session, due: Due) -> list[tuple[str, Any]]:
+            steps[due.value] += 1
+            return [("toy:item", due.value)]
+
+        def write(self, s: Session, kind: str, data: Any) -> None:
+            steps["write"] += 1
+
+        def manifest(self, s: Session, m: dict[str, Any]) -> dict[str, Any]:
+            return {"layers": ["toy"], "toy": {"writes": steps["write"]}}
+
+        def close(self, s: Session) -> None:
+            steps["close"] += 1
+
+    monkeypatch.setattr(recmod, "LAYERS", (*LAYERS, Toy))
+    wl = build().workload
+    out = tmp_path / "trace"
+    seen: Counter[str] = Counter()
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with mounted_driver(tmp_path, budget=1 << 30) as dev:
+        rec = Recorder(Options(output=str(out), device_dir=str(dev), driver_version=DRIVER[1],
+                               command=[str(wl), str(dev)]))  # fmt: skip
+        rec.add_observer(lambda name, t: seen.update({name: t.num_rows}))
+        try:
+            assert rec.run() == 0
+        finally:
+            signal.signal(signal.SIGINT, handlers[0])
+            signal.signal(signal.SIGTERM, handlers[1])
+    t = open_trace(out)
+    rows = {name: t.rows(name) for name in schema.TABLES if t.rows(name)}
+    assert dict(seen) == rows and rows["ioctls"] == _expected()["ioctls_total"]
+    st = rec.stats()
+    assert st.rows == rows and st.observer_errors == 0 and sum(st.decode_errors.values()) == 0
+    assert st.drops == t.drops and st.cpu_s > 0 and st.rss_bytes > 0
+    assert (steps["configure"], steps["attach"], steps["seed"], steps["close"]) == (1, 1, 1, 1)
+    assert steps["final"] == 1 and steps["rotate"] >= 0
+    assert steps["write"] == steps["poll"] + steps["rotate"] + steps["final"]
+    assert "toy" in t.layers and t.manifest["toy"] == {"writes": steps["write"]}

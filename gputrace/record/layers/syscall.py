@@ -1,0 +1,128 @@
+"""The syscall layer: the tracepoint program (device fds, ioctls, mappings,
+process lifecycle) and its ring buffers (docs/record.md)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gputrace import schema
+from gputrace.record import decode, loader
+from gputrace.record.layers.base import Buffer, Decoded, Due, Layer
+from gputrace.record.session import Session
+
+DECODE_BYTES = 8 << 20  # hand ioctl events to the writer thread every ~50k
+PID_MAX = 1 << 22  # PID_MAX_LIMIT: no kernel hands out larger pids
+# code fields of each event struct and the names the decoders give them
+IOCTL_CODES = {"device": schema.DEVICE_KINDS}
+MAPPING_CODES = {"op": schema.MAPPING_OPS, "device": schema.DEVICE_KINDS}
+FD_CODES = {"op": schema.FD_OPS, "device": schema.DEVICE_KINDS}
+OWN = ("ioctl_events", "mapping_events", "fd_events", "proc_events")
+
+
+def _ioctls(_layer: Any, _s: Session, kind: str, data: bytes) -> Decoded:
+    ev, bad = (decode.records(data, decode.IOCTL_DTYPE) if kind == "ioctl_events"
+               else decode.batched(data, decode.IOCTL_DTYPE, decode.STAGE_EVENTS))  # fmt: skip
+    ev, unknown = decode.known(ev, IOCTL_CODES)
+    return (decode.ioctls_batch(ev) if len(ev) else None), bad + unknown
+
+
+def _simple(dtype: np.dtype[Any], codes: dict[str, dict[int, str]], batch_fn: Any) -> Any:
+    def dec(_layer: Any, _s: Session, _kind: str, data: bytes) -> Decoded:
+        ev, bad = decode.records(data, dtype)
+        ev, unknown = decode.known(ev, codes)
+        return (batch_fn(ev) if len(ev) else None), bad + unknown
+
+    return dec
+
+
+def _procs(_layer: Any, s: Session, _kind: str, data: bytes) -> Decoded:
+    """Process events update the recorder's process list; the processes table
+    gets its rows at each exit and at the end (Session.proc_events)."""
+    ev, bad = decode.records(data, decode.PROC_DTYPE)
+    # the processes table holds int32 pids and int64 times
+    ok = ((ev["pid"] <= PID_MAX) & (ev["ppid"] <= PID_MAX) & (ev["tid"] <= PID_MAX)
+          & (ev["ts_ns"] < np.uint64(1 << 63)))  # fmt: skip
+    s.skip("proc_events", bad + len(ev) - int(np.count_nonzero(ok)),
+           "cut short or impossible pid/time")  # fmt: skip
+    s.proc_events(ev if ok.all() else ev[ok])
+    return None, 0
+
+
+class SyscallLayer(Layer):
+    name = "syscall"
+    BUFFERS: ClassVar[dict[str, Buffer]] = {
+        "ioctl_events": Buffer("ioctls", "ioctl_events", decode.IOCTL_DTYPE, _ioctls),
+        "leftover": Buffer("ioctls", "ioctl_events", decode.IOCTL_DTYPE, _ioctls),
+        "mapping_events": Buffer("mappings", "mapping_events", decode.MAPPING_DTYPE,
+                                 _simple(decode.MAPPING_DTYPE, MAPPING_CODES,
+                                         lambda ev: decode.mappings_batch(ev))),
+        "fd_events": Buffer("files", "fd_events", decode.FD_DTYPE,
+                            _simple(decode.FD_DTYPE, FD_CODES, lambda ev: decode.files_batch(ev))),
+        "proc_events": Buffer("processes", "proc_events", decode.PROC_DTYPE, _procs, last=True),
+    }
+
+    def __init__(self, probes: loader.Probes | None = None) -> None:
+        self.probes = probes
+        self.drops = dict.fromkeys(loader.BUFFERS, 0)
+
+    @classmethod
+    def build(cls, s: Session, prepared: Any) -> SyscallLayer:
+        source, flags = s.program
+        layer = cls(loader.Probes(source, flags))
+        s.probes = layer.probes
+        return layer
+
+    @property
+    def p(self) -> loader.Probes:
+        assert self.probes is not None
+        return self.probes
+
+    @property
+    def hooks(self) -> int:
+        return self.p.attached
+
+    def configure(self, s: Session) -> None:
+        self.p.configure(self_tgid=os.getpid(), filter_targets=s.filtered, prefix=s.prefix)
+        self.p.set_uvm_layouts(s.drv)
+
+    def attach(self, s: Session) -> None:
+        self.p.add_targets(s.targets)
+
+    def seed(self, s: Session) -> None:
+        self.p.seed_fds(s.seeded)
+        if s.seeded:  # fds open before recording: "seen" rows at the start time
+            comms = {p: i.comm for p, i in s.procs.items()}
+            s.append("files", decode.files_batch(decode.seen_events(s.seeded, s.start_ns, comms)))
+
+    def collect(self, s: Session, due: Due) -> None:
+        if due is not Due.POLL:
+            self.p.flush_staging()
+        self.p.consume()
+        # (pid, uvm fd) of UVM_INITIALIZEs: trackers attach before the bytes are decoded
+        s.uvm_inits += self.p.uvm_inits
+        self.p.uvm_inits.clear()
+
+    def drain(self, s: Session, due: Due) -> list[tuple[str, Any]]:
+        if due is Due.POLL and self.p.pending_bytes("ioctl_events") < DECODE_BYTES:
+            return []
+        items = [(name, raw) for name in OWN if (raw := self.p.take(name))]
+        if due is not Due.POLL:
+            self.drops = self.p.drops()
+        if due is Due.FINAL:
+            items.append(("leftover", self.p.leftover_staging()))
+        return items
+
+    def housekeep(self, s: Session, gone: set[int]) -> None:
+        self.p.forget_tgids(gone)
+
+    def manifest(self, s: Session, m: dict[str, Any]) -> dict[str, Any]:
+        hooks = self.probes.hooks if self.probes is not None else {}
+        return {"layers": ["syscall"], "drops": dict(self.drops), "syscall_hooks": hooks}
+
+    def close(self, s: Session) -> None:
+        if self.probes is not None:
+            self.probes.close()
+
