@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from gputrace.tracedir import Trace, TraceWriter, open_trace
+if TYPE_CHECKING:
+    from gputrace.tracedir import Trace, TraceWriter, open_trace
 
 __all__ = ["Trace", "TraceWriter", "__version__", "open_trace"]
+
+
+def __getattr__(name: str) -> Any:
+    """The trace-directory names, imported on first use: `import gputrace.record...`
+    then loads only what recording needs."""
+    if name in ("Trace", "TraceWriter", "open_trace"):
+        from gputrace import tracedir
+
+        return getattr(tracedir, name)
+    raise AttributeError(f"module 'gputrace' has no attribute {name!r}")

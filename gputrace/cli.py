@@ -2,10 +2,15 @@
 
 Every user error ends as one line on stderr and a non-zero exit status; a
 traceback means a bug in gputrace.
+
+Commands are registered when `main` runs, and only the one invoked (all of them
+for the top-level help): `gputrace record` on a production host then imports
+neither polars nor the analysis and rendering stack.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Annotated
 
@@ -13,13 +18,13 @@ import pyarrow as pa
 import typer
 
 from gputrace import __version__
-from gputrace.commands import analyze, diff, doctor, export, fleet, record, top
-from gputrace.commands.dump import FORMATS, dump_table
-from gputrace.commands.info import render_info, trace_info
 from gputrace.errors import GputraceError, UsageError
 from gputrace.options import parse_rows
 from gputrace.render.safe import printable, printable_tree
-from gputrace.tracedir import open_trace
+
+# one module per command in gputrace/commands/, each with register(app)
+COMMANDS = ("record", "analyze", "diff", "doctor", "export", "fleet", "top")
+_registered: set[str] = set()
 
 EPILOG = """\b
 Examples:
@@ -61,6 +66,9 @@ def info(
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Summarize a trace: status, host, layers, hooks, drops, rows per table."""
+    from gputrace.commands.info import render_info, trace_info
+    from gputrace.tracedir import open_trace
+
     t = open_trace(trace)
     facts = trace_info(t)
     # Text goes to a terminal: hostnames, commands and hook notes come from the
@@ -80,6 +88,9 @@ def dump(
     ),
 ) -> None:
     """Print the rows of one table."""
+    from gputrace.commands.dump import FORMATS, dump_table
+    from gputrace.tracedir import open_trace
+
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     rows = parse_rows(limit, "--limit") if limit is not None else None
@@ -87,17 +98,20 @@ def dump(
     dump_table(t, table, limit=rows, fmt=fmt)
 
 
-record.register(app)
-analyze.register(app)
-diff.register(app)
-doctor.register(app)
-export.register(app)
-fleet.register(app)
-top.register(app)
+def register(names: tuple[str, ...] = COMMANDS) -> typer.Typer:
+    """Add these commands to `app` (once each, in COMMANDS order); returns it."""
+    for name in COMMANDS:
+        if name in names and name not in _registered:
+            importlib.import_module(f"gputrace.commands.{name}").register(app)
+            _registered.add(name)
+    return app
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the app, turning user errors into one-line messages."""
+    args = sys.argv[1:] if argv is None else argv
+    first = next((a for a in args if not a.startswith("-")), None)
+    register((first,) if first in COMMANDS else COMMANDS)
     try:
         rc = app(args=argv, standalone_mode=False)
     except GputraceError as e:

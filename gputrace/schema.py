@@ -14,9 +14,12 @@ it costs almost nothing on disk).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import polars as pl
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import polars as pl
 
 SCHEMA_VERSION = 2
 # The trace directory's own format (manifest layout, part naming), versioned apart from
@@ -57,6 +60,8 @@ class Table:
 
     @property
     def polars_schema(self) -> pl.Schema:
+        import polars as pl  # lazily: the recorder never needs polars
+
         empty = pl.from_arrow(self.arrow_schema.empty_table())
         assert isinstance(empty, pl.DataFrame)
         return empty.schema

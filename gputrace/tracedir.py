@@ -32,14 +32,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gputrace import schema
 from gputrace.errors import TraceError
+
+if TYPE_CHECKING:  # polars is imported where a scan needs it: recording never does
+    import polars as pl
 
 FORMAT_NAME = schema.FORMAT_NAME
 FORMAT_VERSION = schema.FORMAT_VERSION
@@ -591,6 +593,8 @@ class Trace:
 
     def scan(self, table: str) -> pl.LazyFrame:
         """A typed LazyFrame over all parts of `table` (empty and typed when none)."""
+        import polars as pl
+
         t = schema.table(_check_table(table))
         parts = self.parts(table)
         if not parts:
@@ -789,6 +793,8 @@ def _outside(parts: list[Path], start: int | None, end: int | None) -> int:
                 break
     if not suspect:
         return 0
+    import polars as pl
+
     ts = pl.col("ts_ns")
     lo = ts < start if start is not None else pl.lit(False)
     hi = ts > end if end is not None else pl.lit(False)
@@ -814,4 +820,6 @@ def write_tables(
 
 def collect_all(frames: Iterable[pl.LazyFrame]) -> list[pl.DataFrame]:
     """Collect several related queries in one pass (shared scans are deduplicated)."""
+    import polars as pl
+
     return pl.collect_all(list(frames))
