@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from gputrace.analyses.common import NS_PER_S, Inputs, inputs_from_trace, trace_warnings
+from gputrace.analyses.gpus import memory_bytes_by_index
 from gputrace.analyses.report import REPORT_KEYS, Report, document
 from gputrace.errors import GputraceError, UsageError
 from gputrace.options import (
@@ -142,7 +143,7 @@ def run_reports(inp: Inputs, names: list[str], opts: dict[str, Any],
     facts = {"status": inp.status, "layers": sorted(inp.layers), "synthetic": inp.synthetic,
              "start_ts_ns": inp.start_ns, "end_ts_ns": inp.end_ns,
              "duration_s": (inp.end_ns - inp.start_ns) / 1e9, "drops": dict(inp.drops),
-             "gpu_memory_bytes": list(inp.gpu_memory_bytes)}
+             "gpu_memory_bytes": memory_bytes_by_index(inp)}
     return document(reports, trace_warnings(inp), facts)
 
 
