@@ -10,6 +10,7 @@ import pytest
 
 from gputrace.cli import main
 from gputrace.render.folded import render_folded
+from tests.analyze_helpers import analyze
 from tests.conftest import FIXTURES
 
 TRACES = sorted(p.parent for p in FIXTURES.rglob("manifest.json"))
@@ -34,7 +35,30 @@ def test_api_leak_fixture_names_the_leaking_function(
     lines = [x for x in folded(FIXTURES / "standin-cuda", capsys) if x.startswith("api;")]
     assert len(lines) == 1
     stack, nbytes = lines[0].rsplit(" ", 1)
-    assert stack.endswith(";main;leak_buffers") and int(nbytes) == 23 * 1024 * 1024
+    assert stack.endswith(";main;leak_buffers") and int(nbytes) == 24_117_248  # 23 MiB
+
+
+def total(lines: list[str]) -> int:
+    return sum(int(x.rsplit(" ", 1)[1]) for x in lines)
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_folded_total_is_the_leak_headline(trace: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    # folded reads the joined allocations model: each piece once, in API bytes, and the
+    # context memory the driver releases at exit is not a leak
+    headline = analyze(trace)["leaks"]["total_bytes"]  # None: no memory layer recorded
+    assert total(folded(trace, capsys)) == (headline or 0)
+
+
+def test_real_h200_folds_the_six_leaked_allocations(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # TRUTH.json: 6 leaked cuMemAlloc of 72,351,744 bytes, not the 670 MiB of driver
+    # context memory released at exit (which the per-layer count used to add)
+    lines = folded(FIXTURES / "real-h200-cuda", capsys)
+    assert total(lines) == 72_351_744
+    assert all(x.startswith("api;") for x in lines)
+    assert total(folded(FIXTURES / "real-h200-cuda", capsys, "--allocated")) > 72_351_744
 
 
 def test_default_fixture_leaks_and_allocations(capsys: pytest.CaptureFixture[str]) -> None:

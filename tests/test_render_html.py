@@ -114,6 +114,30 @@ def test_plot_series_of_training_leak_are_exact() -> None:
     assert s["fault_rates"]["cpu_faults"] == {"recorded": False, "series": []}
 
 
+@pytest.mark.parametrize("name", ["real-h200-cuda", "standin-cuda"])
+def test_leak_icicle_totals_the_leak_headline(name: str) -> None:
+    from gputrace.analyses.common import inputs_from_trace
+    from gputrace.tracedir import open_trace
+    from tests.analyze_helpers import analyze
+
+    doc = analyze(FIXTURES / name)
+    tree = plot_series(inputs_from_trace(open_trace(FIXTURES / name)), doc)["leak_tree"]
+    roots = sum(v for v, p in zip(tree["values"], tree["parents"], strict=True) if not p)
+    # real H200: 6 leaked cuMemAlloc (TRUTH.json); stand-in: leak_buffers' 23 x 1 MiB
+    assert roots == doc["leaks"]["total_bytes"] == {"real-h200-cuda": 72_351_744,
+                                                    "standin-cuda": 24_117_248}[name]
+
+
+def test_icicle_keeps_the_total_past_its_stack_limit() -> None:
+    from gputrace.analyses.timeseries import icicle
+
+    rows = [{"layer": "api", "pid": 1, "comm": "a", "frames": ["main", f"f{i}"],
+             "bytes": 10 + i, "count": 1} for i in range(5)]
+    tree = icicle(rows, most=2)
+    assert tree["values"][tree["ids"].index("/0:api")] == sum(10 + i for i in range(5))
+    assert "3 other stacks" in tree["labels"]
+
+
 def _chromium(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail("chromium is missing: run scripts/setup.sh (it installs Debian's chromium)")
