@@ -28,7 +28,7 @@ import re
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -55,7 +55,6 @@ __all__ = [
     "Trace",
     "TraceWriter",
     "check_output",
-    "collect_all",
     "open_trace",
     "trace_warnings",
     "write_tables",
@@ -588,9 +587,6 @@ class Trace:
     def rows(self, table: str) -> int:
         return sum(pq.read_metadata(p).num_rows for p in self.parts(table))
 
-    def has_layer(self, layer: str) -> bool:
-        return layer in self.layers
-
     def scan(self, table: str) -> pl.LazyFrame:
         """A typed LazyFrame over all parts of `table` (empty and typed when none)."""
         import polars as pl
@@ -816,10 +812,3 @@ def write_tables(
         w.append(name, data)
     w.close(status)
     return w.path
-
-
-def collect_all(frames: Iterable[pl.LazyFrame]) -> list[pl.DataFrame]:
-    """Collect several related queries in one pass (shared scans are deduplicated)."""
-    import polars as pl
-
-    return pl.collect_all(list(frames))

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from gputrace.analyses import registry
 from gputrace.analyses.common import inputs_from_trace
-from gputrace.commands.analyze import run_reports
-from gputrace.render.json import render_json
+from gputrace.analyses.registry import ReportOptions
+from gputrace.analyses.run import run_reports
+from gputrace.render.json_doc import render_json
 from gputrace.tracedir import open_trace
 from tests.conftest import FIXTURES
 
 SCENARIO_DIR = FIXTURES / "scenarios"
 GOLDEN = Path(__file__).resolve().parent / "golden"
-ALL = ["leaks", "fault-rate", "fragmentation", "summary"]
-OPTS: dict[str, Any] = {"older_ns": 0, "min_size": 0, "top": None, "window_s": 1.0,
-                        "thrash_min": 3}
+ALL = registry.names()
+OPTS = ReportOptions()
 
 
 def scenarios() -> ModuleType:
@@ -31,6 +33,6 @@ def scenarios() -> ModuleType:
 
 def analyze(path: Path | str, names: list[str] | None = None, **opts: Any) -> dict[str, Any]:
     """The JSON document exactly as `gputrace analyze --format json` prints it."""
-    doc = run_reports(inputs_from_trace(open_trace(path)), names or ALL, {**OPTS, **opts})
+    doc = run_reports(inputs_from_trace(open_trace(path)), names or None, replace(OPTS, **opts))
     parsed: dict[str, Any] = json.loads(render_json(doc))
     return parsed

@@ -149,7 +149,7 @@ def test_committed_fixtures_match_build_script(tmp_path: Path,
 
 @pytest.mark.parametrize("name", NAMES)
 def test_golden_json(name: str, docs: dict[str, Any], update_golden: bool) -> None:
-    from gputrace.render.json import render_json
+    from gputrace.render.json_doc import render_json
 
     check_text(GOLDEN / f"analyze_{name}.json", render_json(docs[name]), update_golden)
 

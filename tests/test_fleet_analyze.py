@@ -11,14 +11,11 @@ from typing import Any
 import pytest
 
 from gputrace.analyses.common import inputs_from_trace
-from gputrace.analyses.report import REPORT_KEYS
-from gputrace.commands.analyze import run_reports
+from gputrace.analyses.run import run_reports
 from gputrace.tracedir import open_trace
 from tests.analyze_helpers import SCENARIO_DIR
 from tests.test_errors import assert_one_line_error, gputrace
 from tests.test_fleet_export import fleet_traces
-
-OPTS = {"older_ns": 0, "min_size": 0, "top": None, "window_s": 1.0, "thrash_min": 3}
 
 
 def fleet(dataset: Path, *args: str) -> dict[str, Any]:
@@ -40,7 +37,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     by_source = {e["source"]: e for e in index["traces"].values()}
     per = []
     for t in traces:
-        doc = run_reports(inputs_from_trace(open_trace(t)), list(REPORT_KEYS), OPTS)
+        doc = run_reports(inputs_from_trace(open_trace(t)))
         per.append({"entry": by_source[str(t)], "doc": doc})
     return {"ds": root / "ds", "per": per, "all": fleet(root / "ds")}
 

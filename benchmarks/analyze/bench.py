@@ -35,8 +35,14 @@ SELECT device, gpu_index, name, count(*) AS count,
        max(latency_ns) AS max_ns
 FROM read_parquet('{t}/ioctls/*.parquet') GROUP BY ALL ORDER BY total_ns DESC
 """
-CASES = ["polars_pairing", "duckdb_pairing", "polars_ioctl_summary", "duckdb_ioctl_summary",
-         "leaks", "summary", "fault-rate", "fragmentation", "all_reports"]
+SQL_CASES = ["polars_pairing", "duckdb_pairing", "polars_ioctl_summary", "duckdb_ioctl_summary"]
+"""Besides these, one case per registered report (its CLI name) and `all_reports`."""
+
+
+def all_cases() -> list[str]:
+    from gputrace.analyses import registry
+
+    return [*SQL_CASES, *registry.names(), "all_reports"]
 
 
 def one(case: str, trace: str) -> dict[str, Any]:
@@ -72,12 +78,9 @@ def one(case: str, trace: str) -> dict[str, Any]:
 
         result = ioctl_stats(inp.scan("ioctls")).collect().height
     else:
-        from gputrace.commands.analyze import run_reports
+        from gputrace.analyses.run import run_reports
 
-        names = ["leaks", "fault-rate", "fragmentation", "summary"] if case == "all_reports" \
-            else [case]
-        run_reports(inp, names, {"older_ns": 0, "min_size": 0, "top": None, "window_s": 1.0,
-                                 "thrash_min": 3})
+        run_reports(inp, None if case == "all_reports" else [case])
     wall = time.perf_counter() - t
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return {"case": case, "wall_s": round(wall, 2), "peak_rss_mib": round(ru.ru_maxrss / 1024),
@@ -96,7 +99,7 @@ def main() -> None:
     total = sum(rows.values())
     print(f"trace {trace}: {total:,} events ({', '.join(f'{k} {v:,}' for k, v in rows.items())})")
     print(f"{'case':<22}{'wall s':>9}{'cpu s':>8}{'peak RSS MiB':>14}{'M events/s':>12}  result")
-    cases = sys.argv[2].split(",") if len(sys.argv) > 2 else CASES
+    cases = sys.argv[2].split(",") if len(sys.argv) > 2 else all_cases()
     for case in cases:
         out = subprocess.run([sys.executable, __file__, "--one", case, trace],
                              capture_output=True, text=True, check=True)

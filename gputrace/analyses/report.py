@@ -3,17 +3,14 @@
 A report holds JSON-ready data only (dicts, lists, numbers, strings), so
 renderers format and never compute. A report whose input layers were not
 recorded has `recorded = False` and names the missing layers; its figures
-are absent, never zeros.
+are absent, never zeros. The list of reports, and the JSON key of each, is
+gputrace/analyses/registry.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-REPORT_KEYS = {"leaks": "leaks", "fault-rate": "fault_rate",
-               "fragmentation": "fragmentation", "summary": "summary"}
-"""CLI name of each report -> its key in the JSON document."""
 
 
 @dataclass
@@ -43,14 +40,3 @@ def not_recorded(name: str, question: str, missing: list[str], warnings: list[st
              "nothing was measured", *warnings]
     return Report(name, question, False, data or {}, sorted(missing), notes)
 
-
-def document(reports: dict[str, Report | None], warnings: list[str],
-             trace: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON document: one key per report (null when not asked for), warnings, and
-    `trace` (facts about the trace analyzed)."""
-    out: dict[str, Any] = {key: None for key in REPORT_KEYS.values()}
-    out["trace"] = trace or {}
-    for name, rep in reports.items():
-        out[REPORT_KEYS[name]] = rep.to_json() if rep is not None else None
-    out["warnings"] = list(warnings)
-    return out

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gputrace.analyses.common import NS_PER_S, Inputs, inputs_from_trace, trace_warnings
-from gputrace.analyses.gpus import memory_bytes_by_index
-from gputrace.analyses.report import REPORT_KEYS, Report, document
+from gputrace.analyses import registry
+from gputrace.analyses.registry import ReportOptions
 from gputrace.errors import GputraceError, UsageError
 from gputrace.options import (
     parse_count,
@@ -21,6 +19,10 @@ from gputrace.options import (
     parse_rows,
     parse_size,
 )
+
+if TYPE_CHECKING:
+    from gputrace.analyses.common import Inputs
+    from gputrace.analyses.run import Conditions
 
 FORMATS = ("terminal", "json", "html", "perfetto", "folded")
 PROGRESS_ROWS = 2_000_000
@@ -33,118 +35,34 @@ class FindingsTriggered(GputraceError):
 
 
 def parse_only(text: str | None) -> list[str]:
+    known = registry.names()
     if not text:
-        return list(REPORT_KEYS)
+        return known
     names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in REPORT_KEYS]
+    bad = [n for n in names if n not in known]
     if bad or not names:
         raise UsageError(f"--only: unknown report {', '.join(bad) or repr(text)} "
-                         f"(choose from {', '.join(REPORT_KEYS)})")
-    return [n for n in REPORT_KEYS if n in names]
+                         f"(choose from {', '.join(known)})")
+    return [n for n in known if n in names]
 
 
-def parse_fail_on(text: str | None) -> list[tuple[str, float]]:
-    out: list[tuple[str, float]] = []
+def parse_fail_on(text: str | None) -> Conditions:
+    gates = registry.gates()
+    out: Conditions = []
     for part in (p.strip() for p in (text or "").split(",") if p.strip()):
-        m = re.fullmatch(r"fragmentation\s*>\s*(.*)", part)
-        if m:
-            out.append(("fragmentation", parse_fraction(m.group(1), "--fail-on fragmentation>X:"
-                                                                    " X")))
-        elif part in ("leaks", "thrashing", "growth"):
-            out.append((part, 0.0))
+        for g in gates:
+            m = re.fullmatch(re.escape(g.name) + r"\s*>\s*(.*)", part) if g.threshold else None
+            if m:
+                out.append((g.name, parse_fraction(m.group(1), f"--fail-on {g.name}>X: X")))
+                break
+            if not g.threshold and part == g.name:
+                out.append((g.name, 0.0))
+                break
         else:
+            spelled = [g.name + (">X" if g.threshold else "") for g in gates]
             raise UsageError(f"--fail-on: cannot read {part!r} "
-                             "(leaks, growth, thrashing or fragmentation>X with X in 0..1)")
+                             f"({', '.join(spelled[:-1])} or {spelled[-1]} with X in 0..1)")
     return out
-
-
-GATE_REPORT = {"leaks": "leaks", "growth": "leaks", "thrashing": "fault-rate",
-               "fragmentation": "fragmentation"}
-
-
-def unmeasured(doc: dict[str, Any], conds: list[tuple[str, float]]) -> list[str]:
-    """Which --fail-on conditions cannot be checked because their layer was not recorded?
-
-    A gate on a layer that is absent would pass whatever the program did, so it
-    is a usage error, never a silent pass.
-    """
-    out = []
-    for name, _ in conds:
-        rep = doc[REPORT_KEYS[GATE_REPORT[name]]]
-        if rep is None:
-            continue  # not asked for: refused before any work (see analyze)
-        if not rep["recorded"]:
-            missing = ", ".join(rep["not_recorded_layers"]) or "needed"
-            out.append(f"{name} (layer {missing} not recorded)")
-        elif name == "thrashing" and rep.get("thrashing") is None:
-            out.append("thrashing (layer driver not recorded)")
-    return out
-
-
-def gates(doc: dict[str, Any], conds: list[tuple[str, float]]) -> list[str]:
-    """Messages for each --fail-on condition that holds (those `unmeasured` names never do)."""
-    hits = []
-    for name, x in conds:
-        rep = doc[REPORT_KEYS[GATE_REPORT[name]]]
-        if rep is None or not rep["recorded"]:
-            continue
-        if name == "leaks":
-            n = rep["total_count"]
-            if n:
-                hits.append(f"leaks: {n} leaked allocations ({rep['total_bytes']} bytes)")
-        elif name == "growth" and rep["growing_pids"]:
-            hits.append(f"growth: memory climbing in pid(s) {rep['growing_pids']}")
-        elif name == "thrashing" and (rep.get("thrashing") or {}).get("blocks"):
-            hits.append(f"thrashing: {len(rep['thrashing']['blocks'])} block-windows")
-        elif name == "fragmentation":
-            # PMM chunks (driver layer) and RM samples (rm_query): either may be absent
-            worst = max([*(s[at]["fragmentation_index"] or 0.0 for s in rep["gpus"] or []
-                           for at in ("peak", "end") if s.get(at)),
-                         *(g["worst"]["unusable_share"] or 0.0
-                           for g in (rep.get("rm") or {}).get("gpus", []))], default=0.0)
-            if worst > x:
-                hits.append(f"fragmentation: index {worst:.3f} > {x}")
-    return hits
-
-
-def run_reports(inp: Inputs, names: list[str], opts: dict[str, Any],
-                step: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """Compute the reports named (CLI names) and return the JSON document."""
-    from gputrace.analyses.faults import fault_rate
-    from gputrace.analyses.fragmentation import fragmentation
-    from gputrace.analyses.gpus import pmm_gpus
-    from gputrace.analyses.leaks import LeakOptions, leak_part, leaks
-    from gputrace.analyses.partition import per_slice
-    from gputrace.analyses.summary import summary, summary_part
-
-    lopts = LeakOptions(opts["older_ns"], opts["min_size"], opts["top"])
-    # Leaks and summary share each pid slice's lifetimes: one pass over the slices.
-    pmm = pmm_gpus(inp) if "summary" in names else None
-    steps: dict[str, Callable[[Any], dict[str, Any]]] = {}
-    if "leaks" in names:
-        steps["leaks"] = lambda sl: leak_part(sl, lopts)
-    if "summary" in names:
-        steps["summary"] = lambda sl: summary_part(sl, pmm is None)
-    parts: dict[str, list[dict[str, Any]]] = {}
-    reports: dict[str, Report | None] = dict.fromkeys(REPORT_KEYS)
-    for name in names:
-        step(name)
-        if name in steps and not parts:
-            parts = per_slice(inp, steps)
-        if name == "leaks":
-            reports[name] = leaks(inp, lopts, parts["leaks"])
-        elif name == "summary":
-            reports[name] = summary(inp, parts["summary"], pmm)
-        elif name == "fault-rate":
-            reports[name] = fault_rate(inp, window_s=opts["window_s"],
-                                       min_reversals=opts["thrash_min"], top=opts["top"])
-        else:
-            reports[name] = fragmentation(inp)
-    facts = {"status": inp.status, "layers": sorted(inp.layers), "synthetic": inp.synthetic,
-             "start_ts_ns": inp.start_ns, "end_ts_ns": inp.end_ns,
-             "duration_s": (inp.end_ns - inp.start_ns) / 1e9, "drops": dict(inp.drops),
-             "gpu_memory_bytes": memory_bytes_by_index(inp)}
-    return document(reports, trace_warnings(inp), facts)
 
 
 def register(app: typer.Typer) -> None:
@@ -152,7 +70,7 @@ def register(app: typer.Typer) -> None:
     def analyze(
         trace: Annotated[str, typer.Argument(help="Trace directory.")],
         only: Annotated[str | None, typer.Option(
-            "--only", help="Comma-separated reports: leaks,fault-rate,fragmentation,summary.")
+            "--only", help=f"Comma-separated reports: {','.join(registry.names())}.")
         ] = None,
         fmt: Annotated[str, typer.Option(
             "--format", "-f", help="terminal, json, html, perfetto (needs -o) or folded.")] = (
@@ -160,7 +78,8 @@ def register(app: typer.Typer) -> None:
         output: Annotated[str | None, typer.Option("--output", "-o", help="Write to FILE.")
                           ] = None,
         fail_on: Annotated[str | None, typer.Option(
-            "--fail-on", help="Exit 3 when: leaks, growth, thrashing, fragmentation>X.")
+            "--fail-on", help="Exit 3 when: " + ", ".join(
+                g.name + (">X" if g.threshold else "") for g in registry.gates()) + ".")
         ] = None,
         older: Annotated[str | None, typer.Option(
             "--older", metavar="DURATION",
@@ -183,6 +102,8 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Leak, fault-rate, fragmentation and summary reports."""
+        from gputrace.analyses.common import NS_PER_S, inputs_from_trace
+        from gputrace.analyses.run import gate_hits, unmeasured
         from gputrace.tracedir import open_trace
 
         if fmt not in FORMATS:
@@ -192,16 +113,18 @@ def register(app: typer.Typer) -> None:
         names = parse_only(only)
         conds = parse_fail_on(fail_on)
         for name, _ in conds:
-            if GATE_REPORT[name] not in names:
-                raise UsageError(f"--fail-on {name} needs the {GATE_REPORT[name]} report; "
+            needs = registry.gate_report(name).name
+            if needs not in names:
+                raise UsageError(f"--fail-on {name} needs the {needs} report; "
                                  "add it to --only")
         top_n = parse_rows(top, "--top") if top is not None else None
         older_ns = parse_duration_ns(older, "--older", minimum_ns=0) if older is not None else 0
-        opts = {"older_ns": older_ns,
-                "min_size": parse_size(min_size, "--min-size") if min_size is not None else 0,
-                "top": top_n,
-                "window_s": parse_duration_ns(window, "--window") / NS_PER_S,
-                "thrash_min": parse_count(thrash_min, "--thrash-min", minimum=1)}
+        opts = ReportOptions(
+            older_ns=older_ns,
+            min_size=parse_size(min_size, "--min-size") if min_size is not None else 0,
+            top=top_n,
+            window_s=parse_duration_ns(window, "--window") / NS_PER_S,
+            thrash_min=parse_count(thrash_min, "--thrash-min", minimum=1))
         t = open_trace(trace)
         inp = inputs_from_trace(t)
         big = sum(t.rows(n) for n in ("ioctls", "cuda_calls", "faults", "chunks",
@@ -223,13 +146,15 @@ def register(app: typer.Typer) -> None:
             export_html(t, inp, doc, output, big and sys.stderr.isatty())
         elif fmt in ("terminal", "json"):
             _emit(doc, fmt, output, top_n, by_layer)
-        hits = gates(doc, conds)
+        hits = gate_hits(doc, conds)
         if hits:
             raise FindingsTriggered("--fail-on: " + "; ".join(hits))
 
 
-def _with_progress(inp: Inputs, names: list[str], opts: dict[str, Any],
+def _with_progress(inp: Inputs, names: list[str], opts: ReportOptions,
                    show: bool) -> dict[str, Any]:
+    from gputrace.analyses.run import run_reports
+
     if not show:
         return run_reports(inp, names, opts)
     from rich.console import Console
@@ -247,7 +172,7 @@ def _with_progress(inp: Inputs, names: list[str], opts: dict[str, Any],
 
 def _emit(doc: dict[str, Any], fmt: str, output: str | None, top: int | None,
           by_layer: bool = False) -> None:
-    from gputrace.render.json import render_json
+    from gputrace.render.json_doc import render_json
     from gputrace.render.terminal import render_terminal
 
     if output:

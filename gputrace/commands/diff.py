@@ -84,16 +84,14 @@ def diff_traces(before: str, after: str) -> dict[str, Any]:
     """Both traces analyzed with default options, then compared."""
     from gputrace.analyses.common import inputs_from_trace
     from gputrace.analyses.diff import diff
-    from gputrace.analyses.report import REPORT_KEYS
+    from gputrace.analyses.run import run_reports
     from gputrace.analyses.timeseries import folded_stacks
-    from gputrace.commands.analyze import run_reports
     from gputrace.tracedir import open_trace
 
-    opts = {"older_ns": 0, "min_size": 0, "top": None, "window_s": 1.0, "thrash_min": 3}
     docs, stacks = [], []
     for path in (before, after):
         inp = inputs_from_trace(open_trace(path))
-        docs.append(run_reports(inp, list(REPORT_KEYS), opts))
+        docs.append(run_reports(inp))
         stacks.append(folded_stacks(inp))
     out = diff(docs[0], docs[1], stacks[0], stacks[1])
     out["before_trace"], out["after_trace"] = before, after
@@ -118,7 +116,7 @@ def register(app: typer.Typer) -> None:
         """What changed between two traces: leaks, peaks, fault rates, ioctl latency."""
         from gputrace.commands.analyze_files import opened
         from gputrace.render.diff import render_diff_html, render_diff_terminal
-        from gputrace.render.json import render_json
+        from gputrace.render.json_doc import render_json
 
         if fmt not in FORMATS:
             raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")

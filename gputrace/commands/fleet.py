@@ -100,7 +100,7 @@ def register(app: typer.Typer) -> None:
 
 def _emit(doc: dict[str, Any], fmt: str, output: str | None) -> None:
     from gputrace.fleet.render import render_fleet_terminal
-    from gputrace.render.json import render_json
+    from gputrace.render.json_doc import render_json
 
     def write(f: Any) -> None:
         if fmt == "json":

@@ -30,8 +30,8 @@ def analyze_one(entry: dict[str, Any], *, store: Store, node: wh.Node | None,
                 opts: dict[str, Any], keep_report: bool) -> dict[str, Any]:
     """The partial of one trace (an engine task): read, filter jobs, report. An entry
     with `job_filter` set keeps only the processes `node` selects."""
-    from gputrace.analyses.report import REPORT_KEYS
-    from gputrace.commands.analyze import run_reports
+    from gputrace.analyses.registry import ReportOptions
+    from gputrace.analyses.run import run_reports
     from gputrace.fleet.dataset import read_frames, read_record, trace_inputs
     from gputrace.fleet.reports import EMPTY, trace_partial
     from gputrace.schema import PROCESSES
@@ -46,7 +46,7 @@ def analyze_one(entry: dict[str, Any], *, store: Store, node: wh.Node | None,
         pids = set(hit.filter(wh.to_expr(node, known))["pid"].to_list())
         if not pids:
             return dict(EMPTY)
-    doc = run_reports(trace_inputs(record, frames, pids), list(REPORT_KEYS), opts)
+    doc = run_reports(trace_inputs(record, frames, pids), None, ReportOptions(**opts))
     return trace_partial(entry, doc, procs, keep_report)
 
 

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gputrace.analyses import registry
 from gputrace.render.driver_sections import fault_rate_section, fragmentation_section
 from gputrace.render.safe import printable_tree
 
@@ -310,9 +311,27 @@ def _summary(con: Console, d: dict[str, Any], limit: int) -> None:
                        f"end {num(g['imbalance_end'])}"))
 
 
-SECTIONS = {"leaks": ("Leaks", _leaks), "fault_rate": ("Fault rate", fault_rate_section),
-            "fragmentation": ("Fragmentation", fragmentation_section),
-            "summary": ("Summary", _summary)}
+REPORT_FIELDS = ("question", "recorded", "not_recorded_layers", "warnings")
+
+
+def _generic(con: Console, d: dict[str, Any], limit: int) -> None:
+    """A report without a section of its own: each figure on a line, each list of rows
+    a table (columns from its first row)."""
+    for k, v in d.items():
+        if k in REPORT_FIELDS:
+            continue
+        if isinstance(v, list) and all(isinstance(r, dict) for r in v):
+            cols = list(v[0]) if v else []
+            table(con, k, v, [(c, c, num) for c in cols], limit)
+        elif not isinstance(v, (dict, list)):
+            con.print(Text(f"{k}: {num(v)}"))
+
+
+SECTIONS: dict[str, Callable[[Console, dict[str, Any], int], None]] = {
+    "leaks": _leaks, "fault_rate": fault_rate_section,
+    "fragmentation": fragmentation_section, "summary": _summary}
+"""The section of each report (by JSON key); titles and order are the registry's
+(gputrace/analyses/registry.py), and a report with no section here gets `_generic`."""
 
 
 def _warn(con: Console, text: str) -> None:
@@ -331,11 +350,13 @@ def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True
     limit = top if top is not None else ROWS
     for w in document["warnings"]:
         _warn(con, w)
-    for key, (title, fn) in SECTIONS.items():
+    for spec in registry.REPORTS:
+        key = spec.key
         rep = document.get(key)
         if rep is None:
             continue
-        con.rule(f"[bold]{title}[/bold]")
+        fn = SECTIONS.get(key, _generic)
+        con.rule(f"[bold]{spec.title}[/bold]")
         con.print(Text(rep["question"], style="dim"))
         for w in rep["warnings"]:
             if w not in document["warnings"]:
