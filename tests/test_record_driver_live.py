@@ -285,7 +285,12 @@ def test_cpu_faults_come_from_the_tools_stream_only(rec: Recorded) -> None:
     assert len(cpu) == rec.run.expected["cpu_faults"]["write"]
     assert all(r["cpu_id"] is not None for r in cpu)  # a tools record (580 has the CPU id)
     src = rec.manifest["driver_layer"]["cpu_fault_source"]
-    assert src["uvm_tools_pids"] == [rec.run.pid]
+    assert src["uvm_tools_pids"] == [rec.run.pid] and src["uvm_pids_without_tracker"] == []
+    # tools records carry no name: the tracked process's, as the processes table has it
+    procs = {r["pid"]: r["comm"] for r in rec.tables["processes"].to_pylist()}
+    gpu = [r for r in rec.run.rows("faults") if r["source"] != "cpu"]
+    assert procs[rec.run.pid] == "uvm_workload"
+    assert {r["comm"] for r in cpu + gpu} == {"uvm_workload"}
     assert "cpu_faults" in rec.manifest["layers"]  # the tracepoint ran; its rows were dropped
     assert src["tracepoint_rows_dropped"] > 0
 

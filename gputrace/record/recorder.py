@@ -15,26 +15,33 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gputrace.errors import GputraceError, UsageError
-from gputrace.record import driver, hooks, loader, procfs, rm_client, uvm_tools
+from gputrace.errors import UsageError
+from gputrace.record import hooks, loader, procfs
 from gputrace.record.layers import LAYERS, Due, Layer
 from gputrace.record.layers.syscall import PID_MAX
+from gputrace.record.options import (
+    MAX_DURATION_S,
+    Options,
+    build_program,
+    check_command,
+    check_output_dir,
+    check_privileges,
+    device_prefix,
+    exit_status,
+)
 from gputrace.record.session import Observer, Session, Stats, merged
-from gputrace.tracedir import STATUS_COMPLETE, TraceWriter, check_output
+from gputrace.tracedir import STATUS_COMPLETE, TraceWriter
 
-__all__ = ["PID_MAX", "Options", "Recorder", "Stats", "build_program", "exit_status"]
+__all__ = ["MAX_DURATION_S", "PID_MAX", "Options", "Recorder", "Stats", "build_program",
+           "exit_status"]
 
 POLL_S = 0.05
 ROTATE_S = 1.0
 ROTATE_ROWS = 1_000_000
-MAX_DURATION_S = 10 * 365 * 86400.0
-"""-d at most ten years: past that a number is a typo, not a plan (and 1e300 s
-would overflow the deadline arithmetic)."""
 # CMD's first process: waits for the recorder's "g" (probes attached), then execs CMD.
 # Anything else (the recorder died: EOF) ends it without running CMD.
 SHIM = (
@@ -55,85 +62,6 @@ def mono_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
-@dataclass
-class Options:
-    output: str
-    pids: list[int] = field(default_factory=list)
-    duration_s: float | None = None
-    device_dir: str = "/dev"
-    driver_version: str | None = None
-    force: bool = False
-    command: list[str] = field(default_factory=list)
-    libcuda: str | None = None  # --libcuda PATH (API layer)
-    driver_layer: bool = True  # --no-driver-layer turns it off
-    uvm_queue_entries: int = uvm_tools.DEFAULT_QUEUE_ENTRIES
-    sample_ms: float = rm_client.DEFAULT_SAMPLE_MS  # --sample-interval
-    uvm_queue_version: int | None = None  # --uvm-queue-version (tests)
-
-
-def device_prefix(device_dir: str) -> str:
-    p = os.path.abspath(device_dir)
-    if not os.path.isdir(p):
-        raise UsageError(f"--device-dir {device_dir}: no such directory")
-    prefix = p.rstrip("/") + "/"
-    if len(prefix.encode()) > 200:
-        raise UsageError(f"--device-dir {device_dir}: path longer than 200 bytes")
-    return prefix
-
-
-def build_program(opts: Options) -> tuple[str, list[str], driver.DriverInfo, Any]:
-    drv = driver.resolve(opts.driver_version)
-    tracefs = hooks.ensure_tracefs() if os.geteuid() == 0 else hooks.TRACEFS
-    plan = hooks.plan(tracefs)
-    return loader.probe_source(), loader.cflags(drv, plan[2]), drv, plan
-
-
-def check_output_dir(output: str, force: bool) -> None:
-    """Refuse an -o the trace writer would refuse, or whose parent cannot be made."""
-    if not output:
-        raise UsageError("-o needs a directory name")
-    check_output(output, force=force)
-    p = Path(os.path.abspath(output))
-    if os.path.lexists(p):
-        return
-    ancestor = p.parent
-    while not os.path.lexists(ancestor):
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise GputraceError(f"-o {output}: {ancestor} is not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise GputraceError(f"-o {output}: cannot create a directory in {ancestor}")
-
-
-def check_command(name: str) -> None:
-    """CMD must be an executable the shim can exec."""
-    if shutil.which(name) is None:
-        raise UsageError(f"{name}: command not found")
-
-
-def exit_status(ended: dict[str, Any] | None) -> int:
-    """`record`'s exit status: CMD's own, or 128 + N when signal N ended it (as
-    shells report it); 0 without a CMD or when CMD outlived the recording."""
-    if ended is None or ended["status"] == "running":
-        return 0
-    if ended["status"] == "exited":
-        return int(ended["code"])
-    return 128 + int(ended["signal"])
-
-
-def check_privileges() -> None:
-    if os.geteuid() == 0:
-        return
-    try:
-        status = Path("/proc/self/status").read_text()
-        cap = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("CapEff")), 16)
-    except (OSError, StopIteration, ValueError):
-        cap = 0
-    if cap & (1 << 39) and cap & (1 << 38):  # CAP_BPF and CAP_PERFMON
-        return
-    raise GputraceError("record needs root (or CAP_BPF and CAP_PERFMON): run it with sudo")
-
-
 class Recorder:
     """One recording: start (validate, load and attach the layers, start or seed the
     targets), poll (drain the layers every POLL_S, rotate every ROTATE_S), finish
@@ -150,6 +78,8 @@ class Recorder:
         self._observers: list[Observer] = []
         self._prepared: dict[str, Any] = {}  # what each layer's validate returned
         self._release_fd = -1  # CMD's start gate
+        self._child_info = procfs.ProcInfo(0)  # CMD's process facts, set by _spawn
+        self.cmd_info: tuple[str | None, str | None, str | None] = (None, None, None)
 
     # ------------------------------------------------------------ live consumers
     def add_observer(self, callback: Observer) -> None:
@@ -253,8 +183,10 @@ class Recorder:
                                manifest=self._manifest(s))  # fmt: skip
         self._release_fd = -1
         if opts.command:
-            self._release_fd = self._spawn(s, opts.command)
+            self._release_fd = self._spawn(opts.command)
             assert self.child is not None
+            s.procs[self.child.pid] = self._child_info
+            s.child, s.cmd_info = self.child, self.cmd_info
             s.targets = [self.child.pid]
         elif opts.pids:
             s.targets = sorted({p for pid in opts.pids for p in [pid, *procfs.children(pid)]})
@@ -388,7 +320,7 @@ class Recorder:
                 self.child.kill()
             self.child.wait()
 
-    def _spawn(self, s: Session, cmd: list[str]) -> int:
+    def _spawn(self, cmd: list[str]) -> int:
         """Start CMD blocked on a pipe until the probes are attached; return the pipe."""
         r, w = os.pipe()
         self.child = subprocess.Popen([sys.executable, "-c", SHIM, str(r), *cmd], pass_fds=[r])
@@ -398,8 +330,8 @@ class Recorder:
         info.comm = os.path.basename(cmd[0])[:15]
         info.exe = shutil.which(cmd[0])
         info.cmdline = " ".join(cmd)
-        s.procs[self.child.pid] = info
-        s.child, s.cmd_info = self.child, (info.comm, info.exe, info.cmdline)
+        self._child_info = info
+        self.cmd_info = (info.comm, info.exe, info.cmdline)
         return w
 
     def _install_signals(self) -> None:
