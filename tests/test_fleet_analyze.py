@@ -133,12 +133,25 @@ def test_terminal_report(world: dict[str, Any]) -> None:
     assert "11 traces, 2 workers (local)" in r.stdout
 
 
+def test_html_report(world: dict[str, Any], tmp_path: Path) -> None:
+    pytest.importorskip("plotly")
+    out = tmp_path / "fleet.html"
+    r = gputrace("fleet", "analyze", str(world["ds"]), "--workers", "2", "-f", "html",
+                 "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "11 traces" in page
+    for heading in ("Top leaking jobs", "GPUs by fragmentation", "Flagged traces"):
+        assert f"<h2>{heading}</h2>" in page
+    assert "7 events dropped" in page and "status recording" in page
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--where", "host = "], "--where: expression ends"),
     (["--where", "colour = red"], "unknown field 'colour'"),
     (["--where", "cmdline ~ '('"], "not a valid regular expression"),
     (["--where", "pid = x"], "pid takes an integer"),
-    (["--format", "html"], "--format html is not available yet"),
+    (["--format", "pdf"], "--format must be one of"),
     (["--workers", "0"], "--workers"),
     (["--scheduler", "tcp://127.0.0.1:9"], "cannot reach the Dask scheduler"),
 ])

@@ -12,7 +12,7 @@ from gputrace.commands.export import STORAGE_HELP, parse_storage_options
 from gputrace.errors import GputraceError, UsageError
 from gputrace.options import parse_count, parse_duration_ns, parse_rows, parse_size
 
-FORMATS = ("terminal", "json")
+FORMATS = ("terminal", "json", "html")
 DEFAULT_TOP = 20
 
 
@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
             "default: a local cluster.")] = None,
         workers: Annotated[str, typer.Option(
             "--workers", metavar="N", help="Local cluster worker processes.")] = "2",
-        fmt: Annotated[str, typer.Option("--format", "-f", help="terminal or json.")] = (
+        fmt: Annotated[str, typer.Option("--format", "-f", help="terminal, json or html.")] = (
             "terminal"),
         output: Annotated[str | None, typer.Option("--output", "-o", help="Write to FILE.")
                           ] = None,
@@ -79,9 +79,6 @@ def register(app: typer.Typer) -> None:
         from gputrace.fleet.store import Store
         from gputrace.fleet.summarize import fleet_document
 
-        if fmt == "html":
-            raise UsageError("--format html is not available yet for fleet reports "
-                             "(use terminal or json)")
         if fmt not in FORMATS:
             raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
         n_workers = parse_count(workers, "--workers", minimum=1)
@@ -100,11 +97,14 @@ def register(app: typer.Typer) -> None:
 
 def _emit(doc: dict[str, Any], fmt: str, output: str | None) -> None:
     from gputrace.fleet.render import render_fleet_terminal
+    from gputrace.fleet.render_html import render_fleet_html
     from gputrace.render.json_doc import render_json
 
     def write(f: Any) -> None:
         if fmt == "json":
             f.write(render_json(doc))
+        elif fmt == "html":
+            f.write(render_fleet_html(doc))
         else:
             render_fleet_terminal(doc, f)
 
