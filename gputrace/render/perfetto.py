@@ -1,9 +1,12 @@
 """The trace as a native Perfetto protobuf trace (`--format perfetto`).
 
-Packets are built with the message classes the `perfetto` PyPI package ships
-(generated from Perfetto's published perfetto_trace.proto) and streamed one at
-a time as `Trace.packet` entries (field 1, length-delimited), so memory stays
-flat however many rows the trace has. Layout:
+Track descriptors and interned names are built with the message classes the
+`perfetto` PyPI package ships (generated from Perfetto's published
+perfetto_trace.proto); the packets of the rows (one or two per row) are encoded
+a column at a time (`perfetto_wire`) in batches of `BATCH_ROWS` and written as
+`Trace.packet` entries (field 1, length-delimited). Event and argument names are
+interned (`InternedData`; the first packet clears the incremental state, the
+packets naming iids need it). Layout:
 
 - a process track per pid and a thread track per (pid, tid); CUDA calls are
   slices on the thread track, ioctls slices on an "ioctls" child track of the
@@ -21,16 +24,20 @@ id, so Perfetto shows them as the trace's own clock.
 from __future__ import annotations
 
 import functools
-import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
+import numpy as np
 import polars as pl
 
-from gputrace.render.perfetto_wire import SEQ, Tags, len_bytes, varint
+from gputrace.render.perfetto_wire import SEQ, Tags, counter_rows, event_rows, len_bytes
 
 BATCH_ROWS = 65_536
+"""Rows encoded at once: numpy buffers of tens of MiB, whatever the trace's size."""
+ARGS = ("size_bytes", "handle", "status", "ret", "latency_ns", "gpu_index", "ptr", "result",
+        "address", "src", "dst", "pid")
+"""Debug annotation names, interned once at the start of the sequence."""
 
 
 def _pb() -> Any:
@@ -55,14 +62,18 @@ class Writer:
         self.out = out
         self.pb = _pb()
         self.packets = 0
-        self.first = True
         self.tags = Tags(self.pb)
+        self.event_iids: dict[str, int] = {}
+        self.arg_iids = {k: i for i, k in enumerate(ARGS, 1)}
+        # the first packet clears the incremental state and interns the argument names
+        pkt = self.pb.TracePacket()
+        pkt.sequence_flags = self.pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+        for k, i in self.arg_iids.items():
+            pkt.interned_data.debug_annotation_names.add(iid=i, name=k)
+        self.packet(pkt)
 
     def packet(self, pkt: Any) -> None:
         pkt.trusted_packet_sequence_id = SEQ
-        if self.first:
-            pkt.sequence_flags = self.pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-            self.first = False
         self.out.write(b"\x0a" + len_bytes(pkt.SerializeToString()))  # Trace.packet = 1
         self.packets += 1
 
@@ -81,41 +92,73 @@ class Writer:
                 setattr(getattr(td, field), k, v)
         self.packet(pkt)
 
-    def event(self, ts: int, track: int, kind: int, name: str | None = None,
-              args: dict[str, Any] | None = None, value: float | None = None) -> None:
-        """One TrackEvent packet, encoded directly (this is the hot path: one or two per
-        row); the field numbers are read from the schema's descriptors (`Tags`)."""
-        t = self.tags
-        ev = [t.type, varint(kind), t.track(track)]
-        if name is not None:
-            ev.append(t.name_field(name))
-        if value is not None:
-            ev.append(t.counter + struct.pack("<d", value))
-        for k, v in (args or {}).items():
-            if v is None:
-                continue
-            body = t.ann_name(k) + (t.ann_str + len_bytes(v.encode()) if isinstance(v, str)
-                                    else t.ann_int + varint(int(v)))
-            ev.append(t.ann + varint(len(body)) + body)
-        te = b"".join(ev)
-        pkt = t.ts + varint(ts) + t.track_event + varint(len(te)) + te + t.seq
-        if self.first:
-            self.packet(self.pb.TracePacket())  # carries the sequence flags
-        self.out.write(b"\x0a" + varint(len(pkt)) + pkt)
-        self.packets += 1
+    def counters(self, points: list[tuple[int, list[float], list[Any]]], start: int) -> None:
+        """Counter values: (track uuid, times in s from `start`, values) per series."""
+        if not points:
+            return
+        ts = np.concatenate([start + np.round(np.asarray(t, np.float64) * 1e9).astype(np.int64)
+                             for _, t, _ in points])
+        uuid = np.concatenate([np.full(len(t), u, np.uint64) for u, t, _ in points])
+        val = np.concatenate([np.asarray(v, np.float64) for _, _, v in points])
+        for i in range(0, len(ts), BATCH_ROWS):
+            sl = slice(i, i + BATCH_ROWS)
+            self.out.write(counter_rows(self.tags, ts[sl], uuid[sl], val[sl]))
+        self.packets += len(ts)
 
+    def intern(self, names: list[str]) -> None:
+        """Intern the event names not yet interned (one packet for all of them)."""
+        new = sorted(set(names) - self.event_iids.keys())
+        if not new:
+            return
+        pkt = self.pb.TracePacket()
+        pkt.sequence_flags = self.pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
+        for name in new:
+            iid = self.event_iids[name] = len(self.event_iids) + 1
+            pkt.interned_data.event_names.add(iid=iid, name=name)
+        self.packet(pkt)
 
-def _rows(frame: pl.LazyFrame) -> Iterator[dict[str, Any]]:
-    for batch in frame.sort("ts_ns").collect().iter_slices(BATCH_ROWS):
-        yield from batch.iter_rows(named=True)
+    def rows(self, frame: pl.LazyFrame, name: pl.Expr, uuid: Callable[[Any], int],
+             keys: tuple[str, ...], args: tuple[str, ...], slices: bool) -> None:
+        """A TrackEvent per row of `frame`, in time order, on the track `uuid(key)` of
+        its `keys`: with `slices`, a slice [ts_ns, ts_ns + latency_ns] (an instant
+        where latency is null), else an instant; `args`: the integer columns written
+        as debug annotations of the same name (null: left out)."""
+        named = frame.with_columns(_name=name)
+        # the few distinct names and tracks first, so the rows are collected as numbers
+        found = pl.collect_all([named.select(pl.col("_name").unique()),
+                                named.select(keys or [pl.lit(0).alias("_k")]).unique()])
+        self.intern(found[0]["_name"].to_list())
+        names = list(self.event_iids)
+        if keys:
+            tracks = found[1].with_columns(_uuid=pl.Series(
+                [uuid(k) for k in found[1].iter_rows()], dtype=pl.UInt64))
+            named = named.join(tracks.lazy(), on=list(keys), how="left",
+                               maintain_order="left", nulls_equal=True)
+        else:
+            named = named.with_columns(_uuid=pl.lit(uuid(()), pl.UInt64))
+        df = (named.select(
+            "ts_ns", "_uuid", *args,
+            _iid=pl.col("_name").replace_strict(names, list(self.event_iids.values()),
+                                                return_dtype=pl.UInt32),
+            _lat=pl.col("latency_ns") if slices else pl.lit(None, pl.Int64))
+            .sort("ts_ns", maintain_order=True).collect())
+        te, t = self.pb.TrackEvent, self.tags
+        for batch in df.iter_slices(BATCH_ROWS):
+            ts = batch["ts_ns"].to_numpy()
+            has_end = batch["_lat"].is_not_null().to_numpy()
+            kind = np.where(has_end, te.TYPE_SLICE_BEGIN, te.TYPE_INSTANT)
+            cols = [(self.arg_iids[a], batch[a].fill_null(0).to_numpy(),
+                     batch[a].is_not_null().to_numpy()) for a in args]
+            self.out.write(event_rows(
+                t, ts, batch["_uuid"].to_numpy(), kind, batch["_iid"].to_numpy(), cols,
+                ts + batch["_lat"].fill_null(0).to_numpy(), has_end))
+            self.packets += batch.height + int(has_end.sum())
 
 
 def render_perfetto(tl: dict[str, Any], out: BinaryIO) -> int:
     """Write the timeline `tl` (`analyses.timeseries.timeline`) as a Perfetto trace;
     returns the number of packets written."""
     w = Writer(out)
-    te = w.pb.TrackEvent
-    begin, end, instant = te.TYPE_SLICE_BEGIN, te.TYPE_SLICE_END, te.TYPE_INSTANT
     procs: set[int] = set()
 
     def process(pid: int, name: str | None) -> int:
@@ -131,51 +174,34 @@ def render_perfetto(tl: dict[str, Any], out: BinaryIO) -> int:
                                              "thread_name": t["comm"] or str(t["tid"])})
         w.track(_uuid("io", t["pid"], t["tid"]), "ioctls", thread)
 
-    def calls(frame: pl.LazyFrame, name_col: str, track: str, args: tuple[str, ...]) -> None:
-        for r in _rows(frame):
-            tr = (_uuid("io", r["pid"], r["tid"]) if track == "io"
-                  else _uuid("t", r["pid"], r["tid"]))
-            a = {k: r[k] for k in args}
-            lat = r["latency_ns"]
-            if lat is None:
-                w.event(r["ts_ns"], tr, instant, r[name_col], a)
-            else:
-                w.event(r["ts_ns"], tr, begin, r[name_col], a)
-                w.event(r["ts_ns"] + lat, tr, end)
+    w.rows(tl["ioctls"], pl.col("name"), lambda k: _uuid("io", *k), ("pid", "tid"),
+           ("size_bytes", "handle", "status", "ret", "latency_ns", "gpu_index"), True)
+    w.rows(tl["cuda_calls"], pl.col("func"), lambda k: _uuid("t", *k), ("pid", "tid"),
+           ("size_bytes", "ptr", "handle", "result", "latency_ns"), True)
 
-    calls(tl["ioctls"], "name", "io",
-          ("size_bytes", "handle", "status", "ret", "latency_ns", "gpu_index"))
-    calls(tl["cuda_calls"], "func", "t",
-          ("size_bytes", "ptr", "handle", "result", "latency_ns"))
-
-    fault_tracks: set[int] = set()
-    for r in _rows(tl["faults"]):
-        tr = _uuid("f", r["pid"])
-        if tr not in fault_tracks:
-            fault_tracks.add(tr)
-            w.track(tr, "faults", process(r["pid"], None))
-        w.event(r["ts_ns"], tr, instant, f"fault {r['source']} {r['access_type']}",
-                {"address": r["address"], "gpu_index": r["gpu_index"]})
+    fault_pids = tl["faults"].select("pid").unique().sort("pid").collect()["pid"].to_list()
+    for pid in fault_pids:
+        w.track(_uuid("f", pid), "faults", process(pid, None))
+    w.rows(tl["faults"], pl.format("fault {} {}", *(pl.col(c).cast(pl.String).fill_null(
+        "None") for c in ("source", "access_type"))), lambda k: _uuid("f", *k), ("pid",),
+        ("address", "gpu_index"), False)
     mig = _uuid("migrations")
     w.track(mig, "migrations")
-    for r in _rows(tl["migrations"]):
-        w.event(r["ts_ns"], mig, instant, f"migration {r['cause']}",
-                {"src": r["src"], "dst": r["dst"], "size_bytes": r["size_bytes"],
-                 "address": r["address"], "pid": r["pid"]})
+    w.rows(tl["migrations"], pl.format("migration {}", pl.col("cause").cast(pl.String)
+                                       .fill_null("None")),
+           lambda k: mig, (), ("src", "dst", "size_bytes", "address", "pid"), False)
     _counters(w, tl, process)
     return w.packets
 
 
 def _counters(w: Writer, tl: dict[str, Any], process: Any) -> None:
-    counter = w.pb.TrackEvent.TYPE_COUNTER
-    start = tl.get("start_ns", 0)
     bytes_unit = w.pb.CounterDescriptor.UNIT_SIZE_BYTES
+    points: list[tuple[int, list[float], list[Any]]] = []
 
     def series(uuid: int, name: str, parent: int | None, s: dict[str, Any], key: str,
                unit: int | None) -> None:
         w.track(uuid, name, parent, counter={"unit": unit} if unit else {})
-        for t, v in zip(s["t_s"], s[key], strict=True):
-            w.event(start + round(t * 1e9), uuid, counter, value=float(v))
+        points.append((uuid, s["t_s"], s[key]))
 
     for s in tl["live_bytes"]["series"]:
         series(_uuid("live", s["layer"], s["pid"]), f"live bytes {s['layer']}",
@@ -189,3 +215,5 @@ def _counters(w: Writer, tl: dict[str, Any], process: Any) -> None:
         for s in part["series"]:
             name = f"{key} per s" + (f" {s['name']}" if s["name"] else "")
             series(_uuid("rate", key, s["name"]), name, None, s, "per_s", None)
+    # every counter track is described above; their values follow in one encoding pass
+    w.counters(points, tl.get("start_ns", 0))
