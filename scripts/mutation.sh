@@ -11,7 +11,26 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 work=${MUTATION_DIR:-$(mktemp -d /tmp/gputrace-mutation.XXXXXX)}
 mkdir -p "$work"
-git archive HEAD | tar -x -C "$work"
+# Extract HEAD beside the scratch copy and copy over only files whose bytes differ:
+# mutmut 3 regenerates every mutant of a source newer than its mutants and forgets
+# their cached verdicts, so a plain re-extract into a reused MUTATION_DIR (new
+# mtimes on every file) would throw the cache away and cost the generation again.
+fresh=$(mktemp -d "${work%/}.head.XXXXXX")
+git archive HEAD | tar -x -C "$fresh"
+"$PY" - "$fresh" "$work" <<'PY'
+import filecmp, shutil, sys
+from pathlib import Path
+
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+for f in src.rglob("*"):
+    t = dst / f.relative_to(src)
+    if f.is_dir():
+        t.mkdir(parents=True, exist_ok=True)
+    elif not t.exists() or not filecmp.cmp(f, t, shallow=False):
+        shutil.copyfile(f, t)  # mtime now: newer than its old mutants
+        shutil.copymode(f, t)
+PY
+rm -rf "$fresh"
 cd "$work"
 echo "mutation: scratch copy of $(git -C "$OLDPWD" rev-parse --short HEAD) in $work" >&2
 "$PY" -m mutmut run --max-children "${MUTATION_JOBS:-2}" "$@" || true
