@@ -2,20 +2,27 @@
 """Allocation-call storm for the API layer (issue 4). Run as root from the
 repository root:  python3 benchmarks/alloc_storm/run.py [--iters 200000]
 
-One run measures cuMemAlloc_v2 + cuMemFree_v2 pairs through the stand-in
+One run measures cuMemAlloc_v2 and cuMemFree_v2 calls through the stand-in
 libcuda (no device dir: pure bookkeeping) untraced, under a bare bcc program
 with empty uprobe + uretprobe on both symbols (the kernel's floor), and under
-`gputrace record -p`; it prints ns per call and the µs each adds per call.
+`gputrace record -p`, from a shallow stack and from --depth frames down (a
+framework's deep stack: the probe walks it on every allocation). Figures are
+the storm thread's CPU ns per call (where the probes run; not inflated by
+time slices lost to other processes), best of --repeat. Printed: ns per call
+and what the floor and gputrace add, and the ratio each is judged by
+(allocations: gputrace added / floor added <= 1.5; frees: at the floor).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -32,32 +39,39 @@ def build(tmp: Path) -> tuple[Path, Path]:
 
     lib = build_standin().lib_dir
     exe = tmp / "alloc_storm"
-    subprocess.run(["gcc", "-O2", f"-I{STANDIN}", "-o", str(exe), str(HERE / "storm.c"),
+    subprocess.run(["gcc", "-O2", "-fno-omit-frame-pointer", f"-I{STANDIN}", "-o", str(exe),
+                    str(HERE / "storm.c"),
                     f"-L{lib}", "-l:libcuda.so.1", f"-Wl,-rpath,{lib}"], check=True)  # fmt: skip
     return exe, lib / "libcuda.so.1"
 
 
-def parse(out: str) -> float:
+Result = tuple[float, float]  # CPU ns per allocation, per free
+
+
+def parse(out: str) -> Result:
     for line in out.splitlines():
         if line.startswith("calls "):
-            return float(line.split()[5])
+            f = line.split()
+            return float(f[7]), float(f[9])
     raise RuntimeError(f"no result in {out!r}")
 
 
-def env() -> dict[str, str]:
-    import os
+def best(runs: list[Result]) -> Result:
+    return min(r[0] for r in runs), min(r[1] for r in runs)
 
+
+def env() -> dict[str, str]:
     e = dict(os.environ)
     e.pop("GPUTRACE_STANDIN_DEVDIR", None)
     return e
 
 
-def untraced(exe: Path, n: int) -> float:
-    return parse(subprocess.run([str(exe), str(n)], capture_output=True, text=True, check=True,
-                                env=env()).stdout)  # fmt: skip
+def untraced(exe: Path, n: int, depth: int) -> Result:
+    return parse(subprocess.run([str(exe), str(n), "-", str(depth)], capture_output=True,
+                                text=True, check=True, env=env()).stdout)  # fmt: skip
 
 
-def floor(exe: Path, lib: Path, n: int) -> float:
+def floor(exe: Path, lib: Path, n: int, depth: int) -> Result:
     from gputrace.record import loader
 
     bpf = loader.import_bcc().BPF(text=FLOOR)
@@ -65,14 +79,15 @@ def floor(exe: Path, lib: Path, n: int) -> float:
         for sym in SYMS:
             bpf.attach_uprobe(name=str(lib), sym=sym, fn_name="on_entry")
             bpf.attach_uretprobe(name=str(lib), sym=sym, fn_name="on_return")
-        return untraced(exe, n)
+        return untraced(exe, n, depth)
     finally:
         bpf.cleanup()
 
 
-def traced(exe: Path, n: int, tmp: Path) -> dict[str, float]:
+def traced(exe: Path, n: int, tmp: Path, depth: int) -> dict[str, Any]:
     out = tmp / "trace"
-    w = subprocess.Popen([str(exe), str(n), "--wait"], text=True, stdin=subprocess.PIPE,
+    w = subprocess.Popen([str(exe), str(n), "--wait", str(depth)], text=True,
+                         stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, env=env())  # fmt: skip
     assert w.stdout is not None and w.stdin is not None
     pid = int(w.stdout.readline().split()[1])
@@ -84,33 +99,48 @@ def traced(exe: Path, n: int, tmp: Path) -> dict[str, float]:
     from gputrace.tracedir import open_trace
 
     t = open_trace(out)
-    return {"ns_per_call": per_call, "rows": t.rows("cuda_calls"),
-            "expected_rows": 2 * n + 2, "drops": sum(t.drops.values())}  # fmt: skip
+    return {"cpu": per_call, "rows": t.rows("cuda_calls"), "expected_rows": 2 * n + 2,
+            "drops": sum(t.drops.values()), "stacks": t.rows("stacks")}  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--iters", type=int, default=200_000, help="alloc+free pairs")
+    ap.add_argument("--iters", type=int, default=200_000, help="allocations (and frees)")
     ap.add_argument("--repeat", type=int, default=3, help="best of N for each mode")
+    ap.add_argument("--depth", type=int, default=60, help="frames of the deep-stack case")
+    ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    res: dict[str, Any] = {"calls": 2 * args.iters, "loadavg": os.getloadavg()}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         exe, lib = build(tmp)
-        base = min(untraced(exe, args.iters) for _ in range(args.repeat))
-        bare = min(floor(exe, lib, args.iters) for _ in range(args.repeat))
-        runs = [traced(exe, args.iters, tmp) for _ in range(args.repeat)]
-        best = min(runs, key=lambda r: r["ns_per_call"])
-    res = {
-        "calls": 2 * args.iters,
-        "untraced_ns_per_call": base,
-        "floor_ns_per_call": bare,
-        "traced_ns_per_call": best["ns_per_call"],
-        "floor_us_added_per_call": (bare - base) / 1e3,
-        "traced_us_added_per_call": (best["ns_per_call"] - base) / 1e3,
-        "gputrace_over_floor_us": (best["ns_per_call"] - bare) / 1e3,
-        "rows": best["rows"], "expected_rows": best["expected_rows"], "drops": best["drops"],
-    }  # fmt: skip
-    print(json.dumps(res, indent=2))
+        for depth in (0, args.depth):
+            n, k = args.iters, args.repeat
+            base = best([untraced(exe, n, depth) for _ in range(k)])
+            bare = best([floor(exe, lib, n, depth) for _ in range(k)])
+            runs = [traced(exe, n, tmp, depth) for _ in range(k)]
+            rec = best([r["cpu"] for r in runs])
+            base = best([base, *[untraced(exe, n, depth) for _ in range(k)]])  # after, too
+            res[f"depth_{depth}"] = {
+                "untraced_ns": base, "floor_ns": bare, "gputrace_ns": rec,
+                "rows": [r["rows"] for r in runs], "expected_rows": runs[0]["expected_rows"],
+                "drops": [r["drops"] for r in runs], "stack_rows": runs[0]["stacks"],
+            }  # fmt: skip
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    la = res["loadavg"]
+    print(f"{res['calls']} calls per run, CPU ns per call, best of {args.repeat}; "
+          f"load average {la[0]:.1f} {la[1]:.1f} {la[2]:.1f}")  # fmt: skip
+    for depth in (0, args.depth):
+        r = res[f"depth_{depth}"]
+        for i, call in enumerate(("alloc", "free")):
+            u, f, g = r["untraced_ns"][i], r["floor_ns"][i], r["gputrace_ns"][i]
+            print(f"{call:<5} depth {depth:>3}: untraced {u:7.1f}  floor {f:7.1f} (+{f - u:.0f})  "
+                  f"gputrace {g:7.1f} (+{g - u:.0f})  added/floor-added "
+                  f"{(g - u) / max(f - u, 1e-9):.2f}")  # fmt: skip
+        print(f"          rows {r['rows']} of {r['expected_rows']}, drops {r['drops']}, "
+              f"stack frames {r['stack_rows']}")  # fmt: skip
 
 
 if __name__ == "__main__":

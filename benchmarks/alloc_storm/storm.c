@@ -1,6 +1,12 @@
 /* Allocation-call storm through the stand-in libcuda (bookkeeping only, no
- * device dir): N x (cuMemAlloc_v2 4 KiB + cuMemFree_v2). Prints
- * "calls <n> ns <total> ns_per_call <x>"; with --wait first prints
+ * device dir): N x cuMemAlloc_v2 (4 KiB) and N x cuMemFree_v2, in batches of
+ * 1000 allocations then their 1000 frees, called DEPTH frames below main
+ * (frame pointers kept: the API probe walks them on every allocation).
+ * Usage: alloc_storm N [--wait] [DEPTH]. Prints
+ * "calls <2n> ns <total> ns_per_call <x> alloc_cpu_ns <a> free_cpu_ns <f>":
+ * wall ns per call over both, then this thread's CPU ns per allocation and per
+ * free (user + system, where the probes run; time slices lost to other
+ * processes on a shared machine are not counted). With --wait it first prints
  * "READY <pid>" and waits for a line on stdin. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,9 +15,52 @@
 #include <unistd.h>
 #include "cuda_standin.h"
 
+#define BATCH 1000
+
+static double clock_ns(clockid_t c)
+{
+    struct timespec t;
+    clock_gettime(c, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+static long n;
+static double wall, alloc_cpu, free_cpu;
+
+static int storm(void)
+{
+    static CUdeviceptr p[BATCH];
+    double w0 = clock_ns(CLOCK_MONOTONIC);
+    for (long done = 0; done < n; done += BATCH) {
+        long k = n - done < BATCH ? n - done : BATCH;
+        double c0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+        for (long i = 0; i < k; i++)
+            if (cuMemAlloc_v2(&p[i], 4096))
+                return 1;
+        double c1 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+        for (long i = 0; i < k; i++)
+            if (cuMemFree_v2(p[i]))
+                return 1;
+        double c2 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+        alloc_cpu += c1 - c0;
+        free_cpu += c2 - c1;
+    }
+    wall = clock_ns(CLOCK_MONOTONIC) - w0;
+    return 0;
+}
+
+/* DEPTH frames of this before the storm: a deep stack like a framework's. */
+__attribute__((noinline)) static int descend(int depth)
+{
+    volatile int keep = depth;
+    int r = depth > 0 ? descend(depth - 1) : storm();
+    return r + (keep - depth);
+}
+
 int main(int argc, char **argv)
 {
-    long n = argc > 1 ? atol(argv[1]) : 200000;
+    n = argc > 1 ? atol(argv[1]) : 200000;
+    int depth = argc > 3 ? atoi(argv[3]) : 0;
     if (argc > 2 && strcmp(argv[2], "--wait") == 0) {
         char line[16];
         printf("READY %d\n", (int)getpid());
@@ -26,14 +75,9 @@ int main(int argc, char **argv)
     CUdeviceptr p;
     if (cuMemAlloc_v2(&p, 4096) || cuMemFree_v2(p)) /* warm-up (first-call pause) */
         return 1;
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
-    for (long i = 0; i < n; i++) {
-        if (cuMemAlloc_v2(&p, 4096) || cuMemFree_v2(p))
-            return 1;
-    }
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    double ns = (b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec);
-    printf("calls %ld ns %.0f ns_per_call %.1f\n", 2 * n, ns, ns / (2.0 * n));
+    if (descend(depth))
+        return 1;
+    printf("calls %ld ns %.0f ns_per_call %.1f alloc_cpu_ns %.1f free_cpu_ns %.1f\n", 2 * n,
+           wall, wall / (2.0 * n), alloc_cpu / n, free_cpu / n);
     return 0;
 }

@@ -2,9 +2,13 @@
 """ioctl storm benchmark for `gputrace record` (issue 3). Run as root from the
 repository root:  python3 benchmarks/ioctl_storm/run.py [--calls 2000000]
 
-One run measures the storm untraced, under `gputrace record -p`, under
-`strace -f -e trace=ioctl` (fewer calls: strace is slow) and under a bpftrace
-counter, then prints slowdowns, the recorder's CPU, drops and Parquet bytes/event.
+One run measures the storm untraced, under `gputrace record -p` with each syscall
+hook mechanism (tp_btf and the syscalls:* tracepoints, GPUTRACE_SYSCALL_HOOKS),
+with 2 storm processes, under `strace -f -e trace=ioctl` (fewer calls: strace is
+slow) and under a bpftrace counter, then prints slowdowns, the recorder's CPU,
+drops and Parquet bytes/event. `cpu ns` is the storm thread's own CPU time per
+call (where the probes run), the figure to compare on a shared machine; the
+untraced storm runs before and after the traced ones and the least is kept.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -26,16 +31,26 @@ sys.path.insert(0, str(HERE.parent))
 from common import build_storm, start_recorder  # noqa: E402
 
 
-def parse(out: str) -> float:
+def parse_both(out: str) -> tuple[float, float]:
+    """(wall ns, thread CPU ns) per call."""
     for line in out.splitlines():
         if line.startswith("calls "):
-            return float(line.split()[5])
+            f = line.split()
+            return float(f[5]), float(f[7])
     raise RuntimeError(f"no result in {out!r}")
 
 
+def parse(out: str) -> float:
+    return parse_both(out)[0]
+
+
+def untraced_both(storm: Path, dev: Path, n: int) -> tuple[float, float]:
+    return parse_both(subprocess.run([str(storm), str(dev), str(n)], capture_output=True,
+                                     text=True, check=True).stdout)  # fmt: skip
+
+
 def untraced(storm: Path, dev: Path, n: int) -> float:
-    return parse(subprocess.run([str(storm), str(dev), str(n)], capture_output=True, text=True,
-                                check=True).stdout)  # fmt: skip
+    return untraced_both(storm, dev, n)[0]
 
 
 def cpu_of(pid: int) -> float:
@@ -43,8 +58,10 @@ def cpu_of(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def traced(storm: Path, dev: Path, n: int, tmp: Path, procs: int = 1) -> dict[str, float]:
-    out = tmp / f"trace{procs}"
+def traced(storm: Path, dev: Path, n: int, tmp: Path, procs: int = 1,
+           hooks: str = "auto") -> dict[str, Any]:  # fmt: skip
+    out = tmp / f"trace{procs}-{hooks}"
+    os.environ["GPUTRACE_SYSCALL_HOOKS"] = hooks
     ws = [
         subprocess.Popen(
             [str(storm), str(dev), str(n // procs), "--wait"],
@@ -62,7 +79,8 @@ def traced(storm: Path, dev: Path, n: int, tmp: Path, procs: int = 1) -> dict[st
     for w in ws:
         w.stdin.write("go\n")  # type: ignore[union-attr]
         w.stdin.flush()  # type: ignore[union-attr]
-    per_call = [parse(w.communicate()[0]) for w in ws]
+    both = [parse_both(w.communicate()[0]) for w in ws]
+    per_call = [b[0] for b in both]
     storm_wall = time.monotonic() - t0
     _, status, ru = os.wait4(rec.pid, 0)
     rec.returncode = os.waitstatus_to_exitcode(status)
@@ -74,7 +92,9 @@ def traced(storm: Path, dev: Path, n: int, tmp: Path, procs: int = 1) -> dict[st
     rows = t.rows("ioctls")
     size = sum(p.stat().st_size for p in t.parts("ioctls"))
     return {
+        "hooks": t.manifest.get("syscall_hooks", {}).get("mechanism", "tracepoint"),
         "ns_per_call": sum(per_call) / len(per_call),
+        "cpu_ns_per_call": sum(b[1] for b in both) / len(both),
         "events": rows,
         "expected_events": n // procs * procs,
         "drops": sum(t.drops.values()),
@@ -129,15 +149,20 @@ def main() -> int:
         dev.mkdir()
         os.mknod(dev / "nvidiactl", 0o666 | 0o020000, os.makedev(1, 3))
         storm = build_storm(HERE / "storm.c", tmp)
-        base = untraced(storm, dev, a.calls)
-        rec1 = traced(storm, dev, a.calls, tmp, 1)
-        rec2 = traced(storm, dev, a.calls, tmp, 2)
+        b0 = untraced_both(storm, dev, a.calls)
+        rec1 = traced(storm, dev, a.calls, tmp, 1, "tp_btf")
+        rec1tp = traced(storm, dev, a.calls, tmp, 1, "tracepoint")
+        rec2 = traced(storm, dev, a.calls, tmp, 2, "auto")
+        b1 = untraced_both(storm, dev, a.calls)
+        base, base_cpu = min(b0[0], b1[0]), min(b0[1], b1[1])
         st = strace(storm, dev, a.strace_calls)
         bt = bpftrace(storm, dev, a.calls)
     res = {
         "calls": a.calls,
         "untraced_ns_per_call": base,
+        "untraced_cpu_ns_per_call": base_cpu,
         "gputrace": rec1,
+        "gputrace_tracepoints": rec1tp,
         "gputrace_2_storms": rec2,
         "gputrace_slowdown": rec1["ns_per_call"] / base,
         "gputrace_added_ns_per_call": rec1["ns_per_call"] - base,
@@ -149,9 +174,14 @@ def main() -> int:
     if a.json:
         print(json.dumps(res, indent=2))
         return 0
-    print(f"untraced              {base:8.1f} ns/ioctl")
-    for label, r in (("gputrace record", rec1), ("gputrace, 2 storms", rec2)):
+    load = os.getloadavg()
+    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    print(f"untraced              {base:8.1f} ns/ioctl  cpu {base_cpu:.1f} ns")
+    for label, r in (("gputrace record", rec1), ("  (tracepoints)", rec1tp),
+                     ("gputrace, 2 storms", rec2)):  # fmt: skip
         print(f"{label:<21} {r['ns_per_call']:8.1f} ns/ioctl  x{r['ns_per_call'] / base:.2f}  "
+              f"cpu {r['cpu_ns_per_call']:.1f} ns: +{r['cpu_ns_per_call'] - base_cpu:.0f} ns "
+              f"x{r['cpu_ns_per_call'] / base_cpu:.2f} ({r['hooks']})  "
               f"{r['events_per_s'] / 1e6:.2f} M events/s  drops {r['drops']}  "
               f"events {r['events']}/{r['expected_events']}  "
               f"recorder {r['recorder_cores']:.2f} cores "

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""What the recorder costs the work it does NOT record (issue 12, target 2). Run as
+root from the repository root:  python3 benchmarks/untraced/run.py [--ops 100000]
+
+Host mode sees every process, so every ioctl, mmap and page fault on the host
+passes the probes. `other.c` times, inside the process, one kind of operation the
+recorder must ignore: ioctls on a mknod copy of /dev/null outside the device dir
+(`null`), on a pseudo-terminal (`tty`) and on a UDP socket (`sock`), mmap+munmap
+of a regular file (`mmap`), write faults on private anonymous pages (`fault`),
+and getpid (`getpid`, a syscall no probe looks at). The `known:` rows are the same
+from a process that holds an open NVIDIA fd (the recorder tracks it, so its other
+work goes through the per-fd lookup). Every kind runs --rounds times untraced,
+then under `gputrace record` in host mode with each hook mechanism (tp_btf, and
+the syscalls:* tracepoints it falls back to; GPUTRACE_SYSCALL_HOOKS), then
+untraced again; the figure is the calling thread's CPU time per operation
+(the probes run in its context; time slices lost to the recorder and other
+processes on a shared 2-core VM are not counted), the best run of each is
+kept, and the added ns per operation is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from common import build_storm, start_recorder  # noqa: E402
+
+KINDS = ("getpid", "null", "tty", "sock", "mmap", "fault")
+KNOWN = ("null", "fault")  # also run from a process with an NVIDIA fd open
+
+
+def run_kind(exe: Path, kind: str, n: int, other: Path, dev: Path | None) -> float:
+    argv = [str(exe), kind, str(n)] + ([str(dev)] if dev else [])
+    out = subprocess.run(argv, capture_output=True, text=True, check=True,
+                         env={**os.environ, "OTHER_DIR": str(other)}).stdout  # fmt: skip
+    for line in out.splitlines():
+        if line.startswith("ops "):
+            return float(line.split()[7])  # CPU ns per op: see other.c
+    raise RuntimeError(f"no result in {out!r}")
+
+
+def one_pass(exe: Path, n: int, other: Path, dev: Path) -> dict[str, float]:
+    res = {k: run_kind(exe, k, n, other, None) for k in KINDS}
+    res.update({f"known:{k}": run_kind(exe, k, n, other, dev) for k in KNOWN})
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ops", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--hooks", default="tp_btf,tracepoint")
+    a = ap.parse_args()
+    hooks = a.hooks.split(",")
+    base: dict[str, list[float]] = {}
+    rec: dict[str, dict[str, list[float]]] = {h: {} for h in hooks}
+    ran: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        dev, other = tmp / "dev", tmp / "other"
+        dev.mkdir()
+        other.mkdir()
+        os.mknod(dev / "nvidiactl", 0o666 | 0o020000, os.makedev(1, 3))
+        os.mknod(other / "notnvidia", 0o666 | 0o020000, os.makedev(1, 3))
+        exe = build_storm(HERE / "other.c", tmp)
+        def measure(into: dict[str, list[float]]) -> None:
+            for _ in range(a.rounds):
+                for k, v in one_pass(exe, a.ops, other, dev).items():
+                    into.setdefault(k, []).append(v)
+
+        measure(base)
+        for h in hooks:
+            out = tmp / f"trace-{h}"
+            os.environ["GPUTRACE_SYSCALL_HOOKS"] = h
+            r = start_recorder(out, "--device-dir", str(dev))  # no -p, no CMD: host mode
+            try:
+                measure(rec[h])
+            finally:
+                r.proc.send_signal(signal.SIGINT)
+                r.wait(120)
+            m = json.loads((out / "manifest.json").read_text())
+            ran[h] = str(m.get("syscall_hooks", {}).get("mechanism", "tracepoint (no field)"))
+        measure(base)  # untraced again: the best of before and after
+    load = os.getloadavg()
+    rows = {k: {"untraced_ns": min(base[k]),
+                **{f"{h}_ns": min(rec[h][k]) for h in hooks},
+                **{f"{h}_added_ns": min(rec[h][k]) - min(base[k]) for h in hooks}}
+            for k in base}  # fmt: skip
+    if a.json:
+        print(json.dumps({"ops": a.ops, "rounds": a.rounds, "hooks_ran": ran,
+                          "loadavg": load, "kinds": rows}, indent=2))  # fmt: skip
+        return 0
+    print(f"{a.ops} ops x {a.rounds} rounds, best of rounds; hooks that ran: "
+          + ", ".join(f"{h} -> {m}" for h, m in ran.items())
+          + f"; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")  # fmt: skip
+    head = "".join(f" {h + ' ns':>14} {'added':>7} {'ratio':>5}" for h in hooks)
+    print(f"{'kind':<13} {'untraced ns':>11}{head}")
+    for k, r in rows.items():
+        cells = "".join(f" {r[f'{h}_ns']:14.1f} {r[f'{h}_added_ns']:+7.1f} "
+                        f"{r[f'{h}_ns'] / r['untraced_ns']:5.2f}" for h in hooks)  # fmt: skip
+        print(f"{k:<13} {r['untraced_ns']:11.1f}{cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
