@@ -104,9 +104,19 @@ def inputs_from_trace(trace: Any) -> Inputs:
         status=trace.status,
         drops=trace.drops,
         synthetic=bool(m.get("synthetic", False)),
-        untracked_managed=sum(int(v or 0) for v in (m.get("cpu_faults") or {}).values()),
+        untracked_managed=_untracked_managed(m),
         problems=tuple(problems),
     )
+
+
+def _untracked_managed(m: dict[str, Any]) -> int:
+    """Managed blocks whose CPU faults the in-kernel filter could not watch, unless every
+    process that initialized UVM had a tools tracker (its CPU faults come from the driver's
+    own stream then, and nothing is missing)."""
+    source = ((m.get("driver_layer") or {}).get("cpu_fault_source") or {})
+    if isinstance(source, dict) and source.get("uvm_pids_without_tracker") == []:
+        return 0
+    return sum(int(v or 0) for v in (m.get("cpu_faults") or {}).values())
 
 
 def pair(allocs: pl.LazyFrame, frees: pl.LazyFrame, by: list[str]) -> pl.LazyFrame:
