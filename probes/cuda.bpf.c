@@ -1,4 +1,4 @@
-/* gputrace API layer: uprobes/uretprobes on libcuda memory calls (issue 4).
+/* gputrace API layer: uprobes/uretprobes on libcuda memory calls.
  *
  * Its own bcc program (gputrace/record/cuda.py): uprobes are attached per
  * library path at run time, so this object lives beside the syscall one and

@@ -133,7 +133,7 @@ struct proc_event {
 #define GT_BUF_IOCTL 0
 #define GT_BUF_MAPPING 1
 #define GT_BUF_PROC 2
-#define GT_BUF_FAULT 3   /* CPU page faults (issue 6) */
+#define GT_BUF_FAULT 3   /* CPU page faults */
 #define GT_BUF_FD 4      /* open/close/dup of NVIDIA fds (files table) */
 #define GT_NBUF 5
 
@@ -200,7 +200,7 @@ struct fd_event {
 };
 
 /* ---------------------------------------------------------------------------
- * API layer (issue 4): uprobes on libcuda, probes/cuda.bpf.c, its own BPF
+ * API layer: uprobes on libcuda, probes/cuda.bpf.c, its own BPF
  * object; decoded by gputrace/record/cuda.py (numpy mirrors in decode.py).
  */
 
@@ -255,7 +255,7 @@ struct cuda_config {
 };
 
 /* ---------------------------------------------------------------------------
- * CPU page faults on managed memory (issue 6): exceptions:page_fault_user,
+ * CPU page faults on managed memory: exceptions:page_fault_user,
  * probes/nv_faults.bpf.h, decoded by gputrace/record/cpufaults.py.
  */
 

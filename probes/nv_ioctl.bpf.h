@@ -3,15 +3,7 @@
  * saved argument pointer, staged per CPU and submitted many per record.
  * Layouts: nvidia-driver-facts.md §1.3-1.4 (UVM, via `uvm_layouts`) and
  * §2.2-2.4 (RM, sizes taken from the request number). */
-
-struct pending_ioctl {
-    u64 ts_ns;
-    u64 arg;
-    s32 fd;
-    u32 cmd;
-    struct fdval v;
-};
-BPF_HASH(pending_ioctls, u32, struct pending_ioctl, 16384);
+#include "common.bpf.h"
 
 #define W32(o) (w[(o) / 4])
 #define W64(o) ((u64)w[(o) / 4] | ((u64)w[(o) / 4 + 1] << 32))
@@ -75,12 +67,12 @@ static __always_inline void uvm_decode(struct ioctl_event *e, u32 cmd, u64 p)
         e->valid |= GT_V_UUID;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
+static __always_inline int ioctl_enter(s32 fd, u32 cmd, u64 arg)
 {
     u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, tid = (u32)id;
+    u32 tgid = id >> 32;
     u32 zero = 0;
-    if ((u32)args->cmd == GT_FLUSH_CMD) {
+    if (cmd == GT_FLUSH_CMD) {
         struct gt_config *cfg = config.lookup(&zero);
         struct ioctl_batch *st = ioctl_staging.lookup(&zero);
         if (cfg && st && tgid == cfg->self_tgid)
@@ -89,29 +81,37 @@ TRACEPOINT_PROBE(syscalls, sys_enter_ioctl)
             faults_flush(); /* nv_faults.bpf.h */
         return 0;
     }
-    u64 k = fdkey(tgid, (s32)args->fd);
+    if (!maybe_known(tgid))
+        return 0;
+    u64 k = fdkey(tgid, fd);
     struct fdval *v = fds.lookup(&k);
     if (!v)
         return 0;
-    struct pending_ioctl p = {};
-    p.ts_ns = bpf_ktime_get_ns();
-    p.arg = args->arg;
-    p.fd = (s32)args->fd;
-    p.cmd = (u32)args->cmd;
-    p.v = *v;
-    pending_ioctls.update(&tid, &p);
+    struct pending_ioctl *p = pending_ioctls.task_storage_get(
+        (void *)bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!p)
+        return 0;
+    p->ts_ns = bpf_ktime_get_ns();
+    p->arg = arg;
+    p->fd = fd;
+    p->cmd = cmd;
+    p->v = *v;
+    p->active = 1;
     return 0;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
+static __always_inline int ioctl_exit(long ret)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id, zero = 0;
-    struct pending_ioctl *pp = pending_ioctls.lookup(&tid);
-    if (!pp)
+    if (!maybe_known(id >> 32))
+        return 0;
+    struct pending_ioctl *pp = pending_ioctls.task_storage_get(
+        (void *)bpf_get_current_task_btf(), 0, 0);
+    if (!pp || !pp->active)
         return 0;
     struct pending_ioctl p = *pp;
-    pending_ioctls.delete(&tid);
+    pp->active = 0;
     struct ioctl_batch *st = ioctl_staging.lookup(&zero);
     if (!st)
         return 0;
@@ -124,7 +124,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
     __builtin_memset(e, 0, sizeof(*e));
     e->ts_ns = p.ts_ns;
     e->latency_ns = bpf_ktime_get_ns() - p.ts_ns;
-    e->ret = args->ret;
+    e->ret = ret;
     e->pid = id >> 32;
     e->tid = tid;
     e->fd = p.fd;
@@ -139,7 +139,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
         rm_decode(e, p.cmd, p.arg);
     /* Unstaged, so the recorder attaches its tracker within one poll rather than
      * when this batch fills: the process's faults start soon after. */
-    if (p.v.kind == GT_DEV_UVM && p.cmd == 0x30000001 && args->ret == 0 &&
+    if (p.v.kind == GT_DEV_UVM && p.cmd == 0x30000001 && ret == 0 &&
         (e->valid & GT_V_STATUS) && e->status == 0)
         emit_proc(GT_PROC_UVM_INIT, id >> 32, 0, p.fd);
     st->count = n + 1;

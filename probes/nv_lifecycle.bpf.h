@@ -1,6 +1,7 @@
 /* mmap/munmap of NVIDIA fds and the process lifecycle (fork, exec, exit);
  * close and dup are in nv_fds.bpf.h.
- * Included by syscalls.bpf.c after its maps. */
+ */
+#include "common.bpf.h"
 
 /* ------------------------------------------------------- mmap / munmap */
 static __always_inline void emit_mapping(struct pending_mmap *p, u8 op, u64 addr, long ret,
@@ -27,39 +28,42 @@ static __always_inline void emit_mapping(struct pending_mmap *p, u8 op, u64 addr
         count_drop(GT_BUF_MAPPING, 1);
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
+static __always_inline int mmap_enter(u64 addr, u64 len, u64 prot, u64 flags, s32 fd, u64 off)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
-    managed_clear_enter(args->addr, args->len, args->flags); /* nv_faults.bpf.h */
-    u64 k = fdkey(id >> 32, (s32)args->fd);
+    if (!maybe_known(id >> 32))
+        return 0;
+    managed_clear_enter(addr, len, flags); /* nv_faults.bpf.h */
+    u64 k = fdkey(id >> 32, fd);
     struct fdval *v = fds.lookup(&k);
     if (!v)
         return 0;
     struct pending_mmap p = {};
     p.ts_ns = bpf_ktime_get_ns();
-    p.addr = args->addr;
-    p.length = args->len;
-    p.offset = args->off;
-    p.prot = args->prot;
-    p.flags = args->flags;
-    p.fd = (s32)args->fd;
+    p.addr = addr;
+    p.length = len;
+    p.offset = off;
+    p.prot = prot;
+    p.flags = flags;
+    p.fd = fd;
     p.v = *v;
     pending_mmaps.update(&tid, &p);
     return 0;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
+static __always_inline int mmap_exit(long ret)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
+    if (!maybe_known(id >> 32))
+        return 0;
     struct pending_mmap *pp = pending_mmaps.lookup(&tid);
-    managed_mmap_exit(pp, args->ret); /* nv_faults.bpf.h: managed ranges */
+    managed_mmap_exit(pp, ret); /* nv_faults.bpf.h: managed ranges */
     if (!pp)
         return 0;
     struct pending_mmap p = *pp;
     pending_mmaps.delete(&tid);
-    long ret = args->ret;
     int ok = !(ret < 0 && ret > -4096);
     emit_mapping(&p, GT_MAP_MMAP, ok ? (u64)ret : 0, ret, p.fd);
     if (ok) {
@@ -70,35 +74,39 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
     return 0;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
+static __always_inline int munmap_enter(u64 addr, u64 len)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
-    managed_clear_enter(args->addr, args->len, GT_MAP_FIXED); /* whole or partial */
-    struct mkey k = {.tgid = id >> 32, .addr = args->addr};
+    if (!maybe_known(id >> 32))
+        return 0;
+    managed_clear_enter(addr, len, GT_MAP_FIXED); /* whole or partial */
+    struct mkey k = {.tgid = id >> 32, .addr = addr};
     struct pending_mmap *m = maps.lookup(&k);
-    if (!m || m->addr != args->addr)
+    if (!m || m->addr != addr)
         return 0;
     struct pending_mmap p = *m;
     p.ts_ns = bpf_ktime_get_ns();
-    p.length = args->len;
+    p.length = len;
     p.offset = 0;
     pending_mmaps.update(&tid, &p);
     return 0;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_exit_munmap)
+static __always_inline int munmap_exit(long ret)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
-    managed_clear_exit(args->ret, 0);
+    if (!maybe_known(id >> 32))
+        return 0;
+    managed_clear_exit(ret, 0);
     struct pending_mmap *pp = pending_mmaps.lookup(&tid);
     if (!pp)
         return 0;
     struct pending_mmap p = *pp;
     pending_mmaps.delete(&tid);
-    emit_mapping(&p, GT_MAP_MUNMAP, p.addr, args->ret, -1);
-    if (args->ret == 0) {
+    emit_mapping(&p, GT_MAP_MUNMAP, p.addr, ret, -1);
+    if (ret == 0) {
         struct mkey k = {.tgid = id >> 32, .addr = p.addr};
         maps.delete(&k);
     }
@@ -125,6 +133,7 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
         return 0;
     /* The child inherits the parent's fds (threads share them: harmless). */
     u8 one = 1;
+    mark_known(child, 1);
     seen.update(&child, &one);
     for (s32 fd = 0; fd < GT_FD_SCAN; fd++) {
         u64 kp = fdkey(tgid, fd);
@@ -151,19 +160,17 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
 }
 #endif
 
-#ifdef GT_HAVE_SYS_ENTER_EXIT_GROUP
-TRACEPOINT_PROBE(syscalls, sys_enter_exit_group)
+static __always_inline int exit_group_enter(long error_code)
 {
     u32 zero = 0;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     struct gt_config *cfg = config.lookup(&zero);
     if (!cfg || !relevant(tgid, cfg))
         return 0;
-    s32 code = (args->error_code & 0xff) << 8; /* as wait(2) reports it */
+    s32 code = (error_code & 0xff) << 8; /* as wait(2) reports it */
     exit_codes.update(&tgid, &code);
     return 0;
 }
-#endif
 
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
@@ -174,6 +181,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     if (!cfg || tid != tgid) /* the leader's exit stands for the process */
         return 0;
     managed_forget(tgid);
+    mark_known(tgid, 0); /* its fds go below: a reused tgid starts unknown */
     int was_seen = 0;
     if (seen.lookup(&tgid))
         was_seen = 1;

@@ -1,9 +1,11 @@
 /* Managed ranges of traced processes, for the CPU page-fault filter of
- * nv_faults.bpf.h (issue 6): page bitmaps per 2 MiB block for ranges of up to
+ * nv_faults.bpf.h: page bitmaps per 2 MiB block for ranges of up to
  * GT_SMALL_BLOCKS blocks, whole [start, end) slots for longer ones; added,
  * cleared and retired from the mmap/munmap/exec/exit probes of
- * nv_lifecycle.bpf.h. Included by nv_faults.bpf.h after its maps.
+ * nv_lifecycle.bpf.h.
  */
+#include "common.bpf.h"
+
 static __always_inline void fault_stat(u32 slot, u64 n)
 {
     u64 *s = fault_stats.lookup(&slot);

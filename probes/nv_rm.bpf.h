@@ -1,6 +1,7 @@
 /* RM escapes on nvidiactl / nvidiaN (nvidia-driver-facts.md §2.2-2.4): the
  * parameter size comes from the request number (_IOC_SIZE), so historic
  * layouts are told apart by size; XFER is unwrapped. Included by nv_ioctl.bpf.h. */
+#include "common.bpf.h"
 
 #ifndef GT_NVOS21_STATUS_OFF
 #define GT_NVOS21_STATUS_OFF 28 /* 24 before 535.43.02 */

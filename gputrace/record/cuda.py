@@ -31,16 +31,12 @@ MAIN = "cuda.bpf.c"
 BUFFER = "cuda_events"
 CUDA_RB_PAGES = 1024  # 4 MiB: ~40k calls between polls
 PAUSE_LOAD, PAUSE_FIRST = 1, 2
-_INCLUDE_RE = re.compile(r'^#include "([\w.]+\.bpf\.h)"\s*$')
 _LIB_RE = re.compile(r"^libcuda\.so(\.[\w.]+)?$")
 
 
 def probe_source(probes: Path = loader.PROBES) -> str:
-    out = []
-    for line in (probes / MAIN).read_text().splitlines(keepends=True):
-        m = _INCLUDE_RE.match(line)
-        out.append((probes / m.group(1)).read_text() if m else line)
-    return "".join(out)
+    """The API layer's BPF C text (loader.probe_source of cuda.bpf.c)."""
+    return loader.probe_source(probes, MAIN)
 
 
 def cflags(probes: Path = loader.PROBES) -> list[str]:
@@ -223,6 +219,13 @@ class ApiLayer:
             watchdog.continue_stopped(pid, boot)
             if self.guard is not None:
                 self.guard.forget(pid)
+
+    def forget(self, gone: set[int]) -> None:
+        """Drop the stacks and symbols of exited processes: a recorder that runs
+        for hours on a host whose processes come and go keeps bounded memory."""
+        self.stacks_done = {k for k in self.stacks_done if k[0] not in gone}
+        for pid in gone:
+            self.sym.forget(pid)
 
     def resume_all(self) -> None:
         """Continue everyone stopped now. Entries are removed one by one, never

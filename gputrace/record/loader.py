@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import platform
 import re
 import sys
 from collections.abc import Iterable
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gputrace.errors import GputraceError
-from gputrace.record import decode, decode_faults
+from gputrace.record import decode, decode_faults, hooks
 from gputrace.record.driver import DriverInfo, slot
 
 PROBES = Path(__file__).resolve().parent.parent.parent / "probes"
@@ -28,28 +29,46 @@ FAULT_RB_PAGES = 8192  # 32 MiB: ~0.6 s of CPU faults at 1 M/s
 # ring buffers of the syscall program, in GT_BUF_* order (their index in `drops`)
 BUFFERS = ("ioctl_events", "mapping_events", "proc_events", "fault_events", "fd_events")
 STAGED = ("ioctl_events", "fault_events")  # records are count-prefixed batches
+FAULT_STATS = ("untracked_blocks", "untracked_ranges")  # `fault_stats` slots, GT_FS_* order
+# tp_btf programs of syscall_hooks.bpf.h: (function, kernel tracepoint, needs define)
+TP_BTF = (("gt_sys_enter", "sys_enter", None), ("gt_sys_exit", "sys_exit", None),
+          ("gt_page_fault_user", "page_fault_user", "GT_HAVE_PAGE_FAULT_USER"))  # fmt: skip
+# tail programs of gt_sys_exit, in their exit_tails slot order (GT_TAIL_*)
+TP_BTF_TAILS = ("gt_exit_ioctl", "gt_exit_mmap", "gt_exit_munmap")
+# How the syscall probes attach: "auto" (tp_btf, else tracepoints), "tp_btf" (or
+# fail) or "tracepoint"; for benchmarks and for kernels where tp_btf misbehaves.
+HOOKS_ENV = "GPUTRACE_SYSCALL_HOOKS"
+_BPF_PROG_LOAD = 5
+_PROG_TYPE_TRACING = 26
+_ATTACH_TRACE_RAW_TP = 23
 _SYSTEM_DIST = "/usr/lib/python3/dist-packages"
 _INCLUDE_RE = re.compile(r'^#include "([\w.]+\.bpf\.h)"\s*$')
 
 
-def probe_source(probes: Path = PROBES) -> str:
-    """The BPF C text, with the `*.bpf.h` parts inlined (bcc only finds
+def probe_source(probes: Path = PROBES, main: str = MAIN) -> str:
+    """The BPF C text of `main` (the syscall layer's by default; cuda.py: the API
+    layer's), with its `*.bpf.h` parts inlined, each once (bcc only finds
     TRACEPOINT_PROBEs in the main text); gputrace_events.h stays an include."""
+    done: set[str] = set()
 
     def inline(name: str) -> str:
+        done.add(name)
         out = []
         for line in (probes / name).read_text().splitlines(keepends=True):
             m = _INCLUDE_RE.match(line)
-            out.append(inline(m.group(1)) if m else line)
+            if m:
+                out.append(inline(m.group(1)) if m.group(1) not in done else "")
+            else:
+                out.append(line)
         return "".join(out)
 
-    return inline(MAIN)
+    return inline(main)
 
 
 def cflags(driver: DriverInfo, hook_defines: Iterable[str], probes: Path = PROBES) -> list[str]:
     """Compiler flags: include dir and validated -D defines (integers and names only)."""
     flags = [f"-I{probes}", f"-DGT_IOCTL_RB_PAGES={IOCTL_RB_PAGES}",
-             f"-DGT_FAULT_RB_PAGES={FAULT_RB_PAGES}"]
+             f"-DGT_FAULT_RB_PAGES={FAULT_RB_PAGES}", f"-DGT_TGID_WORDS={tgid_words()}"]
     for name, value in sorted(driver.defines.items()):
         if not re.fullmatch(r"GT_[A-Z0-9_]+", name) or not isinstance(value, int):
             raise GputraceError(f"internal error: bad define {name}={value!r}")
@@ -59,6 +78,88 @@ def cflags(driver: DriverInfo, hook_defines: Iterable[str], probes: Path = PROBE
             raise GputraceError(f"internal error: bad define {d}")
         flags.append(f"-D{d}")
     return flags
+
+
+def tgid_words(pid_max_file: Path = Path("/proc/sys/kernel/pid_max")) -> int:
+    """Entries of the `known_tgids` filter (64 tgids each) covering pid_max."""
+    try:
+        pid_max = int(pid_max_file.read_text())
+    except (OSError, ValueError):
+        pid_max = 1 << 22  # the kernel's upper limit on 64-bit
+    return max(1, min(pid_max, 1 << 22) + 63) // 64
+
+
+class _ProgLoadAttr(ctypes.Structure):
+    """The BPF_PROG_LOAD part of union bpf_attr, up to attach_btf_id."""
+
+    _fields_ = [
+        ("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32),
+        ("insns", ctypes.c_uint64), ("license", ctypes.c_uint64),
+        ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
+        ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32),
+        ("prog_flags", ctypes.c_uint32), ("prog_name", ctypes.c_char * 16),
+        ("prog_ifindex", ctypes.c_uint32), ("expected_attach_type", ctypes.c_uint32),
+        ("prog_btf_fd", ctypes.c_uint32), ("func_info_rec_size", ctypes.c_uint32),
+        ("func_info", ctypes.c_uint64), ("func_info_cnt", ctypes.c_uint32),
+        ("line_info_rec_size", ctypes.c_uint32), ("line_info", ctypes.c_uint64),
+        ("line_info_cnt", ctypes.c_uint32), ("attach_btf_id", ctypes.c_uint32),
+    ]  # fmt: skip
+
+
+def load_tp_btf(bpf: Any, func: str, tracepoint: str) -> int:
+    """Load bcc's compiled `func` as a BTF raw tracepoint program for
+    `tracepoint`; returns its fd. bcc 0.26 cannot load this type itself (it
+    derives the attach type from the function name), so the already relocated
+    instructions go to the bpf syscall here."""
+    from bcc import libbcc
+
+    lib = libbcc.lib
+    find = lib.libbpf_find_vmlinux_btf_id
+    find.argtypes, find.restype = [ctypes.c_char_p, ctypes.c_int], ctypes.c_int
+    btf_id = find(tracepoint.encode(), _ATTACH_TRACE_RAW_TP)
+    if btf_id < 0:
+        raise GputraceError(f"tp_btf/{tracepoint}: not in the kernel's BTF")
+    name = func.encode()
+    start = lib.bpf_function_start(bpf.module, name)
+    size = lib.bpf_function_size(bpf.module, name)
+    if not start or not size:
+        raise GputraceError(f"tp_btf/{tracepoint}: {func} was not compiled")
+    lic = ctypes.create_string_buffer(b"GPL")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    nr_bpf = 321 if platform.machine() == "x86_64" else 280
+
+    def load(log: Any) -> int:
+        attr = _ProgLoadAttr(
+            prog_type=_PROG_TYPE_TRACING, insn_cnt=size // 8, insns=start,
+            license=ctypes.addressof(lic), prog_name=name[:15],
+            expected_attach_type=_ATTACH_TRACE_RAW_TP, attach_btf_id=btf_id,
+        )  # fmt: skip
+        if log is not None:
+            attr.log_level, attr.log_size, attr.log_buf = 1, len(log), ctypes.addressof(log)
+        size_of = ctypes.c_uint(ctypes.sizeof(attr))
+        cmd = ctypes.c_int(_BPF_PROG_LOAD)
+        return int(libc.syscall(ctypes.c_long(nr_bpf), cmd, ctypes.byref(attr), size_of))
+
+    fd = load(None)
+    if fd < 0:
+        err = os.strerror(ctypes.get_errno())
+        log = ctypes.create_string_buffer(1 << 24)  # again, for the verifier's last words
+        load(log)
+        last = [ln for ln in log.value.decode(errors="replace").splitlines() if ln.strip()]
+        raise GputraceError(f"tp_btf/{tracepoint}: {func} refused: {err}"
+                            + (f" ({last[-1]})" if last else ""))  # fmt: skip
+    return fd
+
+
+def attach_tp_btf(fd: int, tracepoint: str) -> int:
+    """Attach a loaded tp_btf program; returns the link fd."""
+    from bcc import libbcc
+
+    link = int(libbcc.lib.bpf_attach_kfunc(fd))  # BPF_RAW_TRACEPOINT_OPEN, no name
+    if link < 0:
+        raise GputraceError(f"tp_btf/{tracepoint}: attach refused")
+    return link
 
 
 def import_bcc() -> Any:
@@ -127,7 +228,10 @@ class Probes:
     def __init__(self, source: str, flags: list[str]) -> None:
         bcc = import_bcc()
         self._libc = ctypes.CDLL(None, use_errno=True)
-        self.bpf = load_bpf(bcc, source, flags, "syscall-layer")
+        self._fds: list[int] = []  # tp_btf programs and links (bcc does not know them)
+        self._links = 0
+        self._flags = list(flags)
+        self.hooks = self._load(bcc, source, flags)
         self.raw: dict[str, list[bytes]] = {name: [] for name in BUFFERS}
         # (pid, uvm fd) of each UVM_INITIALIZE that succeeded, as the callback saw
         # it: the recorder attaches the driver layer's tracker before decoding
@@ -135,6 +239,56 @@ class Probes:
         self._callbacks = [self._collector(name) for name in BUFFERS]
         for name, cb in zip(BUFFERS, self._callbacks, strict=True):
             self.bpf[name].open_ring_buffer(cb)
+
+    def _load(self, bcc: Any, source: str, flags: list[str]) -> dict[str, str]:
+        """Compile and attach; returns the manifest's `syscall_hooks`: which
+        mechanism ran (tp_btf or tracepoint) and why the fallback, if taken."""
+        want = os.environ.get(HOOKS_ENV, "auto")
+        if want not in ("auto", "tp_btf", "tracepoint"):
+            raise GputraceError(f"{HOOKS_ENV}={want!r}: use auto, tp_btf or tracepoint")
+        reason = f"{HOOKS_ENV}=tracepoint"
+        if want != "tracepoint" and platform.machine() != "x86_64":
+            reason = "tp_btf programs read x86-64 syscall registers"
+        elif want != "tracepoint":
+            try:
+                bpf = load_bpf(bcc, source, [*flags, "-DGT_TP_BTF"], "syscall-layer")
+            except GputraceError as e:
+                if want == "tp_btf":
+                    raise
+                return self._load_tracepoints(bcc, source, flags, str(e))
+            try:
+                tails = bpf[b"exit_tails"]
+                for i, func in enumerate(TP_BTF_TAILS):
+                    fd = load_tp_btf(bpf, func, "sys_exit")
+                    self._fds.append(fd)
+                    tails[ctypes.c_int(i)] = ctypes.c_int(fd)
+                for func, tp, needs in TP_BTF:
+                    if needs is None or f"-D{needs}" in flags:
+                        fd = load_tp_btf(bpf, func, tp)
+                        self._fds.append(fd)
+                        self._fds.append(attach_tp_btf(fd, tp))
+                        self._links += 1
+                self.bpf = bpf
+                return {"mechanism": "tp_btf"}
+            except GputraceError as e:
+                self._close_fds()
+                bpf.cleanup()
+                if want == "tp_btf":
+                    raise
+                reason = str(e)
+        return self._load_tracepoints(bcc, source, flags, reason)
+
+    def _load_tracepoints(self, bcc: Any, source: str, flags: list[str],
+                          reason: str) -> dict[str, str]:  # fmt: skip
+        self.bpf = load_bpf(bcc, source, flags, "syscall-layer")
+        return {"mechanism": "tracepoint", "reason": reason}
+
+    def _close_fds(self) -> None:
+        for fd in reversed(self._fds):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+        self._links = 0
 
     def _collector(self, name: str) -> Any:
         """A callback that only copies bytes (ioctl batches: without their header)."""
@@ -171,7 +325,13 @@ class Probes:
 
     @property
     def attached(self) -> int:
-        return int(self.bpf.num_open_tracepoints())
+        """Hook points served, counted as the manifest lists them: with tp_btf,
+        every syscalls:* (and exceptions:*) hook the dispatchers stand for."""
+        n = int(self.bpf.num_open_tracepoints())
+        if self._links:
+            n += sum(1 for h in hooks.HOOKS if h.category in ("syscalls", "exceptions")
+                     and (h.required or f"-D{h.define}" in self._flags))  # fmt: skip
+        return n
 
     # -- settings
     def configure(self, *, self_tgid: int, filter_targets: bool, prefix: str) -> None:
@@ -200,8 +360,20 @@ class Probes:
         for pid in pids:
             tbl[ctypes.c_uint(pid)] = ctypes.c_ubyte(1)
 
+    def mark_known(self, tgids: Iterable[int]) -> None:
+        """Let these processes past the probes' first filter (`known_tgids`)."""
+        tbl = self.bpf["known_tgids"]
+        for tgid in tgids:
+            try:
+                leaf = tbl[ctypes.c_int(tgid >> 6)]
+            except (KeyError, IndexError):
+                continue  # beyond the array: the probes already treat it as known
+            leaf.b[tgid & 63] = 1
+            tbl[ctypes.c_int(tgid >> 6)] = leaf
+
     def seed_fds(self, fds: dict[tuple[int, int], tuple[int, int]]) -> None:
         tbl, seen = self.bpf["fds"], self.bpf["seen"]
+        self.mark_known({pid for pid, _fd in fds})
         for (pid, fd), (kind, gpu) in fds.items():
             leaf = tbl.Leaf()
             leaf.kind = kind
@@ -258,7 +430,7 @@ class Probes:
     def fault_stats(self) -> dict[str, int]:
         """Managed 2 MiB blocks and processes the BPF maps could not track."""
         tbl = self.bpf["fault_stats"]
-        names = ("untracked_blocks", "untracked_ranges")  # GT_FS_* order
+        names = FAULT_STATS
         return {n: int(sum(tbl[ctypes.c_int(i)])) for i, n in enumerate(names)}
 
     def seed_managed(
@@ -267,6 +439,7 @@ class Probes:
         """Managed ranges mapped before recording (cpufaults.seed): per tgid, page
         bitmaps per 2 MiB block of the small ranges and [(start, end)] of the big ones."""
         procs, tbl = self.bpf["managed_procs"], self.bpf["managed_blocks"]
+        self.mark_known(ranges)
         for i, (tgid, (per_block, big)) in enumerate(sorted(ranges.items())):
             try:  # the probe saw an mmap since attaching: add to its generation
                 mp = procs[ctypes.c_uint(tgid)]
@@ -309,4 +482,5 @@ class Probes:
         return data
 
     def close(self) -> None:
+        self._close_fds()
         self.bpf.cleanup()

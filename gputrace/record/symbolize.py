@@ -3,8 +3,9 @@
 Addresses are placed in modules with /proc/PID/maps, read while the process is
 alive (when it is first paused at its first API call, and again whenever an
 address falls outside the known mappings); module files are parsed once (by
-device and inode) with gputrace.record.elf. A frame whose module or symbol is
-unknown counts as unresolved.
+device and inode) with gputrace.record.elf. Each distinct (pid, address) is
+symbolized once: the stacks of one program share most of their frames. A frame
+whose module or symbol is unknown counts as unresolved.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class Symbolizer:
     maps: dict[int, list[Mapping]] = field(default_factory=dict)
     modules: dict[tuple[int, int], elf.Elf | None] = field(default_factory=dict)
     by_path: dict[tuple[int, str], elf.Elf | None] = field(default_factory=dict)
+    starts: dict[int, list[int]] = field(default_factory=dict)
+    # (pid, ip) -> (module, offset, symbol) of frames that fell in a mapping
+    resolved: dict[tuple[int, int], tuple[str, int | None, str | None]] = field(
+        default_factory=dict)
     frames: int = 0
     unresolved: int = 0
 
@@ -57,11 +62,21 @@ class Symbolizer:
         if m is None:
             return False
         self.maps[pid] = m
+        self.starts[pid] = [x.start for x in m]
         return True
+
+    def forget(self, pid: int) -> None:
+        """Drop what is known of an exited process (its addresses may be reused)."""
+        self.maps.pop(pid, None)
+        self.starts.pop(pid, None)
+        for key in [k for k in self.resolved if k[0] == pid]:
+            del self.resolved[key]
+        for path_key in [k for k in self.by_path if k[0] == pid]:
+            del self.by_path[path_key]
 
     def _find(self, pid: int, ip: int) -> Mapping | None:
         maps = self.maps.get(pid, [])
-        i = bisect.bisect_right([m.start for m in maps], ip) - 1
+        i = bisect.bisect_right(self.starts.get(pid, []), ip) - 1
         if i >= 0 and ip < maps[i].end:
             return maps[i]
         return None
@@ -92,23 +107,31 @@ class Symbolizer:
     def stack_rows(self, pid: int, stack_id: int, ips: list[int]) -> list[dict[str, Any]]:
         """Rows of the `stacks` table. The stacks are taken at the uretprobe, so
         every address is a return address: the symbol is looked up at ip - 1."""
-        if any(self._find(pid, ip) is None for ip in ips):
+        known = self.resolved
+        if any((pid, ip) not in known and self._find(pid, ip) is None for ip in ips):
             self.refresh(pid)
         rows = []
         for depth, ip in enumerate(ips):
-            m = self._find(pid, ip)
-            module = offset = symbol = None
-            if m is not None:
-                module = m.path
-                mod = self._module(pid, m.path)
-                if mod is not None:
-                    offset = mod.vaddr(ip - m.start + m.pgoff)
-                    symbol = mod.symbol(offset - 1)
-                else:
-                    offset = ip - m.start + m.pgoff
+            hit = known.get((pid, ip))
+            module, offset, symbol = hit if hit is not None else self._frame(pid, ip)
             self.frames += 1
             if symbol is None:
                 self.unresolved += 1
             rows.append({"pid": pid, "stack_id": stack_id, "depth": depth, "ip": ip,
                          "module": module, "offset": offset, "symbol": symbol})  # fmt: skip
         return rows
+
+    def _frame(self, pid: int, ip: int) -> tuple[str | None, int | None, str | None]:
+        """(module, offset, symbol) of one address; cached when it is in a mapping."""
+        m = self._find(pid, ip)
+        if m is None:
+            return None, None, None
+        mod = self._module(pid, m.path)
+        symbol = None
+        if mod is not None:
+            offset = mod.vaddr(ip - m.start + m.pgoff)
+            symbol = mod.symbol(offset - 1)
+        else:
+            offset = ip - m.start + m.pgoff
+        self.resolved[(pid, ip)] = (m.path, offset, symbol)
+        return m.path, offset, symbol
