@@ -119,7 +119,7 @@ class SyscallLayer(Layer):
         self.p.forget_tgids(gone)
 
     def manifest(self, s: Session, m: dict[str, Any]) -> dict[str, Any]:
-        hooks = self.probes.hooks if self.probes is not None else {}
+        hooks = getattr(self.probes, "hooks", {}) if self.probes is not None else {}
         return {"layers": ["syscall"], "drops": dict(self.drops), "syscall_hooks": hooks}
 
     def close(self, s: Session) -> None:
