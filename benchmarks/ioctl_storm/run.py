@@ -59,7 +59,7 @@ def cpu_of(pid: int) -> float:
 
 
 def traced(storm: Path, dev: Path, n: int, tmp: Path, procs: int = 1,
-           hooks: str = "auto") -> dict[str, Any]:  # fmt: skip
+           hooks: str = "tracepoint") -> dict[str, Any]:  # fmt: skip
     out = tmp / f"trace{procs}-{hooks}"
     os.environ["GPUTRACE_SYSCALL_HOOKS"] = hooks
     ws = [
@@ -152,7 +152,7 @@ def main() -> int:
         b0 = untraced_both(storm, dev, a.calls)
         rec1 = traced(storm, dev, a.calls, tmp, 1, "tp_btf")
         rec1tp = traced(storm, dev, a.calls, tmp, 1, "tracepoint")
-        rec2 = traced(storm, dev, a.calls, tmp, 2, "auto")
+        rec2 = traced(storm, dev, a.calls, tmp, 2, "tracepoint")
         b1 = untraced_both(storm, dev, a.calls)
         base, base_cpu = min(b0[0], b1[0]), min(b0[1], b1[1])
         st = strace(storm, dev, a.strace_calls)
