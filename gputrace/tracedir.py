@@ -556,13 +556,11 @@ def _version() -> str:
 
 
 # ---------------------------------------------------------------- reader
-class Trace:
-    """A trace directory opened for reading; cheap to create, scans are lazy."""
+class ManifestFacts:
+    """What a report reads of a manifest, shared by a trace directory and an exported
+    trace of a fleet dataset (one reading of status, layers and drops)."""
 
-    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
-        self.path = path
-        self.manifest = manifest
-        self._warnings: list[str] | None = None
+    manifest: dict[str, Any]
 
     @property
     def status(self) -> str:
@@ -575,6 +573,15 @@ class Trace:
     @property
     def drops(self) -> dict[str, int]:
         return {str(k): int(v) for k, v in dict(self.manifest.get("drops", {})).items()}
+
+
+class Trace(ManifestFacts):
+    """A trace directory opened for reading; cheap to create, scans are lazy."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
+        self.path = path
+        self.manifest = manifest
+        self._warnings: list[str] | None = None
 
     def parts(self, table: str) -> list[Path]:
         _check_table(table)

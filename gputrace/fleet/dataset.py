@@ -17,29 +17,18 @@ import polars as pl
 from gputrace import schema
 from gputrace.analyses.common import Inputs, inputs_from_trace
 from gputrace.fleet.store import DatasetError, Store
+from gputrace.tracedir import ManifestFacts
 
 DEVICE_TABLES = ("chunks", "gpu_memory")
 """Tables a job filter keeps whole: they describe the GPU, not one process."""
 
 
-class _Exported:
+class _Exported(ManifestFacts):
     """What `inputs_from_trace` reads of a trace, served from a dataset record."""
 
     def __init__(self, record: dict[str, Any], frames: Mapping[str, pl.DataFrame]) -> None:
-        self.manifest: dict[str, Any] = record["manifest"]
+        self.manifest = record["manifest"]
         self._frames = frames
-
-    @property
-    def status(self) -> str:
-        return str(self.manifest.get("status", "unknown"))
-
-    @property
-    def layers(self) -> list[str]:
-        return [str(x) for x in self.manifest.get("layers", [])]
-
-    @property
-    def drops(self) -> dict[str, int]:
-        return {str(k): int(v) for k, v in dict(self.manifest.get("drops", {})).items()}
 
     def scan(self, name: str) -> pl.LazyFrame:
         t = schema.table(name)
