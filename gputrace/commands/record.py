@@ -6,6 +6,18 @@ from typing import Annotated
 
 import typer
 
+from gputrace.commands.record_opts import (
+    AlertOpt,
+    DeviceDirOpt,
+    DriverVersionOpt,
+    DurationOpt,
+    LibcudaOpt,
+    MetricsOpt,
+    NoDriverLayerOpt,
+    OnAlertOpt,
+    PidOpt,
+)
+
 MAX_QUEUE_ENTRIES = 1 << 22
 """At most 4 Mi records (288 MiB of queue per traced process): past that a number
 is a typo, and the queue is pinned memory."""
@@ -39,33 +51,13 @@ def register(app: typer.Typer) -> None:
         output: Annotated[str, typer.Option("--output", "-o", help="Trace directory.")] = (
             "gputrace.trace"
         ),
-        pid: Annotated[
-            list[str] | None,
-            typer.Option("--pid", "-p", help="Attach to a running process (repeatable)."),
-        ] = None,
-        duration: Annotated[
-            str | None,
-            typer.Option("--duration", "-d",
-                         help="Stop after this long: seconds, or 500ms, 5m, 1h."),
-        ] = None,
-        device_dir: Annotated[
-            str, typer.Option("--device-dir", help="Folder holding the NVIDIA device files.")
-        ] = "/dev",
-        driver_version: Annotated[
-            str | None,
-            typer.Option("--driver-version", help="Driver version whose layouts to use."),
-        ] = None,
+        pid: PidOpt = None,
+        duration: DurationOpt = None,
+        device_dir: DeviceDirOpt = "/dev",
+        driver_version: DriverVersionOpt = None,
         force: Annotated[bool, typer.Option("--force", help="Overwrite the output.")] = False,
-        libcuda: Annotated[
-            str | None,
-            typer.Option("--libcuda", help="libcuda.so to probe besides those found (API layer)."),
-        ] = None,
-        no_driver_layer: Annotated[
-            bool,
-            typer.Option("--no-driver-layer",
-                         help="No UVM tools trackers (GPU faults, migrations) and no RM "
-                              "GPU memory samples."),
-        ] = False,
+        libcuda: LibcudaOpt = None,
+        no_driver_layer: NoDriverLayerOpt = False,
         uvm_queue_entries: Annotated[
             str | None,
             typer.Option("--uvm-queue-entries", metavar="N",
@@ -90,22 +82,9 @@ def register(app: typer.Typer) -> None:
         live: Annotated[
             bool, typer.Option("--live", help="A terminal view of the recording, once a second.")
         ] = False,
-        metrics: Annotated[
-            str | None,
-            typer.Option("--metrics", metavar="[HOST:]PORT",
-                         help="Serve Prometheus metrics (a bare port: on 127.0.0.1)."),
-        ] = None,
-        alert: Annotated[
-            list[str] | None,
-            typer.Option("--alert", metavar="EXPR",
-                         help="Alert once per episode, e.g. leak_rate>100MiB/min, "
-                              "gpu_free<1GiB (repeatable; docs/live.md)."),
-        ] = None,
-        on_alert: Annotated[
-            str | None,
-            typer.Option("--on-alert", metavar="CMD",
-                         help="Run CMD per alert, details in GPUTRACE_ALERT_* variables."),
-        ] = None,
+        metrics: MetricsOpt = None,
+        alert: AlertOpt = None,
+        on_alert: OnAlertOpt = None,
     ) -> None:
         """Record GPU memory activity into a trace directory (root).
 

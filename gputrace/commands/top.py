@@ -8,47 +8,37 @@ from typing import Annotated
 
 import typer
 
+from gputrace.commands.record_opts import (
+    AlertOpt,
+    DeviceDirOpt,
+    DriverVersionOpt,
+    DurationOpt,
+    LibcudaOpt,
+    MetricsOpt,
+    NoDriverLayerOpt,
+    OnAlertOpt,
+    PidOpt,
+)
+
 
 def register(app: typer.Typer) -> None:
     @app.command(epilog="Example:  sudo gputrace top -p 4242 --metrics 9400")
     def top(
-        pid: Annotated[
-            list[str] | None,
-            typer.Option("--pid", "-p", help="Watch a running process (repeatable)."),
-        ] = None,
-        duration: Annotated[
-            str | None, typer.Option("--duration", "-d", help="Stop after this long.")
-        ] = None,
+        pid: PidOpt = None,
+        duration: DurationOpt = None,
         output: Annotated[
             str | None,
             typer.Option("--output", "-o",
                          help="Trace directory (default: a new gputrace-top-* folder in the "
                               "temporary directory)."),
         ] = None,
-        device_dir: Annotated[
-            str, typer.Option("--device-dir", help="Folder holding the NVIDIA device files.")
-        ] = "/dev",
-        driver_version: Annotated[
-            str | None,
-            typer.Option("--driver-version", help="Driver version whose layouts to use."),
-        ] = None,
-        libcuda: Annotated[
-            str | None, typer.Option("--libcuda", help="libcuda.so to probe besides those found.")
-        ] = None,
-        no_driver_layer: Annotated[
-            bool, typer.Option("--no-driver-layer", help="No UVM tools trackers, no RM samples.")
-        ] = False,
-        metrics: Annotated[
-            str | None,
-            typer.Option("--metrics", metavar="[HOST:]PORT", help="Also serve Prometheus metrics."),
-        ] = None,
-        alert: Annotated[
-            list[str] | None,
-            typer.Option("--alert", metavar="EXPR", help="Alert once per episode (repeatable)."),
-        ] = None,
-        on_alert: Annotated[
-            str | None, typer.Option("--on-alert", metavar="CMD", help="Run CMD per alert.")
-        ] = None,
+        device_dir: DeviceDirOpt = "/dev",
+        driver_version: DriverVersionOpt = None,
+        libcuda: LibcudaOpt = None,
+        no_driver_layer: NoDriverLayerOpt = False,
+        metrics: MetricsOpt = None,
+        alert: AlertOpt = None,
+        on_alert: OnAlertOpt = None,
     ) -> None:
         """Watch GPU memory live: per process and GPU, once a second (root).
 
