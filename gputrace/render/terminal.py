@@ -227,69 +227,6 @@ def _leaks_by_layer(con: Console, d: dict[str, Any], limit: int) -> None:
                   f"{v['count']} ({human_bytes(v['bytes'])})[/dim]")
 
 
-def _faults(con: Console, d: dict[str, Any], limit: int) -> None:
-    table(con, f"Fault rate ({d['window_s']} s windows)", d["rates"], [
-        ("pid", "pid", plain), ("gpu_index", "gpu", num), ("source", "source", str),
-        ("access_type", "access", str), ("faults", "faults", num),
-        ("mean_per_s", "mean/s", num), ("peak_per_s", "peak/s", num)], limit)
-    if d["batches"] is not None:
-        table(con, "GPU fault batches", d["batches"], [
-            ("gpu_index", "gpu", num), ("batches", "batches", num), ("faults", "faults", num),
-            ("duplicate_share", "dup share", num), ("faults_p50", "size p50", num),
-            ("faults_max", "size max", num), ("service_ns_p50", "svc p50 µs", us),
-            ("service_ns_p99", "svc p99 µs", us)], limit)
-    cpu = d["cpu_faults"]
-    con.print(Text(f"CPU faults on managed memory: {num(cpu['total'])} "
-                   f"(reads {num(cpu['reads'])}, writes {num(cpu['writes'])}) "
-                   f"in {num(cpu['blocks'])} blocks of 2 MiB"))
-    table(con, "CPU faults per process", cpu.get("by_process", []), [
-        ("pid", "pid", plain), ("comm", "comm", str), ("faults", "faults", num),
-        ("reads", "reads", num), ("writes", "writes", num), ("blocks", "blocks", num),
-        ("per_s", "per s", num)], limit)
-    table(con, "Top CPU-faulting 2 MiB blocks", cpu["top_blocks"], [
-        ("pid", "pid", plain), ("block_2m", "block", hexa), ("faults", "faults", num),
-        ("reads", "reads", num), ("writes", "writes", num)], limit)
-    th = d["thrashing"]
-    if th is not None:
-        table(con, f"Thrashing blocks (>= {th['min_reversals']} reversals in "
-              f"{th['window_s']} s)", th["blocks"], [
-                  ("block_2m", "block", hexa), ("pid", "pid", plain),
-                  ("window_start_s", "window s", num), ("migrations", "migr", num),
-                  ("reversals", "reversals", num), ("processors", "procs", str)], limit)
-    ev = d["evictions"]
-    if ev is not None:
-        con.print(Text(f"evictions: {num(ev['migrations'])} migrations "
-                       f"({human_bytes(ev['bytes'])}), {num(ev['chunk_evictions'])} chunk "
-                       "evictions"))
-    else:
-        con.print("[dim]GPU fault batches, thrashing, evictions: not recorded (driver layer "
-                  "absent)[/dim]")
-    o = d["oversubscription"]
-    if o is not None and not o["gpu_memory_bytes"]:
-        con.print(Text(f"managed memory peak {human_bytes(o['managed_peak_bytes'])} (GPU "
-                       "memory unknown: the manifest lists no GPUs)"))
-    elif o is not None:
-        con.print(f"managed memory peak {human_bytes(o['managed_peak_bytes'])} vs GPU memory "
-                  f"{human_bytes(o['gpu_memory_bytes'])}: ratio {num(o['ratio'])}"
-                  + (" [bold red]OVERSUBSCRIBED[/bold red]" if o["oversubscribed"] else ""))
-
-
-def _frag(con: Console, d: dict[str, Any], limit: int) -> None:
-    rows = [{"gpu_index": g["gpu_index"], "at": at, **g[at]} for g in d["gpus"]
-            for at in ("peak", "end") if g.get(at)]
-    table(con, "Fragmentation per GPU (PMM chunks)", rows, [
-        ("gpu_index", "gpu", num), ("at", "at", str), ("used_bytes", "used", human_bytes),
-        ("free_bytes", "free", human_bytes), ("largest_free_run_bytes", "largest run",
-                                              human_bytes),
-        ("unusable_2m_bytes", "unusable 2M", human_bytes),
-        ("partial_root_share", "partial roots", num),
-        ("fragmentation_index", "index", num)], limit)
-    hist = [{"gpu_index": g["gpu_index"], **g["histogram"]} for g in d["gpus"]]
-    table(con, "Chunk allocations by size", hist, [
-        ("gpu_index", "gpu", num), ("4KiB", "4 KiB", num), ("64KiB", "64 KiB", num),
-        ("2MiB", "2 MiB", num), ("other", "other", num)], limit)
-
-
 def _summary(con: Console, d: dict[str, Any], limit: int) -> None:
     if d["ioctls"] is not None:
         table(con, "ioctls (latency in µs)", d["ioctls"], [
