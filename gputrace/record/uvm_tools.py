@@ -22,6 +22,7 @@ import os
 import select
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gputrace.record.driver import Version
 
@@ -85,16 +86,22 @@ class ToolsError(Exception):
 
 
 # --- parameter structs (x86-64; sizes pinned by tests/test_uvm_tools_client.py) ---
+# The fields every INIT_EVENT_TRACKER variant starts with; they differ only after uvmFd.
+_INIT_PREFIX: list[tuple[str, Any]] = [
+    ("queueBuffer", ctypes.c_uint64),
+    ("queueBufferSize", ctypes.c_uint64),  # entries, a power of two; 0 = counters
+    ("controlBuffer", ctypes.c_uint64),
+    ("processor", ctypes.c_uint8 * UUID_LEN),
+    ("allProcessors", ctypes.c_uint32),
+    ("uvmFd", ctypes.c_uint32),
+]
+
+
 class InitParams(ctypes.Structure):
     """UVM_TOOLS_INIT_EVENT_TRACKER(_V2)_PARAMS, ≤550.40 and 565+ (56 bytes)."""
 
     _fields_ = [
-        ("queueBuffer", ctypes.c_uint64),
-        ("queueBufferSize", ctypes.c_uint64),  # entries, a power of two; 0 = counters
-        ("controlBuffer", ctypes.c_uint64),
-        ("processor", ctypes.c_uint8 * UUID_LEN),
-        ("allProcessors", ctypes.c_uint32),
-        ("uvmFd", ctypes.c_uint32),
+        *_INIT_PREFIX,
         ("rmStatus", ctypes.c_uint32),
     ]
 
@@ -103,12 +110,7 @@ class InitParamsNegotiated(ctypes.Structure):
     """550.54.14-555.x: the queue version is negotiated in the params (64 bytes)."""
 
     _fields_ = [
-        ("queueBuffer", ctypes.c_uint64),
-        ("queueBufferSize", ctypes.c_uint64),
-        ("controlBuffer", ctypes.c_uint64),
-        ("processor", ctypes.c_uint8 * UUID_LEN),
-        ("allProcessors", ctypes.c_uint32),
-        ("uvmFd", ctypes.c_uint32),
+        *_INIT_PREFIX,
         ("rmStatus", ctypes.c_uint32),
         ("requestedVersion", ctypes.c_uint32),
         ("grantedVersion", ctypes.c_uint32),
@@ -119,12 +121,7 @@ class InitParamsVersioned(ctypes.Structure):
     """560.x: one `version` field before rmStatus (56 bytes)."""
 
     _fields_ = [
-        ("queueBuffer", ctypes.c_uint64),
-        ("queueBufferSize", ctypes.c_uint64),
-        ("controlBuffer", ctypes.c_uint64),
-        ("processor", ctypes.c_uint8 * UUID_LEN),
-        ("allProcessors", ctypes.c_uint32),
-        ("uvmFd", ctypes.c_uint32),
+        *_INIT_PREFIX,
         ("version", ctypes.c_uint32),
         ("rmStatus", ctypes.c_uint32),
     ]
