@@ -52,9 +52,9 @@ def record_cmd(out: Path, *args: str) -> list[str]:
 class RecorderProc:
     """`gputrace record` in the background; `wait_ready` blocks on its ready line."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], stdin: int = subprocess.DEVNULL) -> None:
         self.proc = subprocess.Popen(
-            argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            argv, cwd=ROOT, stdin=stdin, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.lines: queue.Queue[str | None] = queue.Queue()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import queue
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from gputrace.tracedir import open_trace
 from tests import test_driver_layer_live as dl
 from tests.record_helpers import (
     COMPILE_S,
-    ROOT,
+    RecorderProc,
     live_skip_reason,
     record_cmd,
     standin_driver_args,
@@ -51,24 +50,11 @@ TABLES = ("faults", "fault_batches", "migrations", "uvm_events", "uvm_counters",
           "ioctls", "files", "processes")  # fmt: skip
 
 
-class Recording:
+class Recording(RecorderProc):
     """`gputrace record` in the background with pipes on all three streams."""
 
     def __init__(self, argv: list[str]) -> None:
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)  # fmt: skip
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.stderr: list[str] = []
-        self._t = threading.Thread(target=self._pump, daemon=True)
-        self._t.start()
-
-    def _pump(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.stderr.append(line)
-            self.lines.put(line)
-        self.lines.put(None)
+        super().__init__(argv, stdin=subprocess.PIPE)
 
     def wait_line(self, prefix: str) -> str:
         """Block until the recorder writes a stderr line starting with `prefix` (the
