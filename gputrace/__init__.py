@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from gputrace.tracedir import Trace, TraceWriter, open_trace
+    from gputrace.tracedir import Trace, open_trace
+    from gputrace.tracewriter import TraceWriter
 
 __all__ = ["Trace", "TraceWriter", "__version__", "open_trace"]
 
@@ -15,8 +16,12 @@ __all__ = ["Trace", "TraceWriter", "__version__", "open_trace"]
 def __getattr__(name: str) -> Any:
     """The trace-directory names, imported on first use: `import gputrace.record...`
     then loads only what recording needs."""
-    if name in ("Trace", "TraceWriter", "open_trace"):
+    if name in ("Trace", "open_trace"):
         from gputrace import tracedir
 
         return getattr(tracedir, name)
+    if name == "TraceWriter":
+        from gputrace.tracewriter import TraceWriter
+
+        return TraceWriter
     raise AttributeError(f"module 'gputrace' has no attribute {name!r}")

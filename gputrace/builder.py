@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from gputrace import schema
-from gputrace.tracedir import write_tables
+from gputrace.tracewriter import write_tables
 
 KiB = 1024
 MiB = 1024 * KiB

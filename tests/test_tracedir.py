@@ -17,7 +17,9 @@ import pytest
 from gputrace import schema
 from gputrace.builder import MiB, TraceBuilder
 from gputrace.errors import TraceError
-from gputrace.tracedir import TraceWriter, check_output, open_trace, trace_warnings
+from gputrace.tracedir import open_trace, trace_warnings
+from gputrace.traceoutput import check_output
+from gputrace.tracewriter import TraceWriter
 from tests.conftest import FIXTURES
 
 

@@ -28,7 +28,9 @@ import pytest
 from gputrace import schema
 from gputrace.builder import MiB, TraceBuilder
 from gputrace.errors import TraceError
-from gputrace.tracedir import TraceWriter, check_output, open_trace
+from gputrace.tracedir import open_trace
+from gputrace.traceoutput import check_output
+from gputrace.tracewriter import TraceWriter
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="attacks on root's writer need root")
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from gputrace import schema
-from gputrace.tracedir import TraceWriter
+from gputrace.tracewriter import TraceWriter
 
 T0 = 1_000_000_000_000
 STEP_NS = 1_000  # one event per microsecond

@@ -7,7 +7,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gputrace import schema
-from gputrace.tracedir import STATUS_COMPLETE, Trace, trace_warnings
+from gputrace.tracedir import Trace, trace_warnings
+from gputrace.tracefiles import STATUS_COMPLETE
 
 
 def trace_info(trace: Trace) -> dict[str, Any]:

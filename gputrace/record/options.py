@@ -11,7 +11,7 @@ from typing import Any
 
 from gputrace.errors import GputraceError, UsageError
 from gputrace.record import driver, hooks, loader, rm_client, uvm_tools
-from gputrace.tracedir import check_output
+from gputrace.traceoutput import check_output
 
 MAX_DURATION_S = 10 * 365 * 86400.0
 """-d at most ten years: past that a number is a typo, not a plan (and 1e300 s

@@ -1,0 +1,247 @@
+"""Writing a trace directory: Arrow batches per table in, rotated zstd Parquet parts
+and an atomically rewritten manifest out.
+
+The recorder's last stage (and the builder's and tools' only one). It needs
+pyarrow and the schema, never polars or pydantic, so recording hosts install
+neither. File names and the safe file operations are in `gputrace.tracefiles`;
+creating or replacing the directory is `gputrace.traceoutput`'s job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gputrace import schema
+from gputrace.errors import TraceError
+from gputrace.tracefiles import (
+    MANIFEST,
+    MANIFEST_TMP,
+    STATUS_COMPLETE,
+    STATUS_RECORDING,
+    abs_trace_path,
+    check_private,
+    create_file,
+    open_dir_at,
+    part_name,
+)
+from gputrace.traceoutput import open_output
+
+__all__ = ["TraceWriter", "write_tables"]
+
+
+def _stderr_note(message: str) -> None:
+    print(f"gputrace: {message}", file=sys.stderr, flush=True)
+
+
+
+class TraceWriter:
+    """Collects Arrow batches per table and writes them as rotated zstd parts.
+
+    `append` only buffers; `rotate` (called by the recorder on a timer, and
+    automatically when a table's buffer passes `rotate_rows`) writes one part
+    per table with buffered rows, then rewrites the manifest. Every file goes
+    through the directory descriptor opened here, so renaming the directory
+    away (or replacing it with a link) mid-recording changes nothing: the
+    trace is finished where the directory went.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        manifest: Mapping[str, Any] | None = None,
+        force: bool = False,
+        rotate_rows: int = 4_000_000,
+        compression_level: int = 3,
+        note: Callable[[str], None] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self._note = note or _stderr_note
+        self._fd = open_output(abs_trace_path(path), force, self._note)
+        self._table_fds: dict[str, int] = {}
+        self.rotate_rows = rotate_rows
+        self.compression_level = compression_level
+        self._buffers: dict[str, list[pa.RecordBatch]] = {n: [] for n in schema.TABLES}
+        self._buffered_rows: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
+        self._parts: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
+        self._rows: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
+        self.manifest: dict[str, Any] = {
+            "format": schema.FORMAT_NAME,
+            "format_version": schema.FORMAT_VERSION,
+            "schema_version": schema.SCHEMA_VERSION,
+            "gputrace_version": _version(),
+            "status": STATUS_RECORDING,
+            "created_unix_s": time.time(),
+            "layers": [],
+            "hooks": {"attached": [], "skipped": []},
+            "drops": {},
+            "tables": {},
+        }
+        if manifest:
+            self.manifest.update(manifest)
+        try:
+            self._write_manifest()
+        except BaseException:
+            self._close_fds()
+            raise
+
+    def append(self, table: str, data: pa.RecordBatch | pa.Table) -> None:
+        """Buffer rows for `table`; they must match (or safely cast to) its schema."""
+        t = schema.table(table) if table in schema.TABLES else None
+        if t is None:
+            raise TraceError(f"unknown table {table!r}")
+        batch = _conform(t, data)
+        if batch.num_rows == 0:
+            return
+        self._buffers[table].append(batch)
+        self._buffered_rows[table] += batch.num_rows
+        if self._buffered_rows[table] >= self.rotate_rows:
+            self._flush_table(table)
+            self._write_manifest()
+
+    def update_manifest(self, **fields: Any) -> None:
+        """Merge fields into the manifest; written at the next rotation or close."""
+        self.manifest.update(fields)
+
+    def rotate(self) -> None:
+        """Write every buffered table as a new part, then the manifest."""
+        for name in schema.TABLES:
+            if self._buffered_rows[name]:
+                self._flush_table(name)
+        self._write_manifest()
+
+    def close(self, status: str = STATUS_COMPLETE) -> None:
+        """Write what is buffered and the final manifest; release the directory."""
+        for name in schema.TABLES:
+            if self._buffered_rows[name]:
+                self._flush_table(name)
+        self.manifest["status"] = status
+        self._write_manifest()
+        if self.relocated():
+            self._note(f"warning: {self.path} was moved or replaced while recording; the "
+                       "trace was finished in the original directory, wherever it is now")
+        self._close_fds()
+
+    def relocated(self) -> bool:
+        """Does `path` no longer name the directory this writer writes into?"""
+        if self._fd < 0:
+            return False
+        mine = os.fstat(self._fd)
+        try:
+            now = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return True
+        return (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino)
+
+    def _close_fds(self) -> None:
+        for fd in [*self._table_fds.values(), self._fd]:
+            if fd >= 0:
+                os.close(fd)
+        self._table_fds = {}
+        self._fd = -1
+
+    def _table_dir(self, name: str) -> int:
+        fd = self._table_fds.get(name)
+        if fd is not None:
+            return fd
+        # exists when --force kept it (it holds files gputrace did not write): checked below
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=self._fd)
+        fd = open_dir_at(self._fd, name, self.path / name)
+        try:
+            check_private(fd, self.path / name)
+            os.fchmod(fd, 0o700)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._table_fds[name] = fd
+        return fd
+
+    def _flush_table(self, name: str) -> None:
+        t = schema.table(name)
+        arrow = pa.Table.from_batches(self._buffers[name], schema=t.arrow_schema)
+        folder = self._table_dir(name)
+        final = part_name(self._parts[name] + 1)
+        tmp = final + ".tmp"
+        with os.fdopen(create_file(folder, tmp, self.path / name), "wb") as f:
+            # A file object, not a path: pyarrow never opens anything by name here.
+            pq.write_table(
+                arrow,
+                f,
+                compression="zstd",
+                compression_level=self.compression_level,
+                use_dictionary=True,
+                write_statistics=True,
+            )
+        # rename replaces a directory entry; it never writes through a link planted there
+        os.rename(tmp, final, src_dir_fd=folder, dst_dir_fd=folder)
+        self._parts[name] += 1
+        self._rows[name] += arrow.num_rows
+        self._buffers[name] = []
+        self._buffered_rows[name] = 0
+
+    def _write_manifest(self) -> None:
+        self.manifest["tables"] = {
+            n: {"rows": self._rows[n], "parts": self._parts[n]}
+            for n in schema.TABLES
+            if self._parts[n]
+        }
+        data = json.dumps(self.manifest, indent=2, sort_keys=True).encode() + b"\n"
+        fd = create_file(self._fd, MANIFEST_TMP, self.path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(MANIFEST_TMP, MANIFEST, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+        os.fsync(self._fd)
+
+
+def _conform(t: schema.Table, data: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+    names = list(data.schema.names)
+    expected = [c.name for c in t.columns]
+    missing = [n for n in expected if n not in names]
+    extra = [n for n in names if n not in expected]
+    if missing or extra:
+        raise TraceError(f"table {t.name}: missing columns {missing}, unexpected columns {extra}")
+    tbl = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
+    tbl = tbl.select(expected).cast(t.arrow_schema)
+    batches = tbl.combine_chunks().to_batches()
+    if not batches:
+        return pa.RecordBatch.from_pylist([], schema=t.arrow_schema)
+    return batches[0]
+
+
+def _version() -> str:
+    from gputrace import __version__
+
+    return __version__
+
+
+
+def write_tables(
+    path: str | os.PathLike[str],
+    tables: Mapping[str, pa.Table | pa.RecordBatch],
+    *,
+    manifest: Mapping[str, Any] | None = None,
+    force: bool = False,
+    status: str = STATUS_COMPLETE,
+) -> Path:
+    """Write whole tables as a trace (used by the builder and tools)."""
+    w = TraceWriter(path, manifest=manifest, force=force)
+    for name, data in tables.items():
+        w.append(name, data)
+    w.close(status)
+    return w.path
