@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from gputrace import schema
 from gputrace.record import decode, driver, hooks, procfs
-from gputrace.tracedir import TraceWriter
+from gputrace.tracewriter import TraceWriter
 
 if TYPE_CHECKING:  # the layers import this module
     from gputrace.record.layers.base import Batch, Buffer
