@@ -34,7 +34,8 @@ from gputrace.record.options import (
     exit_status,
 )
 from gputrace.record.session import Observer, Session, Stats, merged
-from gputrace.tracedir import STATUS_COMPLETE, TraceWriter
+from gputrace.tracefiles import STATUS_COMPLETE
+from gputrace.tracewriter import TraceWriter
 
 __all__ = ["MAX_DURATION_S", "PID_MAX", "Options", "Recorder", "Stats", "build_program",
            "exit_status"]
