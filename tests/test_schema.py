@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from gputrace import schema
+from gputrace.schema.markdown import render_markdown
 from tests.conftest import ROOT
 
 
 def test_docs_trace_format_is_generated_from_schema() -> None:
     doc = (ROOT / "docs" / "trace-format.md").read_text()
-    assert doc == schema.render_markdown(), (
+    assert doc == render_markdown(), (
         "docs/trace-format.md is stale: run `python -m gputrace.schema > docs/trace-format.md`"
     )
 

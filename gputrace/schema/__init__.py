@@ -1,0 +1,146 @@
+"""Every table of a gputrace trace directory, column by column: the catalog.
+
+This package is the single source of truth for what a trace holds: the writer
+validates record batches against it, `open_trace` types empty tables from it,
+and `docs/trace-format.md` is generated from it (`python -m gputrace.schema`; a
+test keeps them in step). Each fact is written once, in one module:
+
+- `model`: `Column`, `Table`, the schema and format versions;
+- `enums`: every enumeration (code -> name) and the UVM tools codes mapped to ours;
+- `syscall`, `api`, `driver`, `live`: the tables, by the layer that writes them;
+- here: the catalog (`TABLES`, `LAYERS`, `table()`), the manifest keys readers
+  rely on, and the columns a fleet dataset adds.
+
+Stages read the schema as one vocabulary, `schema.IOCTLS`, `schema.DEVICE_KINDS`,
+`schema.SCHEMA_VERSION`: the catalog names the tables it lists, and the
+enumerations and versions it is built with (`__all__`).
+"""
+
+from __future__ import annotations
+
+from gputrace.schema.api import CUDA_CALLS, STACKS
+from gputrace.schema.driver import (
+    CHUNKS,
+    FAULT_BATCHES,
+    FAULTS,
+    GPU_MEMORY,
+    MIGRATIONS,
+    UVM_COUNTERS_TABLE,
+    UVM_EVENTS,
+)
+from gputrace.schema.enums import (
+    ACCESS_TYPES,
+    CHUNK_MEM_TYPES,
+    CHUNK_OPS,
+    DEVICE_KINDS,
+    ENUMS,
+    FAULT_SOURCES,
+    FAULT_TYPES,
+    FD_OPS,
+    MAPPING_OPS,
+    MIGRATION_CAUSES,
+    TOOLS_ACCESS_TYPES,
+    TOOLS_CLIENT_TYPES,
+    TOOLS_FATAL_REASONS,
+    TOOLS_FAULT_TYPES,
+    TOOLS_MAP_REMOTE_CAUSES,
+    TOOLS_MIGRATION_CAUSES,
+    UVM_COUNTERS,
+    UVM_EVENT_KINDS,
+    UVM_EVENT_REASONS,
+)
+from gputrace.schema.live import ALERTS
+from gputrace.schema.model import FORMAT_NAME, FORMAT_VERSION, SCHEMA_VERSION, STR, Column, Table
+from gputrace.schema.syscall import FILES, IOCTLS, MAPPINGS, PROCESSES
+
+__all__ = [
+    "ACCESS_TYPES", "ALERTS", "CHUNKS", "CHUNK_MEM_TYPES", "CHUNK_OPS", "CUDA_CALLS",
+    "DEVICE_KINDS", "ENUMS", "FAULTS", "FAULT_BATCHES", "FAULT_SOURCES", "FAULT_TYPES",
+    "FD_OPS", "FILES", "FLEET_COLUMNS", "FLEET_PARTITIONS", "FORMAT_NAME", "FORMAT_VERSION",
+    "GPU_MEMORY", "IOCTLS", "LAYERS", "MANIFEST_FIELDS", "MAPPINGS", "MAPPING_OPS",
+    "MIGRATIONS", "MIGRATION_CAUSES", "PROCESSES", "SCHEMA_VERSION", "STACKS", "TABLES",
+    "TOOLS_ACCESS_TYPES", "TOOLS_CLIENT_TYPES", "TOOLS_FATAL_REASONS", "TOOLS_FAULT_TYPES",
+    "TOOLS_MAP_REMOTE_CAUSES", "TOOLS_MIGRATION_CAUSES", "UVM_COUNTERS", "UVM_COUNTERS_TABLE",
+    "UVM_EVENTS", "UVM_EVENT_KINDS", "UVM_EVENT_REASONS", "Column", "Table", "table",
+]  # fmt: skip
+
+TABLES: dict[str, Table] = {
+    t.name: t
+    for t in (
+        PROCESSES,
+        IOCTLS,
+        FILES,
+        MAPPINGS,
+        CUDA_CALLS,
+        STACKS,
+        FAULTS,
+        FAULT_BATCHES,
+        MIGRATIONS,
+        CHUNKS,
+        UVM_EVENTS,
+        UVM_COUNTERS_TABLE,
+        GPU_MEMORY,
+        ALERTS,
+    )
+}
+
+LAYERS: dict[str, tuple[str, ...]] = {
+    layer: tuple(t.name for t in TABLES.values() if layer in t.layers)
+    for layer in ("syscall", "api", "cpu_faults", "driver", "uvm_tools", "rm_query", "live")
+}
+"""Tables each layer writes. `driver` is in-kernel driver hooks (PMM chunks, fault
+batches); `uvm_tools` is the driver's own UVM tools event stream and counters
+(no kernel hooks); `rm_query` is RM queries of our own client (GPU memory); `live` is
+what the recorder concluded while recording (alerts)."""
+
+
+MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
+    ("format, format_version, schema_version, gputrace_version",
+     "what wrote the trace and in which format"),
+    ("status", "`recording` until the recorder finished, then `complete`"),
+    ("layers", "layers recorded (see LAYERS: syscall, api, cpu_faults, driver, uvm_tools, "
+     "rm_query); a table of a layer not listed is unknown, not empty"),
+    ("start_ts_ns, end_ts_ns", "CLOCK_MONOTONIC span of the recording"),
+    ("clock.realtime_offset_ns", "added to a timestamp gives Unix-epoch nanoseconds"),
+    ("clock.uvm_events",
+     "clock of the uvm_tools rows as recorded: \"CLOCK_MONOTONIC_RAW converted to "
+     "CLOCK_MONOTONIC with offsets measured at start and during recording\" (the driver "
+     "stamps its events with CLOCK_MONOTONIC_RAW)"),
+    ("drops", "events lost per ring buffer or queue, e.g. `proc_events`; UVM tools queues "
+     "per event type as `uvm_tools:<type>` (`uvm_tools:gpu_fault`, `uvm_tools:migration`, "
+     "...), from the queues' dropped counters"),
+    ("driver_layer.trackers_attached", "processes a UVM tools tracker was attached to"),
+    ("driver_layer.attach_failures",
+     "list of {pid, error} for processes whose tracker could not be attached"),
+    ("driver_layer.missed_before_attach",
+     "list of {pid, attached_ts_ns} for processes whose UVM activity before the tracker "
+     "attached is missing (processes already running when recording began)"),
+    ("driver_layer.sample_interval_ms", "period of the gpu_memory and uvm_counters samples"),
+    ("gpus", "GPUs: index (the trace GPU index every table uses), memory_bytes, name, uuid"),
+    ("synthetic", "true for traces built by gputrace.builder, never recorded"),
+)
+"""Manifest keys readers rely on, and what they mean (documented with the tables)."""
+
+
+# ------------------------------------------------------------ fleet datasets
+# `gputrace export` writes many traces as one dataset (docs/fleet.md): every table
+# above plus these columns, which say which recording a row came from. `date` and
+# `host` are hive partitions (`<table>/date=YYYY-MM-DD/host=NAME/<trace_id>.parquet`),
+# so they live in the path; the others are stored in each file.
+FLEET_COLUMNS: tuple[Column, ...] = (
+    Column("host", STR, "", "hostname of the recording host (hive partition `host=`)", False),
+    Column("trace_id", STR, "",
+           "the recording's identity: manifest `trace_id`, else a hash of host, start "
+           "time, creation time and recorder pid", False),
+    Column("driver_version", STR, "", "NVIDIA driver version from the manifest"),
+    Column("gpu_model", STR, "", "GPU names from the manifest, distinct, joined by ', '"),
+    Column("date", STR, "",
+           "UTC date the recording started, YYYY-MM-DD (hive partition `date=`)", False),
+)
+FLEET_PARTITIONS: tuple[str, ...] = ("date", "host")
+"""Hive partition columns of a fleet dataset, outermost first."""
+
+
+def table(name: str) -> Table:
+    """Look a table up by name; unknown names raise `KeyError`."""
+    return TABLES[name]

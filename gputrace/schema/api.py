@@ -1,0 +1,40 @@
+"""Tables of the API layer: CUDA driver API memory calls (uprobes on libcuda) and the
+user call stacks they were made from.
+"""
+
+from __future__ import annotations
+
+from gputrace.schema.model import I32, I64, STR, U16, U64, Column, Table, who
+
+CUDA_CALLS = Table(
+    "cuda_calls",
+    "CUDA driver API memory calls (uprobes on libcuda).",
+    "api",
+    (
+        *who(),
+        Column("func", STR, "", "libcuda symbol, e.g. cuMemAlloc_v2", False),
+        Column("size_bytes", U64, "bytes", "requested size"),
+        Column("ptr", U64, "address", "device pointer returned (allocs) or passed (frees)"),
+        Column("handle", U64, "", "CUmemGenericAllocationHandle or pool handle"),
+        Column("flags", U64, "", "flags argument"),
+        Column("stream", U64, "", "CUstream argument of async calls"),
+        Column("result", I32, "", "CUresult returned (0 = CUDA_SUCCESS)"),
+        Column("latency_ns", I64, "ns", "time from call to return"),
+        Column("stack_id", I64, "", "key into the stacks table (with pid); null when none"),
+    ),
+)
+
+STACKS = Table(
+    "stacks",
+    "Symbolized user call stacks, one row per frame, innermost first.",
+    "api",
+    (
+        Column("pid", I32, "", "process whose address space the addresses belong to", False),
+        Column("stack_id", I64, "", "stack id referenced by cuda_calls.stack_id", False),
+        Column("depth", U16, "", "frame index, 0 = innermost", False),
+        Column("ip", U64, "address", "instruction pointer", False),
+        Column("module", STR, "", "path of the mapped object holding ip (null if unknown)"),
+        Column("offset", U64, "bytes", "ip relative to the module's load base"),
+        Column("symbol", STR, "", "function name (null when it could not be resolved)"),
+    ),
+)

@@ -1,0 +1,115 @@
+"""Tables of the syscall layer: processes, and the ioctls, fd operations and mappings
+of NVIDIA device files, as the tracepoint probes see them (any kernel with BPF).
+"""
+
+from __future__ import annotations
+
+from gputrace.schema.enums import (
+    DEVICE_KINDS,
+    FD_OPS,
+    MAPPING_OPS,
+)
+from gputrace.schema.model import (
+    BOOL,
+    I16,
+    I32,
+    I64,
+    STR,
+    U32,
+    U64,
+    Column,
+    Table,
+    enum_columns,
+    who,
+)
+
+PROCESSES = Table(
+    "processes",
+    "One row per process instance seen touching NVIDIA devices (or traced as a target).",
+    "syscall",
+    (
+        Column("pid", I32, "", "process id (tgid)", False),
+        Column("ppid", I32, "", "parent process id"),
+        Column("comm", STR, "", "process name"),
+        Column("exe", STR, "", "path of the executable"),
+        Column("cmdline", STR, "", "command line, arguments joined by spaces"),
+        Column("cgroup", STR, "", "cgroup v2 path"),
+        Column("container_id", STR, "", "container id parsed from the cgroup, when there is one"),
+        Column("start_ts_ns", I64, "ns", "process start (null when it predates the trace)"),
+        Column("exit_ts_ns", I64, "ns", "process exit (null when it outlived the trace)"),
+        Column("exit_code", I32, "", "exit status as wait(2) reports it"),
+    ),
+)
+
+IOCTLS = Table(
+    "ioctls",
+    "Every ioctl on an NVIDIA device file, decoded at entry and exit.",
+    "syscall",
+    (
+        *who(),
+        *enum_columns("device", DEVICE_KINDS, "device file kind"),
+        Column("gpu_index", I16, "",
+               "N of /dev/nvidiaN; for RM_ALLOC of a device (0x80) its deviceId (the RM "
+               "device instance); null otherwise"),
+        Column("fd", I32, "", "file descriptor", False),
+        Column("cmd", U32, "", "raw ioctl request number", False),
+        Column("nr", U32, "", "RM escape number (_IOC_NR) or UVM command number", False),
+        Column("name", STR, "", "decoded command, e.g. RM_ALLOC, RM_FREE, UVM_FREE", False),
+        Column("ret", I64, "", "syscall return value (negative errno)"),
+        Column("status", U32, "", "NV_STATUS from the parameters (0 = NV_OK; null when none)"),
+        Column("latency_ns", I64, "ns", "time from syscall entry to exit"),
+        Column("h_client", U32, "", "RM client handle"),
+        Column("h_parent", U32, "", "RM parent handle (RM_ALLOC) or device handle"),
+        Column("h_object", U32, "", "RM object handle (new, freed, or mapped hMemory)"),
+        Column("h_class", U32, "", "RM class of an allocated object"),
+        Column("size_bytes", U64, "bytes", "allocation or mapping size"),
+        Column("va_base", U64, "address", "UVM/GPU virtual base address"),
+        Column("va_length", U64, "bytes", "UVM/GPU virtual length"),
+        Column("offset", U64, "bytes", "offset (RM map offset, alloc OUT offset)"),
+        Column("alignment", U64, "bytes", "requested alignment of a memory allocation"),
+        Column("flags", U32, "", "command flags (NVOS32 alloc flags, map flags, UVM flags)"),
+        Column("attr", U32, "", "NVOS32 attr of a memory allocation"),
+        Column("attr2", U32, "", "NVOS32 attr2 of a memory allocation"),
+        Column("ctrl_cmd", U32, "",
+               "RM_CONTROL command; for RM_VID_HEAP_CONTROL the NVOS32 function (2 alloc, 3 free)"),
+        Column("ref_fd", I32, "", "fd named inside the parameters (rmCtrlFd, uvmFd, map fd)"),
+        Column("gpu_uuid", STR, "", "GPU UUID named by a UVM command, GPU-xxxxxxxx-... form"),
+    ),
+)
+
+FILES = Table(
+    "files",
+    "Opens, duplications and closes of NVIDIA device fds (the RM frees a control "
+    "fd's clients when its last reference closes).",
+    "syscall",
+    (
+        *who(),
+        *enum_columns("fd_op", FD_OPS, "what happened (seen = already open when recording began)"),
+        *enum_columns("device", DEVICE_KINDS, "device file kind"),
+        Column("gpu_index", I16, "", "N of /dev/nvidiaN (null for other devices)"),
+        Column("fd", I32, "", "the fd opened, duplicated from, or closed", False),
+        Column("new_fd", I32, "", "the new fd of a dup (null otherwise)"),
+        Column("ret", I64, "", "syscall return value (negative errno)"),
+    ),
+)
+
+MAPPINGS = Table(
+    "mappings",
+    "mmap and munmap of NVIDIA device files (managed ranges, RM mappings).",
+    "syscall",
+    (
+        *who(),
+        *enum_columns("op", MAPPING_OPS, "operation"),
+        *enum_columns("device", DEVICE_KINDS, "device file kind (munmap: of the range's mmap)"),
+        Column("gpu_index", I16, "", "N of /dev/nvidiaN (null for other devices)"),
+        Column("fd", I32, "", "file descriptor (-1 for munmap)"),
+        Column("addr", U64, "address", "start address: mmap result, or munmap argument"),
+        Column("length", U64, "bytes", "length of the range", False),
+        Column("offset", U64, "bytes", "file offset of an mmap"),
+        Column("prot", U32, "", "PROT_* bits"),
+        Column("flags", U32, "", "MAP_* bits"),
+        Column("ret", I64, "", "syscall return (mmap: address or negative errno)"),
+        Column("managed", BOOL, "", "mmap of the uvm fd with offset == address: a managed range"),
+        Column("latency_ns", I64, "ns", "time from syscall entry to exit"),
+    ),
+)
