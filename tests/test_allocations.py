@@ -11,9 +11,9 @@ from typing import Any
 import polars as pl
 import pytest
 
-from gputrace.analyses.common import inputs_from_trace
-from gputrace.analyses.lifetimes import lifetimes, memory
-from gputrace.analyses.partition import Slice
+from gputrace.analyses.helpers.common import inputs_from_trace
+from gputrace.analyses.helpers.lifetimes import lifetimes, memory
+from gputrace.analyses.helpers.partition import Slice
 from gputrace.builder import MiB, TraceBuilder
 from gputrace.render.terminal import render_terminal
 from gputrace.tracedir import open_trace

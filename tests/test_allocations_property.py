@@ -10,9 +10,9 @@ import polars as pl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputrace.analyses.common import inputs_from_trace
-from gputrace.analyses.lifetimes import lifetimes, memory
-from gputrace.analyses.partition import Slice
+from gputrace.analyses.helpers.common import inputs_from_trace
+from gputrace.analyses.helpers.lifetimes import lifetimes, memory
+from gputrace.analyses.helpers.partition import Slice
 from gputrace.builder import MiB, TraceBuilder
 from gputrace.tracedir import open_trace
 from tests.analyze_helpers import analyze

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gputrace.analyses import partition
-from gputrace.analyses.common import inputs_from_trace
+from gputrace.analyses.helpers import partition
+from gputrace.analyses.helpers.common import inputs_from_trace
 from gputrace.tracedir import open_trace
 from tests.analyze_helpers import GOLDEN, SCENARIO_DIR, analyze, scenarios
 from tests.conftest import FIXTURES

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from gputrace.analyses.common import inputs_from_trace
 from gputrace.analyses.faults import fault_rate, windows
 from gputrace.analyses.fragmentation import fragmentation
+from gputrace.analyses.helpers.common import inputs_from_trace
 from gputrace.builder import GiB, KiB, MiB, TraceBuilder
 from gputrace.tracedir import open_trace
 from tests.conftest import ROOT
@@ -194,7 +194,7 @@ def test_driver_thrashing_throttling_and_evictions(tmp_path: Path) -> None:
     assert fr["evictions"]["migrations"] == 1 and fr["evictions"]["bytes"] == 4 * MiB
     (res,) = fr["oversubscription"]["resident_by_gpu"]
     # 6 MiB in, 4 MiB evicted; the manifest gives the GPU's size (8 GiB), so the RM
-    # heap sampled (4 GiB) does not stand in (gputrace.analyses.gpus.memory_sizes)
+    # heap sampled (4 GiB) does not stand in (gputrace.analyses.helpers.gpus.memory_sizes)
     assert (res["gpu_index"], res["resident_peak_bytes"], res["resident_end_bytes"],
             res["populated_bytes"], res["gpu_memory_bytes"], res["memory_source"]) == (
         1, 6 * MiB, 2 * MiB, 0, 8 * GiB, "manifest")

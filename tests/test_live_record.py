@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gputrace.analyses.lifetimes import API_ALLOCS
+from gputrace.analyses.helpers.lifetimes import API_ALLOCS
 from gputrace.live.aggregates import _base
 from gputrace.record.recorder import Recorder
 from gputrace.tracedir import open_trace

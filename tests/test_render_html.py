@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from gputrace.analyses.common import Inputs
+from gputrace.analyses.helpers.common import Inputs
 from gputrace.analyses.timeseries import decimate, plot_series
 from gputrace.builder import MiB, TraceBuilder
 from gputrace.cli import main
@@ -98,7 +98,7 @@ def test_downsampling_keeps_extremes_and_bounds_points() -> None:
 
 
 def test_plot_series_of_training_leak_are_exact() -> None:
-    from gputrace.analyses.common import inputs_from_trace
+    from gputrace.analyses.helpers.common import inputs_from_trace
     from gputrace.tracedir import open_trace
     from tests.analyze_helpers import analyze
 
@@ -116,7 +116,7 @@ def test_plot_series_of_training_leak_are_exact() -> None:
 
 @pytest.mark.parametrize("name", ["real-h200-cuda", "standin-cuda"])
 def test_leak_icicle_totals_the_leak_headline(name: str) -> None:
-    from gputrace.analyses.common import inputs_from_trace
+    from gputrace.analyses.helpers.common import inputs_from_trace
     from gputrace.tracedir import open_trace
     from tests.analyze_helpers import analyze
 

@@ -10,7 +10,7 @@ Reports (one registry entry each):
 Parts of a report (each answers one question a report is built from):
     allocations, allocations_join (leaks), growth (leaks), cpu_faults, migrations
     (fault-rate), gpu_memory (fragmentation).
-Helpers shared by reports (not reports themselves):
+Helpers shared by reports (not reports themselves), in the `helpers` subpackage:
     common (inputs, pairing), fds, gpus, lifetimes, partition, rm_objects, stacks.
 Other commands' analyses:
     diff (`gputrace diff`), timeseries (HTML plots, Perfetto timeline, folded stacks).

@@ -27,7 +27,7 @@ from __future__ import annotations
 import polars as pl
 
 from gputrace.analyses.allocations_join import link
-from gputrace.analyses.lifetimes import VIRTUAL_LAYERS
+from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS
 
 COUNTED = "counted_bytes"
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from gputrace.analyses.common import BLOCK_2M
+from gputrace.analyses.helpers.common import BLOCK_2M
 
 MAX_PAGES = 4096
 """2 MiB pages of one mapping an API pointer is looked up in (its first 8 GiB)."""

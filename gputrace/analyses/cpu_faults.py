@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from gputrace.analyses.common import NS_PER_S
+from gputrace.analyses.helpers.common import NS_PER_S
 
 
 def cpu_blocks(faults: pl.LazyFrame) -> pl.LazyFrame:

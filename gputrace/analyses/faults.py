@@ -32,7 +32,9 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses import migrations
-from gputrace.analyses.common import (
+from gputrace.analyses.cpu_faults import cpu_blocks, cpu_processes
+from gputrace.analyses.growth import live_series
+from gputrace.analyses.helpers.common import (
     BLOCK_2M,
     NS_PER_S,
     Inputs,
@@ -40,10 +42,8 @@ from gputrace.analyses.common import (
     records,
     trace_warnings,
 )
-from gputrace.analyses.cpu_faults import cpu_blocks, cpu_processes
-from gputrace.analyses.gpus import memory_sizes
-from gputrace.analyses.growth import live_series
-from gputrace.analyses.lifetimes import api_lifetimes, uvm_lifetimes
+from gputrace.analyses.helpers.gpus import memory_sizes
+from gputrace.analyses.helpers.lifetimes import api_lifetimes, uvm_lifetimes
 from gputrace.analyses.report import Report, not_recorded
 
 QUESTION = "How often does managed memory fault, and does it thrash or oversubscribe the GPU?"

@@ -29,7 +29,14 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses import gpu_memory
-from gputrace.analyses.common import BLOCK_2M, Inputs, chunk_bytes, pair, records, trace_warnings
+from gputrace.analyses.helpers.common import (
+    BLOCK_2M,
+    Inputs,
+    chunk_bytes,
+    pair,
+    records,
+    trace_warnings,
+)
 from gputrace.analyses.report import Report, not_recorded
 
 QUESTION = "Is free GPU memory usable, or scattered into pieces too small for 2 MiB chunks?"

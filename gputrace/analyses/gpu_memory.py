@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from gputrace.analyses.common import NS_PER_S
+from gputrace.analyses.helpers.common import NS_PER_S
 
 MiB = 1 << 20
 ALLOC_SIZES = {"2m": 2 * MiB, "64m": 64 * MiB, "1g": 1024 * MiB}

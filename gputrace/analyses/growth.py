@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from gputrace.analyses.common import NS_PER_MIN, MiB
+from gputrace.analyses.helpers.common import NS_PER_MIN, MiB
 
 BINS = 32
 MIN_R2 = 0.5

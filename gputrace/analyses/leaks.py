@@ -18,14 +18,14 @@ from dataclasses import dataclass
 import polars as pl
 
 from gputrace.analyses.allocations import leak_kind, with_exits
-from gputrace.analyses.common import Inputs, records, size_class, trace_warnings
 from gputrace.analyses.growth import growth
+from gputrace.analyses.helpers.common import Inputs, records, size_class, trace_warnings
+from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS, recorded_layers
+from gputrace.analyses.helpers.partition import Slice, per_slice
+from gputrace.analyses.helpers.rm_objects import VIRTUAL_LAYER
+from gputrace.analyses.helpers.stacks import stack_frames
 from gputrace.analyses.leaks_joined import joined_part, joined_report
-from gputrace.analyses.lifetimes import VIRTUAL_LAYERS, recorded_layers
-from gputrace.analyses.partition import Slice, per_slice
 from gputrace.analyses.report import Report, not_recorded
-from gputrace.analyses.rm_objects import VIRTUAL_LAYER
-from gputrace.analyses.stacks import stack_frames
 
 __all__ = ["LeakOptions", "classify", "leak_part", "leaks", "with_exits"]
 

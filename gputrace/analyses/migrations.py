@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from gputrace.analyses.common import BLOCK_2M, NS_PER_S
+from gputrace.analyses.helpers.common import BLOCK_2M, NS_PER_S
 
 KiB = 1024
 SIZE_CLASSES = ("<=4KiB", "<=64KiB", "<=2MiB", ">2MiB")

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gputrace.analyses.common import Inputs
-    from gputrace.analyses.partition import Slice
+    from gputrace.analyses.helpers.common import Inputs
+    from gputrace.analyses.helpers.partition import Slice
     from gputrace.analyses.report import Report
 
 
@@ -66,7 +66,7 @@ class Context:
         slices for every asked-for report with a `part` step: they share each slice's
         lifetimes."""
         if self._parts is None:
-            from gputrace.analyses.partition import per_slice
+            from gputrace.analyses.helpers.partition import per_slice
 
             steps: dict[str, Callable[[Slice], Any]] = {}
             for spec in selected(self.names):
@@ -132,7 +132,7 @@ def _leaks(ctx: Context) -> Report:
 
 
 def _pmm(ctx: Context) -> Any:
-    from gputrace.analyses.gpus import pmm_gpus
+    from gputrace.analyses.helpers.gpus import pmm_gpus
 
     return ctx.memo("pmm_gpus", lambda: pmm_gpus(ctx.inp))
 

@@ -11,7 +11,7 @@ from gputrace.analyses import registry
 from gputrace.analyses.registry import Context, ReportOptions
 
 if TYPE_CHECKING:
-    from gputrace.analyses.common import Inputs
+    from gputrace.analyses.helpers.common import Inputs
     from gputrace.analyses.report import Report
 
 
@@ -33,8 +33,8 @@ def run_reports(inp: Inputs, names: list[str] | None = None,
                 step: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Compute the reports named (CLI names; None: all) and return the JSON document.
     `step(name)` is called as each report starts (a progress display)."""
-    from gputrace.analyses.common import trace_warnings
-    from gputrace.analyses.gpus import memory_bytes_by_index
+    from gputrace.analyses.helpers.common import trace_warnings
+    from gputrace.analyses.helpers.gpus import memory_bytes_by_index
 
     specs = registry.selected(registry.names() if names is None else names)
     ctx = Context(inp, opts or ReportOptions(), [s.name for s in specs])

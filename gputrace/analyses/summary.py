@@ -16,11 +16,11 @@ import functools
 import polars as pl
 
 from gputrace.analyses.allocations import with_exits
-from gputrace.analyses.common import Inputs, records, trace_warnings
-from gputrace.analyses.gpus import gpu_table, pmm_gpus, replay_steps
 from gputrace.analyses.growth import live_series
-from gputrace.analyses.lifetimes import VIRTUAL_LAYERS
-from gputrace.analyses.partition import Slice, per_slice
+from gputrace.analyses.helpers.common import Inputs, records, trace_warnings
+from gputrace.analyses.helpers.gpus import gpu_table, pmm_gpus, replay_steps
+from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS
+from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.report import Report, not_recorded
 
 QUESTION = "Which driver calls cost what, and who holds how much GPU memory, on which GPU?"

@@ -22,11 +22,11 @@ import polars as pl
 
 from gputrace import schema
 from gputrace.analyses.allocations import COUNTED
-from gputrace.analyses.common import NS_PER_MIN, NS_PER_S, Inputs, chunk_bytes
 from gputrace.analyses.growth import BINS, live_series, theil_sen
-from gputrace.analyses.lifetimes import lifetimes, memory
-from gputrace.analyses.partition import Slice, per_slice
-from gputrace.analyses.stacks import stack_frames
+from gputrace.analyses.helpers.common import NS_PER_MIN, NS_PER_S, Inputs, chunk_bytes
+from gputrace.analyses.helpers.lifetimes import lifetimes, memory
+from gputrace.analyses.helpers.partition import Slice, per_slice
+from gputrace.analyses.helpers.stacks import stack_frames
 
 BUCKETS = 1000
 """Default buckets per plot: at most 2000 points per series."""

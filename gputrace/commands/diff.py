@@ -82,8 +82,8 @@ def gates(d: dict[str, Any], conds: list[Cond]) -> list[str]:
 
 def diff_traces(before: str, after: str) -> dict[str, Any]:
     """Both traces analyzed with default options, then compared."""
-    from gputrace.analyses.common import inputs_from_trace
     from gputrace.analyses.diff import diff
+    from gputrace.analyses.helpers.common import inputs_from_trace
     from gputrace.analyses.run import run_reports
     from gputrace.analyses.timeseries import folded_stacks
     from gputrace.tracedir import open_trace

@@ -10,11 +10,11 @@ vectorized work runs per row; Python loops run over allocation and free rows
 Live bytes per layer:
 
 - `api`: cuda_calls allocations paired with their frees by (pid, pointer or
-  handle), as the offline lifetimes pair them (gputrace.analyses.lifetimes);
+  handle), as the offline lifetimes pair them (gputrace.analyses.helpers.lifetimes);
   failed calls never count; address reservations are not memory.
 - `rm`: RM_ALLOC / RM_ALLOC_MEMORY of the memory classes and RM_VID_HEAP_CONTROL
   allocations, ended by their own RM_FREE, the RM_FREE of their parent or of
-  their client (gputrace.analyses.rm_objects; fd releases are not followed live).
+  their client (gputrace.analyses.helpers.rm_objects; fd releases are not followed live).
   The GPU is that of the RM device (class 0x80) the object hangs under.
 
 A process's memory ends with it: when its exit is seen, its series go away.
@@ -37,8 +37,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gputrace.analyses.lifetimes import API_ALLOCS, API_FREES
-from gputrace.analyses.rm_objects import ALLOCS, MEMORY_CLASSES, VID_HEAP
+from gputrace.analyses.helpers.lifetimes import API_ALLOCS, API_FREES
+from gputrace.analyses.helpers.rm_objects import ALLOCS, MEMORY_CLASSES, VID_HEAP
 
 NS = 1_000_000_000
 GROWTH_WINDOW_NS = 60 * NS

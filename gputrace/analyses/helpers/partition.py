@@ -20,8 +20,8 @@ from typing import TypeVar
 
 import polars as pl
 
-from gputrace.analyses.common import Inputs
-from gputrace.analyses.lifetimes import lifetimes
+from gputrace.analyses.helpers.common import Inputs
+from gputrace.analyses.helpers.lifetimes import lifetimes
 
 T = TypeVar("T")
 

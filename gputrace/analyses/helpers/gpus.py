@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from gputrace.analyses.common import Inputs, chunk_bytes
+from gputrace.analyses.helpers.common import Inputs, chunk_bytes
 
 FULL_SHARE = 0.95
 MANIFEST = "manifest"

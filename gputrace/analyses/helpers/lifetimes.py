@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from gputrace.analyses.common import Inputs, ok_ioctl, pair
-from gputrace.analyses.rm_objects import rm_lifetimes
+from gputrace.analyses.helpers.common import Inputs, ok_ioctl, pair
+from gputrace.analyses.helpers.rm_objects import rm_lifetimes
 
 COLUMNS = {
     "layer": pl.String, "pid": pl.Int32, "comm": pl.String, "id": pl.UInt64,
