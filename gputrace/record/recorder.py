@@ -248,7 +248,6 @@ class Recorder:
         for layer in self.layers:
             layer.collect(s, due)
         s.uvm_inits.clear()
-        s.watch_procs()  # before the writer thread, which may decode a second later
         late = []
         for layer in self.layers:
             for kind, data in layer.drain(s, due):
@@ -259,7 +258,6 @@ class Recorder:
                     work.put((layer, kind, data))
         for item in late:
             work.put(item)
-        s.procs_taken()
 
     # ------------------------------------------------------------ writer thread
     def _worker(self, work: queue.Queue[tuple[Layer | None, str, Any] | None], s: Session) -> None:
