@@ -26,6 +26,10 @@ MAX_BYTES = 16 << 20
 MAX_DEPTH = 32
 """Our manifests nest 4 levels deep; deeper input would only exhaust the stack."""
 
+TRACE_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
+"""What a manifest `trace_id` may be: it names files of a fleet dataset, so no
+path separators or leading dots. The recorder writes a random UUID."""
+
 Count = Annotated[StrictInt, Field(ge=0)]
 Stamp = Annotated[StrictInt, Field(ge=0)]
 
@@ -129,6 +133,7 @@ class Manifest(_Model):
     schema_version: Count = 0
     gputrace_version: StrictStr | None = None
     status: StrictStr = "unknown"
+    trace_id: Annotated[StrictStr, Field(pattern=f"^{TRACE_ID_PATTERN}$")] | None = None
     created_unix_s: float | None = None
     synthetic: StrictBool = False
     host: Host = Host()

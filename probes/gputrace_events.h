@@ -128,6 +128,21 @@ struct proc_event {
     char comm[16];
 };
 
+/* Value of the `proc_starts` map (key: the new task's id; probes/nv_lifecycle.bpf.h):
+ * how a process that started during the recording began. Written at every fork
+ * and exec of the host and emitted nowhere: the recorder looks a process up when
+ * it first matters (gputrace/record/session.py), so an unrelated fork costs one
+ * map update. */
+struct proc_start {
+    u64 fork_ns;        /* CLOCK_MONOTONIC of its fork; 0 when the fork was not seen */
+    u64 fork_boot_ns;   /* CLOCK_BOOTTIME of the fork: /proc/PID/stat's start time
+                         * must match it for /proc to describe this process */
+    u64 exec_ns;        /* CLOCK_MONOTONIC of its last exec; 0 when none was seen */
+    u64 cgroup_id;      /* cgroup v2 id at that exec (the cgroup directory's inode) */
+    u32 ppid;           /* tgid of the process that forked it */
+    u32 _pad0;
+};
+
 /* Drop counters: index of each ring buffer in the per-CPU `drops` array
  * (gputrace/record/loader.py BUFFERS lists the names in this order). */
 #define GT_BUF_IOCTL 0

@@ -114,11 +114,26 @@ static __always_inline int munmap_exit(long ret)
 }
 
 /* ------------------------------------------------------ process lifecycle */
+/* How each task of the host started (struct proc_start), kept for the recorder:
+ * it reads a process's entry when the process first matters (device open, target
+ * fork or exec), so nothing is emitted for the host's other forks. Entries of
+ * threads and of processes that exit unseen are deleted at their exit; those of
+ * seen processes stay for the recorder, which may read them after the exit. An
+ * LRU map: when a busy host fills it, the least recently touched go (their
+ * processes then get their facts from /proc only). */
+BPF_TABLE("lru_hash", u32, struct proc_start, proc_starts, 65536);
+
 TRACEPOINT_PROBE(sched, sched_process_fork)
 {
     u32 zero = 0;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     u32 child = args->child_pid;
+    /* child_pid is a thread's id for pthread_create too: its entry goes at its exit */
+    struct proc_start ps = {};
+    ps.fork_ns = bpf_ktime_get_ns();
+    ps.fork_boot_ns = bpf_ktime_get_boot_ns();
+    ps.ppid = tgid;
+    proc_starts.update(&child, &ps);
     struct gt_config *cfg = config.lookup(&zero);
     if (!cfg)
         return 0;
@@ -153,6 +168,17 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     u32 zero = 0;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     struct gt_config *cfg = config.lookup(&zero);
+    u64 now = bpf_ktime_get_ns();
+    struct proc_start *ps = proc_starts.lookup(&tgid);
+    if (ps) {
+        ps->exec_ns = now;
+        ps->cgroup_id = bpf_get_current_cgroup_id();
+    } else { /* forked before the probes were attached */
+        struct proc_start n = {};
+        n.exec_ns = now;
+        n.cgroup_id = bpf_get_current_cgroup_id();
+        proc_starts.update(&tgid, &n);
+    }
     managed_forget(tgid); /* a new address space */
     if (cfg && relevant(tgid, cfg))
         emit_proc(GT_PROC_EXEC, tgid, 0, -1);
@@ -178,15 +204,21 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
     struct gt_config *cfg = config.lookup(&zero);
-    if (!cfg || tid != tgid) /* the leader's exit stands for the process */
+    if (tid != tgid) { /* a thread: the leader's exit stands for the process */
+        proc_starts.delete(&tid);
+        return 0;
+    }
+    if (!cfg)
         return 0;
     managed_forget(tgid);
     mark_known(tgid, 0); /* its fds go below: a reused tgid starts unknown */
     int was_seen = 0;
     if (seen.lookup(&tgid))
         was_seen = 1;
-    if (!relevant(tgid, cfg) && !was_seen)
+    if (!relevant(tgid, cfg) && !was_seen) {
+        proc_starts.delete(&tgid); /* never mattered: the recorder will not ask */
         return 0;
+    }
     s32 code = -1;
     s32 *c = exit_codes.lookup(&tgid);
     if (c)

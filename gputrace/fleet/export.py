@@ -28,12 +28,13 @@ import pyarrow as pa
 
 from gputrace import schema
 from gputrace.fleet.store import DatasetError, Store
+from gputrace.manifest import TRACE_ID_PATTERN
 
 DATASET_FORMAT = "gputrace-fleet"
 DATASET_VERSION = 1
 INDEX = "manifest.json"
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
-_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_ID_RE = re.compile(TRACE_ID_PATTERN)
 
 
 def trace_id(m: dict[str, Any]) -> str:

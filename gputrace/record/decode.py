@@ -49,6 +49,11 @@ PROC_DTYPE = np.dtype(
     ]
 )  # fmt: skip
 PROC_FORK, PROC_EXEC, PROC_EXIT, PROC_SEEN, PROC_UVM_INIT = 1, 2, 3, 4, 5
+PROC_START_DTYPE = np.dtype(
+    [("fork_ns", "<u8"), ("fork_boot_ns", "<u8"), ("exec_ns", "<u8"), ("cgroup_id", "<u8"),
+     ("ppid", "<u4"), ("_pad0", "<u4")]
+)  # fmt: skip
+"""`struct proc_start`, the `proc_starts` map's value: how a process began."""
 
 CONFIG_DTYPE = np.dtype(
     [("self_tgid", "<u4"), ("filter", "<u4"), ("prefix_len", "<u4"), ("_pad0", "<u4"),

@@ -1,6 +1,6 @@
 """What /proc tells the recorder: NVIDIA fds already open (to seed the BPF fd
 map), and the facts of the processes table (ppid, comm, exe, cmdline, cgroup,
-container id)."""
+container id), read only when /proc/PID is still the process they are for."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROC = Path("/proc")
+CGROUP2 = Path("/sys/fs/cgroup")
+TICK_NS = 10**9 // os.sysconf("SC_CLK_TCK")
 
 DEV_CTL, DEV_GPU, DEV_UVM, DEV_UVM_TOOLS = 1, 2, 3, 4
 _GPU_RE = re.compile(r"^nvidia(\d{1,3})$")
@@ -114,6 +116,94 @@ class ProcInfo:
     start_ts_ns: int | None = None
     exit_ts_ns: int | None = None
     exit_code: int | None = None
+
+
+def start_boot_ns(pid: int) -> int | None:
+    """When /proc/PID's process started, CLOCK_BOOTTIME ns (whole clock ticks,
+    rounded down), or None when there is no such process."""
+    try:
+        text = (PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    fields = text[text.rfind(b")") + 2 :].split()
+    try:  # fields[0] is field 3 (state); starttime is field 22
+        return int(fields[19]) * TICK_NS - boot_offset_ns()
+    except (IndexError, ValueError):
+        return None
+
+
+def boot_offset_ns() -> int:
+    """This time namespace's CLOCK_BOOTTIME offset (/proc/PID/stat includes it)."""
+    try:
+        with open("/proc/self/timens_offsets") as f:
+            for line in f:
+                name, sec, nsec = line.split()
+                if name == "boottime":
+                    return int(sec) * 10**9 + int(nsec)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def read_checked(pid: int, info: ProcInfo, *, fork_boot_ns: int | None,
+                 alive_boot_ns: int) -> bool:
+    """Fill `info` from /proc/PID only when that is the process `info` is about;
+    True when it was. With its fork known (`fork_boot_ns`, CLOCK_BOOTTIME), the
+    process must have started then (within a clock tick); else it must have
+    started no later than `alive_boot_ns`, a moment it was known to hold the pid
+    (two processes never hold one pid at once, so one that started before that
+    moment and holds it now is the same). The start time is read before and after
+    the other files, so a process that exited in between is not mistaken for one
+    reusing its pid."""
+    first = start_boot_ns(pid)
+    if first is None:
+        return False
+    if fork_boot_ns is not None:
+        if not fork_boot_ns - 2 * TICK_NS <= first <= fork_boot_ns:
+            return False
+    elif first > alive_boot_ns:
+        return False
+    got = read_info(pid, ProcInfo(pid))
+    if start_boot_ns(pid) != first:
+        return False
+    info.comm = got.comm or info.comm
+    info.ppid = info.ppid if info.ppid is not None else got.ppid
+    info.exe, info.cmdline = got.exe, got.cmdline
+    info.cgroup, info.container_id = got.cgroup, got.container_id
+    return True
+
+
+def cgroup_by_id(cgroup_id: int, root: Path = CGROUP2) -> str | None:
+    """The cgroup v2 path whose id (its directory's inode number) is `cgroup_id`,
+    relative to the cgroup2 mount, or None when no such cgroup exists now."""
+    base = _cgroup2_mount(root)
+    if base is None or cgroup_id <= 0:
+        return None
+    with contextlib.suppress(OSError):
+        if os.stat(base).st_ino == cgroup_id:
+            return "/"
+    for top, dirs, _files in os.walk(base):
+        for d in dirs:
+            path = os.path.join(top, d)
+            with contextlib.suppress(OSError):
+                if os.stat(path, follow_symlinks=False).st_ino == cgroup_id:
+                    return "/" + os.path.relpath(path, base)
+    return None
+
+
+def _cgroup2_mount(root: Path) -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (root itself, or root/unified on a
+    hybrid host)."""
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [ln.split() for ln in f]
+    except OSError:
+        return None
+    points = [m[1] for m in mounts if len(m) > 2 and m[2] == "cgroup2"]
+    for want in (str(root), str(root / "unified")):
+        if want in points:
+            return Path(want)
+    return Path(points[0]) if points else None
 
 
 def read_info(pid: int, info: ProcInfo | None = None) -> ProcInfo:

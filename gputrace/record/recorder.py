@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -248,6 +249,7 @@ class Recorder:
         for layer in self.layers:
             layer.collect(s, due)
         s.uvm_inits.clear()
+        s.watch_procs()  # before the writer thread, which may decode a second later
         late = []
         for layer in self.layers:
             for kind, data in layer.drain(s, due):
@@ -258,6 +260,7 @@ class Recorder:
                     work.put((layer, kind, data))
         for item in late:
             work.put(item)
+        s.procs_taken()
 
     # ------------------------------------------------------------ writer thread
     def _worker(self, work: queue.Queue[tuple[Layer | None, str, Any] | None], s: Session) -> None:
@@ -353,6 +356,7 @@ class Recorder:
         )
         drv = s.drv
         m: dict[str, Any] = {
+            "trace_id": str(uuid.uuid4()),  # fleet datasets name the trace's files by it
             "host": {"hostname": socket.gethostname(), "kernel": uname.release,
                      "machine": uname.machine},
             "driver_version": drv.version,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from gputrace import schema
 from gputrace.record import decode, driver, hooks, procfs
@@ -59,7 +60,8 @@ class Stats:
 @dataclass
 class Session:
     """One recording's shared state. Poll-thread fields: targets, seeded, tracked,
-    uvm_inits, exited; writer-thread fields: procs, forks, writer appends."""
+    uvm_inits, exited; writer-thread fields: procs, forks, alive_ns, writer
+    appends; `early` is written by the poll thread and taken by the writer (locked)."""
 
     opts: Any  # recorder.Options
     prefix: str
@@ -77,6 +79,12 @@ class Session:
     cmd_info: tuple[str | None, str | None, str | None] = (None, None, None)
     procs: dict[int, procfs.ProcInfo] = field(default_factory=dict)
     forks: dict[int, tuple[int, int]] = field(default_factory=dict)  # child -> (ts, ppid)
+    # (pid, event ts) -> facts the poll thread read when that event arrived
+    early: dict[tuple[int, int], procfs.ProcInfo] = field(default_factory=dict)
+    alive_ns: int = 0  # latest event time the writer thread decoded: pids held then
+    boot_offset_ns: int = field(default_factory=lambda: time.clock_gettime_ns(
+        time.CLOCK_BOOTTIME) - time.clock_gettime_ns(time.CLOCK_MONOTONIC))  # fmt: skip
+    _proc_cursor: int = 0  # chunks of the raw proc_events watch_procs has read
     exited: set[int] = field(default_factory=set)  # exits since the last housekeeping
     tracked: set[int] = field(default_factory=set)  # pids whose CPU faults the tools stream has
     uvm_inits: list[tuple[int, int]] = field(default_factory=list)  # (pid, fd) to attach
@@ -108,6 +116,9 @@ class Session:
             return
         self.skip(buf.counted_as, bad, "cut short or unknown codes")
         if batch is not None and batch.num_rows:
+            if "ts_ns" in batch.schema.names and batch.num_rows:
+                top = pc.max(batch.column("ts_ns")).as_py()
+                self.alive_ns = max(self.alive_ns, int(top or 0))
             if "pid" in batch.schema.names:
                 self.note_pids(batch.column("pid").drop_null().to_numpy(zero_copy_only=False))
             self.append(buf.table, batch)
@@ -158,6 +169,13 @@ class Session:
                      rss_bytes=rss)  # fmt: skip
 
     # ------------------------------------------------------------ processes
+    # A processes row is one process instance. Its facts come from what the
+    # probes kept of its fork and exec (`proc_starts`: ppid, start time, cgroup
+    # id) and from /proc, read only while /proc/PID is still that process
+    # (procfs.read_checked). The poll thread reads them as soon as a process's
+    # first event is consumed (`watch_procs`, every POLL_S), so that a short-lived
+    # process is read before it exits; the writer thread, which decodes up to a
+    # rotation later, takes those facts (`early`) or, failing them, reads now.
     def comm(self, pid: int) -> str | None:
         """The process name the recorder knows for `pid` (alive or exited)."""
         info = self.procs.get(pid)
@@ -168,22 +186,107 @@ class Session:
             if pid not in self.procs:
                 self.new_proc(int(pid))
 
-    def new_proc(self, pid: int) -> procfs.ProcInfo:
-        info = procfs.ProcInfo(pid)
+    def new_proc(self, pid: int, ts_ns: int | None = None) -> procfs.ProcInfo:
+        """The row of a process seen for the first time (at `ts_ns`, when known)."""
+        info = self._take_early(pid, ts_ns)
+        if info is None:
+            info = self.facts(pid, ts_ns if ts_ns is not None else self.alive_ns)
         fork = self.forks.pop(pid, None)
-        if fork is not None:
+        if fork is not None and info.start_ts_ns is None:
             info.start_ts_ns, info.ppid = fork
-        self.procs[pid] = procfs.read_info(pid, info)
-        return self.procs[pid]
+        self.procs[pid] = info
+        return info
+
+    def facts(self, pid: int, alive_ns: int) -> procfs.ProcInfo:
+        """What is known of the process that held `pid` at `alive_ns` (CLOCK_MONOTONIC):
+        its fork and exec as the probes kept them, and /proc if it is still that
+        process. Fields nothing vouches for stay None."""
+        info = procfs.ProcInfo(pid)
+        st = self.start_entry(pid)
+        fork_boot: int | None = None
+        cgroup_id = 0
+        if st is not None:
+            fork_ns, exec_ns = int(st["fork_ns"]), int(st["exec_ns"])
+            if 0 < fork_ns <= alive_ns:  # a later fork is a later process with this pid
+                info.start_ts_ns, info.ppid = fork_ns, int(st["ppid"])
+                fork_boot = int(st["fork_boot_ns"])
+            if fork_ns <= alive_ns and 0 < exec_ns <= alive_ns and exec_ns >= fork_ns:
+                cgroup_id = int(st["cgroup_id"])
+        ok = procfs.read_checked(pid, info, fork_boot_ns=fork_boot,
+                                 alive_boot_ns=alive_ns + self.boot_offset_ns)  # fmt: skip
+        if not ok and cgroup_id:
+            info.cgroup = procfs.cgroup_by_id(cgroup_id)
+            info.container_id = procfs.container_id(info.cgroup)
+        return info
+
+    def start_entry(self, pid: int) -> np.void | None:
+        """The probes' `proc_starts` entry of `pid` (decode.PROC_START_DTYPE), if any."""
+        bpf = getattr(self.probes, "bpf", None)
+        if bpf is None:
+            return None
+        try:
+            tbl = bpf["proc_starts"]
+            leaf = tbl[tbl.Key(pid)]
+        except (KeyError, IndexError):
+            return None
+        raw = bytes(leaf)
+        if len(raw) != decode.PROC_START_DTYPE.itemsize:
+            return None
+        out: np.void = np.frombuffer(raw, dtype=decode.PROC_START_DTYPE)[0]
+        return out
+
+    def watch_procs(self) -> None:
+        """Poll thread, right after the ring buffers were consumed: read the facts of
+        each process whose fork, exec, first device open or UVM init just arrived,
+        while it is most likely still alive (its exit alone needs nothing)."""
+        raw = getattr(self.probes, "raw", {}).get("proc_events")
+        if raw is None:
+            return
+        chunks, self._proc_cursor = raw[self._proc_cursor :], len(raw)
+        if not chunks:
+            return
+        ev, _bad = decode.records(b"".join(chunks), decode.PROC_DTYPE)
+        for e in ev[np.argsort(ev["ts_ns"], kind="stable")]:
+            kind, pid, ts = int(e["kind"]), int(e["pid"]), int(e["ts_ns"])
+            if kind in (decode.PROC_FORK, decode.PROC_EXEC, decode.PROC_SEEN,
+                        decode.PROC_UVM_INIT) and pid > 0:  # fmt: skip
+                info = self.facts(pid, ts)
+                with self._lock:
+                    self.early[(pid, ts)] = info
+
+    def procs_taken(self) -> None:
+        """Poll thread, after the layers handed their data on: `watch_procs` starts
+        again at the first chunk not yet watched."""
+        raw = getattr(self.probes, "raw", {}).get("proc_events")
+        self._proc_cursor = len(raw) if raw is not None else 0
+
+    def _take_early(self, pid: int, ts_ns: int | None) -> procfs.ProcInfo | None:
+        """The facts `watch_procs` read for the event of `pid` at `ts_ns` (None: its
+        earliest); every older one of that pid is dropped (it is an earlier event of
+        this instance or of an instance already written)."""
+        with self._lock:
+            keys = sorted(k for k in self.early if k[0] == pid)
+            if ts_ns is not None:
+                keys = [k for k in keys if k[1] <= ts_ns]
+                hit = self.early.get((pid, ts_ns))
+            else:
+                hit = self.early.get(keys[0]) if keys else None
+                keys = keys[:1]
+            for k in keys:
+                del self.early[k]
+        return hit
 
     def proc_events(self, ev: np.ndarray[Any, Any]) -> None:
         """Fork, exec, exit (and UVM_INIT, seen) events in time order: the
         processes table gets a row at each exit and at the end."""
         for e in ev[np.argsort(ev["ts_ns"], kind="stable")]:
-            kind, pid = int(e["kind"]), int(e["pid"])
+            kind, pid, ts = int(e["kind"]), int(e["pid"]), int(e["ts_ns"])
             comm = bytes(e["comm"]).decode("utf-8", "replace")
+            self.alive_ns = max(self.alive_ns, ts)
             if kind == decode.PROC_FORK:
-                self.forks[pid] = (int(e["ts_ns"]), int(e["ppid"]))
+                self.forks[pid] = (ts, int(e["ppid"]))
+                if pid not in self.procs:
+                    self.new_proc(pid, ts)
                 continue
             if kind not in (decode.PROC_EXEC, decode.PROC_EXIT, decode.PROC_SEEN,
                             decode.PROC_UVM_INIT):  # fmt: skip
@@ -191,16 +294,21 @@ class Session:
                 continue
             # UVM_INIT: the poll thread attached its tracker already; here it only
             # makes the process known, as its ioctl rows would
-            info = self.procs.get(pid) or self.new_proc(pid)
+            info = self.procs.get(pid) or self.new_proc(pid, ts)
             if kind == decode.PROC_EXEC:
-                procfs.read_info(pid, info)
+                now = self._take_early(pid, ts) or self.facts(pid, ts)
+                # a new image: what /proc said of the old one no longer holds
+                info.exe, info.cmdline = now.exe, now.cmdline
+                info.cgroup, info.container_id = now.cgroup, now.container_id
                 info.comm = comm
+                if info.ppid is None:
+                    info.ppid = now.ppid
                 if self.child is not None and pid == self.child.pid:
                     info.comm, info.exe, info.cmdline = self.cmd_info
                 if pid in self.names and info.comm:
                     self.names[pid] = info.comm
             elif kind == decode.PROC_EXIT:
-                info.exit_ts_ns = int(e["ts_ns"])
+                info.exit_ts_ns = ts
                 code = int(e["exit_code"])
                 info.exit_code = code if code >= 0 else None
                 if info.comm is None:
@@ -210,7 +318,10 @@ class Session:
                     info.exit_code = rc << 8 if rc >= 0 else -rc
                 self.write_procs([info])
                 del self.procs[pid]
+                self._take_early(pid, ts)  # facts of this instance never used
                 self.exited.add(pid)
+            else:
+                self._take_early(pid, ts)
 
     def finish_processes(self) -> None:
         self.write_procs(list(self.procs.values()))
