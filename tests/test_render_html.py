@@ -14,8 +14,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from gputrace.analyses.downsample import decimate
 from gputrace.analyses.helpers.common import Inputs
-from gputrace.analyses.timeseries import decimate, plot_series
+from gputrace.analyses.timeseries import plot_series
 from gputrace.builder import MiB, TraceBuilder
 from gputrace.cli import main
 from tests.conftest import FIXTURES
@@ -129,7 +130,7 @@ def test_leak_icicle_totals_the_leak_headline(name: str) -> None:
 
 
 def test_icicle_keeps_the_total_past_its_stack_limit() -> None:
-    from gputrace.analyses.timeseries import icicle
+    from gputrace.analyses.stacks_by_bytes import icicle
 
     rows = [{"layer": "api", "pid": 1, "comm": "a", "frames": ["main", f"f{i}"],
              "bytes": 10 + i, "count": 1} for i in range(5)]

@@ -1,7 +1,7 @@
 """What changed between two traces of the same job?
 
 Input: each trace's report document (`analyze --format json`) and its leaked
-bytes by call stack (`timeseries.folded_stacks`). Process ids differ from run
+bytes by call stack (`stacks_by_bytes.folded_stacks`). Process ids differ from run
 to run, so processes are matched by (layer, comm) and leak sites by (layer,
 comm, frames); GPUs by index; fault rates by (source, access type, GPU);
 ioctl commands by (name, device, GPU). Only what differs is listed: two

@@ -85,7 +85,7 @@ def diff_traces(before: str, after: str) -> dict[str, Any]:
     from gputrace.analyses.diff import diff
     from gputrace.analyses.helpers.common import inputs_from_trace
     from gputrace.analyses.run import run_reports
-    from gputrace.analyses.timeseries import folded_stacks
+    from gputrace.analyses.stacks_by_bytes import folded_stacks
     from gputrace.tracedir import open_trace
 
     docs, stacks = [], []

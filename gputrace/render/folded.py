@@ -19,7 +19,7 @@ def _frame(name: str) -> str:
 
 
 def render_folded(rows: list[dict[str, Any]]) -> str:
-    """Folded lines of `rows` (`analyses.timeseries.folded_stacks`), largest first."""
+    """Folded lines of `rows` (`analyses.stacks_by_bytes.folded_stacks`), largest first."""
     lines = []
     for r in rows:
         path = [r["layer"], f"{r['comm']} ({r['pid']})", *r["frames"]]

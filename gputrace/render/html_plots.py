@@ -1,8 +1,9 @@
 """Plotly figure specs (data + layout dicts) for the HTML report's series.
 
-Each function maps series that `gputrace.analyses.timeseries` already built to
-Plotly traces; none computes a value. A figure is None when its layer was not
-recorded, so the page says "not recorded" instead of drawing a flat zero line.
+Each function maps series that `gputrace.analyses.timeseries` (and the modules
+it gathers) already built to Plotly traces; none computes a value. A figure is
+None when its layer was not recorded, so the page says "not recorded" instead
+of drawing a flat zero line.
 """
 
 from __future__ import annotations

@@ -1,0 +1,107 @@
+"""How much memory was in use over time, per (layer, process) and per GPU?
+
+Live bytes as step series with the leak report's growth fit drawn over flagged
+ones, and bytes in use per GPU; downsampled by `downsample.decimate`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from gputrace.analyses.downsample import (
+    BUCKETS,
+    MAX_SERIES,
+    decimate,
+    seconds_since_start,
+    series_list,
+)
+from gputrace.analyses.growth import BINS, live_series, theil_sen
+from gputrace.analyses.helpers.common import NS_PER_MIN, Inputs, chunk_bytes
+from gputrace.analyses.helpers.lifetimes import lifetimes, memory
+
+
+def _fit_lines(inp: Inputs, series: pl.DataFrame, flagged: set[tuple[str, int]]
+               ) -> list[dict[str, Any]]:
+    """The growth fit of each flagged (layer, pid), as two end points: the Theil-Sen line
+    through the same 32 per-bin troughs the leak report's growth test fits."""
+    lines = []
+    for (layer, pid), g in series.group_by(["layer", "pid"], maintain_order=True):
+        if (layer, pid) not in flagged:
+            continue
+        ts = g["ts_ns"].to_numpy()
+        live = g["live_bytes"].to_numpy()
+        t0, t1 = int(ts.min()), int(ts.max())
+        if t1 <= t0:
+            continue
+        b = (ts - t0) * BINS // (t1 - t0 + 1)
+        x, y, carried = [], [], 0.0
+        for k in range(BINS):
+            hit = live[b == k]
+            if hit.size:
+                x.append(k * (t1 - t0) / NS_PER_MIN / BINS)
+                y.append(min(float(hit.min()), carried))
+                carried = float(hit[-1])
+        if len(x) < 3:
+            continue
+        slope, icpt, _, _ = theil_sen(np.array(x), np.array(y))
+        dur = (t1 - t0) / NS_PER_MIN
+        lines.append({"layer": layer, "pid": pid, "slope_bytes_per_min": slope,
+                      "t_s": seconds_since_start(inp, pl.Series([t0, t1])),
+                      "values": [icpt, icpt + slope * dur]})
+    return lines
+
+
+def live_bytes(inp: Inputs, buckets: int = BUCKETS,
+               flagged: set[tuple[str, int]] | None = None,
+               max_series: int | None = MAX_SERIES) -> dict[str, Any]:
+    """Live bytes per (layer, pid) over time, with growth fit lines for `flagged` series."""
+    if not (inp.has("api") or inp.has("syscall")):
+        return {"recorded": False, "series": [], "omitted": 0, "fits": []}
+    lt = memory(lifetimes(inp))
+    full = live_series(lt).collect()
+    comms = (lt.group_by("layer", "pid").agg(pl.col("comm").drop_nulls().first()).collect())
+    names = {(r["layer"], r["pid"]): f"{r['layer']} {r['comm'] or '?'} ({r['pid']})"
+             for r in comms.iter_rows(named=True)}
+    out = series_list(inp, decimate(full.lazy(), ["layer", "pid"], "live_bytes", inp,
+                                     buckets), ["layer", "pid"], "live_bytes", names,
+                       max_series)
+    out["fits"] = _fit_lines(inp, full, flagged or set())
+    return out
+
+
+def gpu_bytes(inp: Inputs, buckets: int = BUCKETS) -> dict[str, Any]:
+    """Bytes in use per GPU over time: PMM chunks when the driver layer has them, else
+    RM allocations that name their GPU."""
+    src = "pmm chunks"
+    ev: pl.LazyFrame | None = None
+    if inp.has("driver"):
+        size = chunk_bytes()
+        delta = (pl.when(pl.col("chunk_op") == "alloc").then(size)
+                 .when(pl.col("chunk_op").is_in(["free", "evict"])).then(-size).otherwise(0))
+        ev = inp.scan("chunks").select("gpu_index", "ts_ns", delta.alias("delta"))
+        if ev.select(pl.len()).collect().item() == 0:
+            ev = None
+    if ev is None and inp.has("syscall"):
+        src = "rm allocations"
+        lt = memory(lifetimes(inp)).filter((pl.col("layer") == "rm")
+                                           & pl.col("gpu_index").is_not_null())
+        ev = pl.concat([
+            lt.select("gpu_index", pl.col("alloc_ts_ns").alias("ts_ns"),
+                      pl.col("size_bytes").alias("delta")),
+            lt.filter(pl.col("free_ts_ns").is_not_null()).select(
+                "gpu_index", pl.col("free_ts_ns").alias("ts_ns"),
+                (-pl.col("size_bytes")).alias("delta"))])
+    if ev is None:
+        return {"recorded": False, "source": None, "series": [], "omitted": 0}
+    steps = (ev.with_columns(pl.col("gpu_index").cast(pl.Int64), pl.col("delta").cast(pl.Int64))
+             .sort(pl.col("ts_ns") * 2 + (pl.col("delta") > 0).cast(pl.Int64))
+             .with_columns(used_bytes=pl.col("delta").cum_sum().over("gpu_index")))
+    df = decimate(steps, ["gpu_index"], "used_bytes", inp, buckets)
+    out = series_list(inp, df, ["gpu_index"], "used_bytes", {})
+    for s in out["series"]:
+        s["name"] = f"GPU {s['gpu_index']}"
+    out["source"] = src
+    return out
