@@ -31,7 +31,7 @@ class Mutant:
 
 
 MUTANTS = [
-    Mutant("thrashing threshold > instead of >=", "gputrace/analyses/faults.py",
+    Mutant("thrashing threshold > instead of >=", "gputrace/analyses/thrashing.py",
            'pl.col("reversals") >= min_reversals', 'pl.col("reversals") > min_reversals',
            "tests/test_truth_planted.py::test_thrashing_at_exactly_the_threshold"),
     Mutant("SET_PREFERRED_LOCATION status offset wrong before 550.40.07",

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from gputrace.analyses.faults import fault_rate, windows
+from gputrace.analyses.fault_rate import fault_rate
+from gputrace.analyses.fault_windows import windows
 from gputrace.analyses.fragmentation import fragmentation
 from gputrace.analyses.helpers.common import inputs_from_trace
 from gputrace.builder import GiB, KiB, MiB, TraceBuilder

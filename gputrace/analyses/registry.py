@@ -150,7 +150,7 @@ def _summary(ctx: Context) -> Report:
 
 
 def _fault_rate(ctx: Context) -> Report:
-    from gputrace.analyses.faults import fault_rate
+    from gputrace.analyses.fault_rate import fault_rate
 
     o = ctx.opts
     return fault_rate(ctx.inp, window_s=o.window_s, min_reversals=o.thrash_min, top=o.top)
