@@ -11,7 +11,7 @@ from typing import Any
 
 from gputrace.analyses import registry
 from gputrace.analyses.helpers.common import inputs_from_trace
-from gputrace.analyses.registry import ReportOptions
+from gputrace.analyses.report_spec import ReportOptions
 from gputrace.analyses.run import run_reports
 from gputrace.render.json_doc import render_json
 from gputrace.tracedir import open_trace

@@ -14,8 +14,9 @@ import pytest
 
 from gputrace import cli
 from gputrace.analyses import registry
-from gputrace.analyses.registry import Context, Gate, ReportSpec
+from gputrace.analyses.registry import Context
 from gputrace.analyses.report import Report
+from gputrace.analyses.report_spec import Gate, ReportSpec
 from tests.analyze_helpers import SCENARIO_DIR, analyze
 
 LEAK = str(SCENARIO_DIR / "training_leak")

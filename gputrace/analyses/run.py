@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gputrace.analyses import registry
-from gputrace.analyses.registry import Context, ReportOptions
+from gputrace.analyses.registry import Context
+from gputrace.analyses.report_spec import ReportOptions
 
 if TYPE_CHECKING:
     from gputrace.analyses.helpers.common import Inputs

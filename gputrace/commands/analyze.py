@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gputrace.analyses import registry
-from gputrace.analyses.registry import ReportOptions
+from gputrace.analyses.report_spec import ReportOptions
 from gputrace.errors import GputraceError, UsageError
 from gputrace.options import (
     parse_count,

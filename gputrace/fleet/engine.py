@@ -30,7 +30,7 @@ def analyze_one(entry: dict[str, Any], *, store: Store, node: wh.Node | None,
                 opts: dict[str, Any], keep_report: bool) -> dict[str, Any]:
     """The partial of one trace (an engine task): read, filter jobs, report. An entry
     with `job_filter` set keeps only the processes `node` selects."""
-    from gputrace.analyses.registry import ReportOptions
+    from gputrace.analyses.report_spec import ReportOptions
     from gputrace.analyses.run import run_reports
     from gputrace.fleet.dataset import read_frames, read_record, trace_inputs
     from gputrace.fleet.reports import EMPTY, trace_partial
