@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from gputrace.analyses.helpers.common import (
-    quantiles,
-)
+from gputrace.analyses.helpers.common import quantiles
 
 
 def batches(fb: pl.LazyFrame) -> pl.LazyFrame:

@@ -39,12 +39,7 @@ from gputrace.analyses import migrations
 from gputrace.analyses.cpu_faults import cpu_blocks, cpu_processes
 from gputrace.analyses.fault_batches import batches
 from gputrace.analyses.fault_windows import gpu_windows, rates, windows
-from gputrace.analyses.helpers.common import (
-    NS_PER_S,
-    Inputs,
-    records,
-    trace_warnings,
-)
+from gputrace.analyses.helpers.common import NS_PER_S, Inputs, records, trace_warnings
 from gputrace.analyses.oversubscription import oversubscription
 from gputrace.analyses.report import Report, not_recorded
 from gputrace.analyses.thrashing import thrashing

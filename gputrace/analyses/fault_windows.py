@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from gputrace.analyses.helpers.common import (
-    NS_PER_S,
-)
+from gputrace.analyses.helpers.common import NS_PER_S
 
 
 def windows(start_ns: int, end_ns: int, window_s: float) -> tuple[int, int, int]:

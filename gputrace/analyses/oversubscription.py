@@ -13,10 +13,7 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses.growth import live_series
-from gputrace.analyses.helpers.common import (
-    NS_PER_S,
-    Inputs,
-)
+from gputrace.analyses.helpers.common import NS_PER_S, Inputs
 from gputrace.analyses.helpers.gpus import memory_sizes
 from gputrace.analyses.helpers.lifetimes import api_lifetimes, uvm_lifetimes
 

@@ -7,10 +7,7 @@ from __future__ import annotations
 import polars as pl
 
 from gputrace.analyses.fault_windows import window_of, windows
-from gputrace.analyses.helpers.common import (
-    BLOCK_2M,
-    NS_PER_S,
-)
+from gputrace.analyses.helpers.common import BLOCK_2M, NS_PER_S
 
 
 def thrashing(migrations: pl.LazyFrame, start_ns: int, end_ns: int, window_s: float,
