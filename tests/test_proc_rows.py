@@ -46,7 +46,7 @@ class Table:
         self.entries = entries
 
     @staticmethod
-    def Key(pid: int) -> int:  # noqa: N802 (bcc's name)
+    def Key(pid: int) -> int:  # bcc's name
         return pid
 
     def __getitem__(self, key: int) -> bytes:
@@ -109,7 +109,7 @@ def test_proc_start_layout_matches_numpy(tmp_path: Path) -> None:
                    check=True, capture_output=True)  # fmt: skip
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     got = {k: int(v) for k, v in (ln.split() for ln in out.splitlines())}
-    fields = decode.PROC_START_DTYPE.fields or {}
+    fields: dict[str, Any] = dict(decode.PROC_START_DTYPE.fields or {})
     assert got == {"size": decode.PROC_START_DTYPE.itemsize, **{n: fields[n][1] for n in names}}
 
 
@@ -121,7 +121,8 @@ def test_proc_is_read_only_while_it_is_the_same_process() -> None:
     info = procfs.ProcInfo(me)
     # forked at the moment /proc says it started (within a tick): the same process
     assert procfs.read_checked(me, info, fork_boot_ns=start + tick // 2, alive_boot_ns=0)
-    assert info.cmdline == procfs.read_info(me).cmdline and info.exe == os.path.realpath(sys.executable)
+    assert info.cmdline == procfs.read_info(me).cmdline
+    assert info.exe == os.path.realpath(sys.executable)
     # a fork much later than /proc's start: /proc describes another process
     other = procfs.ProcInfo(me)
     assert not procfs.read_checked(me, other, fork_boot_ns=start + 10 * tick, alive_boot_ns=0)
