@@ -224,3 +224,38 @@ def test_cgroup_by_id_finds_a_cgroup_directory(tmp_path: Path) -> None:
     assert procfs.cgroup_by_id(os.stat(mount).st_ino) == "/"
     assert procfs.cgroup_by_id(0) is None
     assert procfs.container_id("/system.slice/docker-" + "ab" * 32 + ".scope") == "ab" * 32
+
+
+def test_a_forked_child_keeps_its_fork_facts_unless_it_execs() -> None:
+    pid = gone_pid()
+    forked = procfs.ProcInfo(pid, ppid=9, exe="/usr/bin/python3", cmdline="python3 train.py",
+                             start_ts_ns=5)  # fmt: skip
+    # fork without exec (a worker): the facts read at its fork are its own
+    s, sink, _ = session()
+    s.early[(pid, 5)] = forked
+    s.proc_events(events((decode.PROC_FORK, pid, 5), (decode.PROC_EXIT, pid, 9)))
+    assert (sink.rows[0]["cmdline"], sink.rows[0]["start_ts_ns"]) == ("python3 train.py", 5)
+    # fork, then exec before the recorder read anything of the new image: unknown, not the old
+    s, sink, _ = session()
+    s.early[(pid, 5)] = forked
+    s.proc_events(events((decode.PROC_FORK, pid, 5), (decode.PROC_EXEC, pid, 7),
+                         (decode.PROC_EXIT, pid, 9)))  # fmt: skip
+    [row] = sink.rows
+    assert (row["exe"], row["cmdline"], row["start_ts_ns"]) == (None, None, 5)
+    assert s.early == {}
+
+
+def test_facts_read_ahead_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputrace.record import session as session_mod
+
+    monkeypatch.setattr(session_mod, "EARLY_MAX", 3)
+    s, _sink, probes = session()
+    pid = gone_pid()
+    # thread creations reach the probe as forks, and no later event takes their facts
+    probes.raw["proc_events"].append(
+        events(*[(decode.PROC_FORK, pid, ts) for ts in range(1, 9)]).tobytes())
+    s.watch_procs()
+    assert sorted(s.early) == [(pid, 6), (pid, 7), (pid, 8)]
+    s.watch_procs()  # nothing new since: nothing read twice
+    s.procs_taken()
+    assert len(s.early) == 3

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -121,7 +122,7 @@ def test_host_mode_rows_name_jobs_started_during_and_before(tmp_path: Path) -> N
                     p.kill()
     t = open_trace(out)
     m = t.manifest
-    assert m["target"] == {"mode": "host"} and len(m["trace_id"]) == 36
+    assert m["target"] == {"mode": "host"} and str(uuid.UUID(m["trace_id"])) == m["trace_id"]
     procs = {r["pid"]: r for r in t.scan("processes").collect().to_dicts()}
     real = os.path.realpath(wl)
     a = procs[during]

@@ -28,6 +28,8 @@ Observer = Callable[[str, pa.Table], None]
 MERGED_KEYS = ("drops", "clock", "decode_errors")
 """Manifest keys whose dicts layers add to (other keys a fragment replaces)."""
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+EARLY_MAX = 4096
+"""Facts read ahead of the writer thread kept at most (see Session.watch_procs)."""
 
 
 def merged(m: dict[str, Any], frag: dict[str, Any]) -> dict[str, Any]:
@@ -186,11 +188,13 @@ class Session:
             if pid not in self.procs:
                 self.new_proc(int(pid))
 
-    def new_proc(self, pid: int, ts_ns: int | None = None) -> procfs.ProcInfo:
-        """The row of a process seen for the first time (at `ts_ns`, when known)."""
-        info = self._take_early(pid, ts_ns)
-        if info is None:
-            info = self.facts(pid, ts_ns if ts_ns is not None else self.alive_ns)
+    def new_proc(self, pid: int, ts_ns: int | None = None,
+                 exact: bool = False) -> procfs.ProcInfo:  # fmt: skip
+        """The row of a process first seen in an event at `ts_ns` (None: in rows
+        decoded up to `alive_ns`); `exact`: only facts read for that very event (an
+        exec: earlier ones describe the old image)."""
+        at = ts_ns if ts_ns is not None else self.alive_ns
+        info = self._take_early(pid, at, exact) or self.facts(pid, at)
         fork = self.forks.pop(pid, None)
         if fork is not None and info.start_ts_ns is None:
             info.start_ts_ns, info.ppid = fork
@@ -253,6 +257,10 @@ class Session:
                 info = self.facts(pid, ts)
                 with self._lock:
                     self.early[(pid, ts)] = info
+                    # a thread's fork (pthread_create is a fork to the probe) has no
+                    # later event to take its entry: keep the newest EARLY_MAX only
+                    if len(self.early) > EARLY_MAX:
+                        del self.early[min(self.early, key=lambda k: k[1])]
 
     def procs_taken(self) -> None:
         """Poll thread, after the layers handed their data on: `watch_procs` starts
@@ -260,18 +268,14 @@ class Session:
         raw = getattr(self.probes, "raw", {}).get("proc_events")
         self._proc_cursor = len(raw) if raw is not None else 0
 
-    def _take_early(self, pid: int, ts_ns: int | None) -> procfs.ProcInfo | None:
-        """The facts `watch_procs` read for the event of `pid` at `ts_ns` (None: its
-        earliest); every older one of that pid is dropped (it is an earlier event of
-        this instance or of an instance already written)."""
+    def _take_early(self, pid: int, ts_ns: int, exact: bool = False) -> procfs.ProcInfo | None:
+        """The latest facts `watch_procs` read for an event of `pid` at or before
+        `ts_ns` (with `exact`, at it); those and older ones of the pid are dropped
+        (earlier events of this instance, or of an instance already written)."""
         with self._lock:
-            keys = sorted(k for k in self.early if k[0] == pid)
-            if ts_ns is not None:
-                keys = [k for k in keys if k[1] <= ts_ns]
-                hit = self.early.get((pid, ts_ns))
-            else:
-                hit = self.early.get(keys[0]) if keys else None
-                keys = keys[:1]
+            keys = sorted(k for k in self.early if k[0] == pid and k[1] <= ts_ns)
+            latest = self.early[keys[-1]] if keys else None
+            hit = self.early.get((pid, ts_ns)) if exact else latest
             for k in keys:
                 del self.early[k]
         return hit
@@ -283,10 +287,8 @@ class Session:
             kind, pid, ts = int(e["kind"]), int(e["pid"]), int(e["ts_ns"])
             comm = bytes(e["comm"]).decode("utf-8", "replace")
             self.alive_ns = max(self.alive_ns, ts)
-            if kind == decode.PROC_FORK:
+            if kind == decode.PROC_FORK:  # the child's row starts at its first event
                 self.forks[pid] = (ts, int(e["ppid"]))
-                if pid not in self.procs:
-                    self.new_proc(pid, ts)
                 continue
             if kind not in (decode.PROC_EXEC, decode.PROC_EXIT, decode.PROC_SEEN,
                             decode.PROC_UVM_INIT):  # fmt: skip
@@ -294,15 +296,16 @@ class Session:
                 continue
             # UVM_INIT: the poll thread attached its tracker already; here it only
             # makes the process known, as its ioctl rows would
-            info = self.procs.get(pid) or self.new_proc(pid, ts)
+            fresh = pid not in self.procs
+            info = self.procs.get(pid) or self.new_proc(pid, ts, exact=kind == decode.PROC_EXEC)
             if kind == decode.PROC_EXEC:
-                now = self._take_early(pid, ts) or self.facts(pid, ts)
-                # a new image: what /proc said of the old one no longer holds
-                info.exe, info.cmdline = now.exe, now.cmdline
-                info.cgroup, info.container_id = now.cgroup, now.container_id
+                if not fresh:  # a new image: what was read of the old one no longer holds
+                    now = self._take_early(pid, ts, exact=True) or self.facts(pid, ts)
+                    info.exe, info.cmdline = now.exe, now.cmdline
+                    info.cgroup, info.container_id = now.cgroup, now.container_id
+                    if info.ppid is None:
+                        info.ppid = now.ppid
                 info.comm = comm
-                if info.ppid is None:
-                    info.ppid = now.ppid
                 if self.child is not None and pid == self.child.pid:
                     info.comm, info.exe, info.cmdline = self.cmd_info
                 if pid in self.names and info.comm:
