@@ -21,13 +21,8 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from gputrace.record.decode_uvm import (
-    GpuMemorySample,
-    UvmStreamContext,
-    UvmStreamDecoder,
-    counters_table,
-    gpu_memory_table,
-)
+from gputrace.record.decode_uvm import UvmStreamContext, UvmStreamDecoder
+from gputrace.record.driver_samples import GpuMemorySample, counters_table, gpu_memory_table
 from tests.conftest import ROOT
 
 REAL = ROOT / "fixtures" / "real-h200-uvm"
@@ -420,8 +415,10 @@ def test_counters_and_gpu_memory_tables() -> None:
          "largest_free_bytes": None, "largest_free_base_bytes": None, "status": 0x59}]
 
 
-def test_decoder_imports_nothing_from_bcc() -> None:
-    src = (ROOT / "gputrace" / "record" / "decode_uvm.py").read_text()
+@pytest.mark.parametrize("module", ["decode_uvm", "uvm_records", "uvm_batches", "arrow_columns",
+                                    "driver_samples"])
+def test_decoder_imports_nothing_from_bcc(module: str) -> None:
+    src = (ROOT / "gputrace" / "record" / f"{module}.py").read_text()
     assert "bcc" not in re.findall(r"^(?:from|import) (\S+)", src, re.M)
     assert not any(m.startswith("bcc") for m in re.findall(r"^(?:from|import) (\S+)", src,
                                                              re.M))

@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from gputrace.record import decode_uvm, driver, rm_client, uvm_clock, uvm_tools
+from gputrace.record import driver, driver_samples, rm_client, uvm_clock, uvm_records, uvm_tools
 from gputrace.record.decode_uvm import UvmStreamContext, UvmStreamDecoder
 
 DEFAULT_DRAIN_MS = 10.0
@@ -311,7 +311,7 @@ class DriverLayer:
                 add(t.decoder.feed(data, clock))
                 time.sleep(0)  # let the consumer thread take the GIL between feeds
             if counters is not None:
-                add({"uvm_counters": decode_uvm.counters_table(now, t.pid, counters)})
+                add({"uvm_counters": driver_samples.counters_table(now, t.pid, counters)})
             if closed:
                 if t.decoder is not None:
                     add(t.decoder.finish())
@@ -321,7 +321,7 @@ class DriverLayer:
         if self.sampler is not None:
             rows = self.sampler.take()
             if rows:
-                add({"gpu_memory": decode_uvm.gpu_memory_table(rows)})
+                add({"gpu_memory": driver_samples.gpu_memory_table(rows)})
         return out
 
     def attached_pids(self) -> list[int]:
@@ -342,7 +342,7 @@ class DriverLayer:
             targets = [*self._done, *self._targets.values()]
         drops: dict[str, int] = {}
         for code in uvm_tools.EVENT_TYPES:
-            name = decode_uvm.EVENT_NAMES.get(code, str(code))
+            name = uvm_records.EVENT_NAMES.get(code, str(code))
             drops[f"uvm_tools:{name}"] = sum(t.dropped[code] for t in targets)
         layers = []
         if targets:

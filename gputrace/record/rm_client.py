@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gputrace.errors import UsageError
-from gputrace.record.decode_uvm import GpuMemorySample
 from gputrace.record.driver import Version
+from gputrace.record.driver_samples import GpuMemorySample
 from gputrace.record.uvm_tools import ioctl, parse_uuid
 
 NV_IOCTL_MAGIC = ord("F")
