@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gputrace.record import driver_layer, uvm_tools
+from gputrace.record import driver_layer, gpu_uuids, uvm_tools, uvm_tools_abi
 from gputrace.record.driver import parse_version
 from tests import uvm_fake
 
@@ -25,43 +25,43 @@ def off(s: type[ctypes.Structure], f: str) -> int:
 
 # ------------------------------------------------------------------ layouts
 def test_init_params_layouts_match_facts() -> None:
-    p = uvm_tools.InitParams
+    p = uvm_tools_abi.InitParams
     assert ctypes.sizeof(p) == 56
     assert [off(p, f) for f in ("queueBuffer", "queueBufferSize", "controlBuffer", "processor",
                                 "allProcessors", "uvmFd", "rmStatus")] == [0, 8, 16, 24, 40, 44, 48]
-    n = uvm_tools.InitParamsNegotiated  # 550.54.14-555.x
+    n = uvm_tools_abi.InitParamsNegotiated  # 550.54.14-555.x
     assert ctypes.sizeof(n) == 64
     assert [off(n, f) for f in ("rmStatus", "requestedVersion", "grantedVersion")] == [48, 52, 56]
-    v = uvm_tools.InitParamsVersioned  # 560.x
+    v = uvm_tools_abi.InitParamsVersioned  # 560.x
     assert ctypes.sizeof(v) == 56
     assert (off(v, "version"), off(v, "rmStatus")) == (48, 52)
 
 
 def test_small_params_layouts_match_facts() -> None:
-    assert ctypes.sizeof(uvm_tools.FlagsParams) == 16
-    assert off(uvm_tools.FlagsParams, "rmStatus") == 8
-    assert ctypes.sizeof(uvm_tools.StatusParams) == 4
-    assert ctypes.sizeof(uvm_tools.UuidTableParams) == 16
-    assert off(uvm_tools.UuidTableParams, "rmStatus") == 8
-    c = uvm_tools.UuidTableParamsCount
+    assert ctypes.sizeof(uvm_tools_abi.FlagsParams) == 16
+    assert off(uvm_tools_abi.FlagsParams, "rmStatus") == 8
+    assert ctypes.sizeof(uvm_tools_abi.StatusParams) == 4
+    assert ctypes.sizeof(uvm_tools_abi.UuidTableParams) == 16
+    assert off(uvm_tools_abi.UuidTableParams, "rmStatus") == 8
+    c = uvm_tools_abi.UuidTableParamsCount
     assert (ctypes.sizeof(c), off(c, "count"), off(c, "rmStatus")) == (16, 8, 12)
-    n = uvm_tools.UuidTableParamsNegotiated
+    n = uvm_tools_abi.UuidTableParamsNegotiated
     assert (ctypes.sizeof(n), off(n, "count"), off(n, "rmStatus"), off(n, "version")) == (
         24, 8, 12, 16)
-    v = uvm_tools.UuidTableParamsVersioned
+    v = uvm_tools_abi.UuidTableParamsVersioned
     assert (ctypes.sizeof(v), off(v, "version"), off(v, "rmStatus")) == (16, 8, 12)
 
 
 def test_control_data_layout_matches_facts() -> None:
-    c = uvm_tools.ControlData
+    c = uvm_tools_abi.ControlData
     assert ctypes.sizeof(c) == 528
     assert [off(c, f) for f in ("get_ahead", "get_behind", "put_ahead", "put_behind",
                                 "dropped")] == [0, 4, 8, 12, 16]
 
 
 def test_enabled_events_and_counters() -> None:
-    assert sorted(uvm_tools.EVENT_TYPES) == [1, 2, 3, 4, 6, 7, 8, 10, 11, 12, 13]
-    assert uvm_tools.COUNTER_FLAGS == 0x1 | 0x2 | 0x4 | 0x80 | 0x100 | 0x200
+    assert sorted(uvm_tools_abi.EVENT_TYPES) == [1, 2, 3, 4, 6, 7, 8, 10, 11, 12, 13]
+    assert uvm_tools_abi.COUNTER_FLAGS == 0x1 | 0x2 | 0x4 | 0x80 | 0x100 | 0x200
 
 
 @pytest.mark.parametrize(
@@ -80,7 +80,7 @@ def test_enabled_events_and_counters() -> None:
 )
 def test_tools_abi_by_driver_version(version: str, name: str, queue: int, init_cmd: int,
                                      uuid_cmd: int, cpu_id: bool) -> None:
-    abi = uvm_tools.tools_abi(parse_version(version))
+    abi = uvm_tools_abi.tools_abi(parse_version(version))
     assert (abi.name, abi.version, abi.init_cmd, abi.uuid_cmd, abi.cpu_fault_has_cpu_id) == (
         name, queue, init_cmd, uuid_cmd, cpu_id)
     assert abi.entry_size == {1: 64, 2: 72}[queue]
@@ -89,25 +89,25 @@ def test_tools_abi_by_driver_version(version: str, name: str, queue: int, init_c
 @pytest.mark.parametrize(
     ("version", "queue", "init_cmd", "uuid_cmd", "params"),
     [
-        ("580.159.04", 1, 56, 64, uvm_tools.InitParams),  # the old ioctl still gives V1
-        ("565.57.01", 2, 76, 77, uvm_tools.InitParams),
-        ("560.35.03", 1, 56, 64, uvm_tools.InitParamsVersioned),  # version field = 1
-        ("550.54.14", 1, 56, 64, uvm_tools.InitParamsNegotiated),  # requestedVersion = 1
-        ("535.288.01", 1, 56, 64, uvm_tools.InitParams),
+        ("580.159.04", 1, 56, 64, uvm_tools_abi.InitParams),  # the old ioctl still gives V1
+        ("565.57.01", 2, 76, 77, uvm_tools_abi.InitParams),
+        ("560.35.03", 1, 56, 64, uvm_tools_abi.InitParamsVersioned),  # version field = 1
+        ("550.54.14", 1, 56, 64, uvm_tools_abi.InitParamsNegotiated),  # requestedVersion = 1
+        ("535.288.01", 1, 56, 64, uvm_tools_abi.InitParams),
     ],
 )
 def test_tools_abi_forced_queue_version(version: str, queue: int, init_cmd: int, uuid_cmd: int,
                                         params: type) -> None:
-    abi = uvm_tools.tools_abi(parse_version(version), queue)
+    abi = uvm_tools_abi.tools_abi(parse_version(version), queue)
     assert (abi.version, abi.init_cmd, abi.uuid_cmd, abi.init_params) == (
         queue, init_cmd, uuid_cmd, params)
 
 
 def test_tools_abi_refuses_a_queue_version_the_driver_lacks() -> None:
     with pytest.raises(uvm_tools.ToolsError, match="only the V1"):
-        uvm_tools.tools_abi(parse_version("535.288.01"), 2)
+        uvm_tools_abi.tools_abi(parse_version("535.288.01"), 2)
     with pytest.raises(uvm_tools.ToolsError, match="1 or 2"):
-        uvm_tools.tools_abi(parse_version("580.159.04"), 3)
+        uvm_tools_abi.tools_abi(parse_version("580.159.04"), 3)
 
 
 # ------------------------------------------------------------------ the ring
@@ -157,16 +157,16 @@ def test_processor_map_goes_through_uuids() -> None:
     other = bytes(16 * [0xEE])
     table = [uvm_fake.CPU_UUID, b"\0" * 16, uvm_fake.GPU_UUID, other] + [b"\0" * 16] * 3
     gpus = {uvm_fake.GPU_UUID: 3}
-    assert uvm_tools.processor_map(table, gpus) == {0: -1, 2: 3}
-    assert uvm_tools.unmapped(table, gpus) == [uvm_tools.format_uuid(other)]
-    assert uvm_tools.processor_map(None, gpus) == {0: -1}
+    assert gpu_uuids.processor_map(table, gpus) == {0: -1, 2: 3}
+    assert gpu_uuids.unmapped(table, gpus) == [gpu_uuids.format_uuid(other)]
+    assert gpu_uuids.processor_map(None, gpus) == {0: -1}
 
 
 def test_uuid_text_round_trip() -> None:
-    text = uvm_tools.format_uuid(uvm_fake.GPU_UUID)
+    text = gpu_uuids.format_uuid(uvm_fake.GPU_UUID)
     assert text.startswith("GPU-") and len(text) == 40
-    assert uvm_tools.parse_uuid(text) == uvm_fake.GPU_UUID
-    assert uvm_tools.parse_uuid("GPU-nothex") is None
+    assert gpu_uuids.parse_uuid(text) == uvm_fake.GPU_UUID
+    assert gpu_uuids.parse_uuid("GPU-nothex") is None
 
 
 # ------------------------------------------------------------------ protocol (fake)
@@ -209,7 +209,7 @@ def _fd_open(fd: int) -> bool:
 
 def test_tracker_protocol_order(fake: uvm_fake.FakeToolsDriver, devdir: Path,
                                 target: subprocess.Popen[str]) -> None:
-    abi = uvm_tools.tools_abi(parse_version("580.159.04"))
+    abi = uvm_tools_abi.tools_abi(parse_version("580.159.04"))
     tr = uvm_tools.Tracker.open(target.pid, str(devdir), abi, 1024)
     try:
         cmds = [c for _, c in fake.calls]
@@ -224,7 +224,7 @@ def test_tracker_protocol_order(fake: uvm_fake.FakeToolsDriver, devdir: Path,
 
 def test_tracker_tries_the_next_uvm_fd(fake: uvm_fake.FakeToolsDriver, devdir: Path,
                                        target: subprocess.Popen[str]) -> None:
-    abi = uvm_tools.tools_abi(parse_version("580.159.04"))
+    abi = uvm_tools_abi.tools_abi(parse_version("580.159.04"))
     # the first candidate is refused like an fd that never saw UVM_INITIALIZE
     real = uvm_tools.uvm_fds(target.pid, str(devdir))
     orig = fake.ioctl
@@ -234,7 +234,7 @@ def test_tracker_tries_the_next_uvm_fd(fake: uvm_fake.FakeToolsDriver, devdir: P
         orig(fd, cmd, p)
         if cmd == 76 and not seen:
             seen.append(fd)
-            p.rmStatus = uvm_tools.NV_ERR_ILLEGAL_ACTION
+            p.rmStatus = uvm_tools_abi.NV_ERR_ILLEGAL_ACTION
 
     uvm_tools.ioctl = refuse_first  # type: ignore[assignment]
     with pytest.raises(uvm_tools.ToolsError, match="rmStatus 0x1d"):

@@ -20,7 +20,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from gputrace.record import driver, driver_samples, rm_client, uvm_clock, uvm_records, uvm_tools
+from gputrace.record import (
+    driver,
+    driver_samples,
+    gpu_uuids,
+    rm_client,
+    uvm_clock,
+    uvm_records,
+    uvm_tools,
+    uvm_tools_abi,
+)
 from gputrace.record.decode_uvm import UvmStreamContext, UvmStreamDecoder
 
 DEFAULT_DRAIN_MS = 10.0
@@ -56,7 +65,7 @@ class _Target:
     chunks: list[bytes] = field(default_factory=list)  # drained records
     table: list[bytes] | None = None
     table_ts_ns: int = 0
-    dropped: list[int] = field(default_factory=lambda: [0] * uvm_tools.NUM_EVENT_TYPES)
+    dropped: list[int] = field(default_factory=lambda: [0] * uvm_tools_abi.NUM_EVENT_TYPES)
     counters: list[int] | None = None
     counters_ts_ns: int = 0
     closed_ts_ns: int | None = None
@@ -113,7 +122,7 @@ class DriverLayer:
         self.version = driver.parse_version(self.info.layout_version)
         # queue_version: a queue format other than the driver's newest (1 = 64-byte
         # records); None takes the newest.
-        self.abi = uvm_tools.tools_abi(self.version, queue_version)
+        self.abi = uvm_tools_abi.tools_abi(self.version, queue_version)
         self.proc_root = proc_root
         self.want_rm = rm
         self.rm: rm_client.RmClient | None = None
@@ -297,7 +306,7 @@ class DriverLayer:
         if counters_due:
             self._last_counters_ns = now
         for t, chunks, table, counters, closed in work:
-            mapping = uvm_tools.processor_map(table, self._gpu_uuids)
+            mapping = gpu_uuids.processor_map(table, self._gpu_uuids)
             if chunks and t.decoder is None:
                 t.decoder = UvmStreamDecoder(
                     UvmStreamContext(
@@ -341,7 +350,7 @@ class DriverLayer:
         with self._lock:
             targets = [*self._done, *self._targets.values()]
         drops: dict[str, int] = {}
-        for code in uvm_tools.EVENT_TYPES:
+        for code in uvm_tools_abi.EVENT_TYPES:
             name = uvm_records.EVENT_NAMES.get(code, str(code))
             drops[f"uvm_tools:{name}"] = sum(t.dropped[code] for t in targets)
         layers = []
@@ -351,7 +360,7 @@ class DriverLayer:
             layers.append("rm_query")
         bad = self.bad_records()
         unmapped = sorted(
-            {u for t in targets for u in uvm_tools.unmapped(t.table, self._gpu_uuids)}
+            {u for t in targets for u in gpu_uuids.unmapped(t.table, self._gpu_uuids)}
         )
         dl: dict[str, Any] = {
             "trackers_attached": sorted(t.pid for t in targets),
@@ -384,7 +393,7 @@ class DriverLayer:
             "clock": {"uvm_events": CLOCK_NOTE},
             "driver_layer": dl,
             "gpu_uuids": [
-                {"index": i, "uuid": uvm_tools.format_uuid(u)}
+                {"index": i, "uuid": gpu_uuids.format_uuid(u)}
                 for u, i in sorted(self._gpu_uuids.items(), key=lambda x: x[1])
             ],
         }
@@ -409,7 +418,7 @@ class DriverLayer:
                 {
                     "index": g.gpu_index,
                     "device_instance": g.device_instance,
-                    "uuid": uvm_tools.format_uuid(g.uuid) if g.uuid else None,
+                    "uuid": gpu_uuids.format_uuid(g.uuid) if g.uuid else None,
                     "query": "per-index" if g.per_index else "combined",
                 }
                 for g in self.rm.gpus

@@ -27,7 +27,8 @@ from pathlib import Path
 from gputrace.errors import UsageError
 from gputrace.record.driver import Version
 from gputrace.record.driver_samples import GpuMemorySample
-from gputrace.record.uvm_tools import ioctl, parse_uuid
+from gputrace.record.gpu_uuids import parse_uuid
+from gputrace.record.libc import ioctl
 
 NV_IOCTL_MAGIC = ord("F")
 NV_IOCTL_BASE = 200

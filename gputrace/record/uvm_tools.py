@@ -5,8 +5,8 @@ For one target process this module takes the target's `/dev/nvidia-uvm` fd with
 `pidfd_getfd(2)`, opens `nvidia-uvm-tools` twice (an event queue tracker and a
 counter tracker), and drains the queue in bulk: the records are copied out as
 bytes, at most two copies per drain (wrap-around), never one object per event.
-Layouts and the ABI choice by driver version: nvidia-driver-facts.md §1.3-1.4 and
-§5.2-5.3; the driver's own source (`uvm_tools.c`) for the table sizes.
+The ABI (command numbers, parameter structs, the choice by driver version) is in
+`uvm_tools_abi`; processor UUIDs are mapped to trace GPUs by `gpu_uuids`.
 
 The tracker and the duplicated fd both hold a reference on the target's UVM file:
 while either is open the driver cannot tear down that process's VA space and
@@ -17,248 +17,45 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import select
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from gputrace.record.driver import Version
+from gputrace.record.libc import (
+    LIBC,
+    MADV_DONTFORK,
+    MAP_FAILED,
+    MAP_PRIVATE_ANON,
+    PAGE,
+    PROT_RW,
+    ioctl,
+    pidfd_getfd,
+    pidfd_open,
+)
+from gputrace.record.uvm_tools_abi import (
+    COUNTER_FLAGS,
+    EVENT_FLAGS,
+    MAX_PROCESSORS,
+    NUM_EVENT_TYPES,
+    NV_OK,
+    TOOLS_ENABLE_COUNTERS,
+    TOOLS_EVENT_QUEUE_ENABLE_EVENTS,
+    TOOLS_FLUSH_EVENTS,
+    TOTAL_COUNTERS,
+    UUID_LEN,
+    ControlData,
+    FlagsParams,
+    InitParamsNegotiated,
+    InitParamsVersioned,
+    StatusParams,
+    ToolsAbi,
+    ToolsError,
+    UuidTableParamsNegotiated,
+    UuidTableParamsVersioned,
+)
 
-# --- UVM command numbers (plain integers on Linux; facts §1.2) -------------------
-TOOLS_INIT_EVENT_TRACKER = 56
-TOOLS_EVENT_QUEUE_ENABLE_EVENTS = 58
-TOOLS_ENABLE_COUNTERS = 60
-TOOLS_GET_PROCESSOR_UUID_TABLE = 64
-TOOLS_FLUSH_EVENTS = 67
-TOOLS_INIT_EVENT_TRACKER_V2 = 76
-TOOLS_GET_PROCESSOR_UUID_TABLE_V2 = 77
-
-NV_OK = 0
-NV_ERR_INSUFFICIENT_PERMISSIONS = 0x1B
-NV_ERR_ILLEGAL_ACTION = 0x1D
-
-EVENT_TYPES: dict[int, str] = {
-    1: "cpu_fault",
-    2: "migration",
-    3: "gpu_fault",
-    4: "gpu_fault_replay",
-    6: "fatal_fault",
-    7: "read_duplicate",
-    8: "read_duplicate_invalidate",
-    10: "thrashing_detected",
-    11: "throttling_start",
-    12: "throttling_end",
-    13: "map_remote",
-}
-"""`UvmEventType` values the recorder enables (facts §5.1), with the names used in drops."""
-
-EVENT_FLAGS = sum(1 << t for t in EVENT_TYPES)
-NUM_EVENT_TYPES = 64  # UvmEventNumTypesAll: the length of dropped[]
-
-COUNTER_NAMES: dict[int, str] = {
-    0: "bytes_xfer_htd",
-    1: "bytes_xfer_dth",
-    2: "cpu_page_fault_count",
-    7: "prefetch_bytes_xfer_htd",
-    8: "prefetch_bytes_xfer_dth",
-    9: "gpu_page_fault_count",
-}
-"""`UvmCounterName` values that Linux drivers maintain (3-6 are Windows-only)."""
-
-COUNTER_FLAGS = sum(1 << c for c in COUNTER_NAMES)
-TOTAL_COUNTERS = 10  # UVM_TOTAL_COUNTERS
-
-MAX_PROCESSORS = 257
-"""Entries in the largest processor UUID table (UVM_ID_MAX_PROCESSORS since 550.54;
-33 before). The buffer is always this long; older drivers fill only the front."""
-
-UUID_LEN = 16
 DEFAULT_QUEUE_ENTRIES = 65_536
-ENTRY_SIZE = {1: 64, 2: 72}  # UvmEventEntry / UvmEventEntry_V2
-
-SYS_PIDFD_GETFD = 438  # same number on x86-64 and the generic (arm64) table
-
-
-class ToolsError(Exception):
-    """A tracker could not be set up; `str(err)` is the reason for the manifest."""
-
-
-# --- parameter structs (x86-64; sizes pinned by tests/test_uvm_tools_client.py) ---
-# The fields every INIT_EVENT_TRACKER variant starts with; they differ only after uvmFd.
-_INIT_PREFIX: list[tuple[str, Any]] = [
-    ("queueBuffer", ctypes.c_uint64),
-    ("queueBufferSize", ctypes.c_uint64),  # entries, a power of two; 0 = counters
-    ("controlBuffer", ctypes.c_uint64),
-    ("processor", ctypes.c_uint8 * UUID_LEN),
-    ("allProcessors", ctypes.c_uint32),
-    ("uvmFd", ctypes.c_uint32),
-]
-
-
-class InitParams(ctypes.Structure):
-    """UVM_TOOLS_INIT_EVENT_TRACKER(_V2)_PARAMS, ≤550.40 and 565+ (56 bytes)."""
-
-    _fields_ = [
-        *_INIT_PREFIX,
-        ("rmStatus", ctypes.c_uint32),
-    ]
-
-
-class InitParamsNegotiated(ctypes.Structure):
-    """550.54.14-555.x: the queue version is negotiated in the params (64 bytes)."""
-
-    _fields_ = [
-        *_INIT_PREFIX,
-        ("rmStatus", ctypes.c_uint32),
-        ("requestedVersion", ctypes.c_uint32),
-        ("grantedVersion", ctypes.c_uint32),
-    ]
-
-
-class InitParamsVersioned(ctypes.Structure):
-    """560.x: one `version` field before rmStatus (56 bytes)."""
-
-    _fields_ = [
-        *_INIT_PREFIX,
-        ("version", ctypes.c_uint32),
-        ("rmStatus", ctypes.c_uint32),
-    ]
-
-
-class FlagsParams(ctypes.Structure):
-    """EVENT_QUEUE_ENABLE_EVENTS / ENABLE_COUNTERS params (16 bytes)."""
-
-    _fields_ = [("flags", ctypes.c_uint64), ("rmStatus", ctypes.c_uint32)]
-
-
-class StatusParams(ctypes.Structure):
-    """TOOLS_FLUSH_EVENTS params (4 bytes)."""
-
-    _fields_ = [("rmStatus", ctypes.c_uint32)]
-
-
-class UuidTableParams(ctypes.Structure):
-    """GET_PROCESSOR_UUID_TABLE(_V2), 565+ (16 bytes)."""
-
-    _fields_ = [("tablePtr", ctypes.c_uint64), ("rmStatus", ctypes.c_uint32)]
-
-
-class UuidTableParamsCount(ctypes.Structure):
-    """≤550.40: `count` OUT (16 bytes)."""
-
-    _fields_ = [
-        ("tablePtr", ctypes.c_uint64),
-        ("count", ctypes.c_uint32),
-        ("rmStatus", ctypes.c_uint32),
-    ]
-
-
-class UuidTableParamsNegotiated(ctypes.Structure):
-    """550.54.14-555.x: `count` IN/OUT and `version` OUT (24 bytes)."""
-
-    _fields_ = [
-        ("tablePtr", ctypes.c_uint64),
-        ("count", ctypes.c_uint32),
-        ("rmStatus", ctypes.c_uint32),
-        ("version", ctypes.c_uint32),
-    ]
-
-
-class UuidTableParamsVersioned(ctypes.Structure):
-    """560.x: `version` IN (16 bytes)."""
-
-    _fields_ = [
-        ("tablePtr", ctypes.c_uint64),
-        ("version", ctypes.c_uint32),
-        ("rmStatus", ctypes.c_uint32),
-    ]
-
-
-class ControlData(ctypes.Structure):
-    """UvmToolsEventControlData (528 bytes): ring indices and per-type drop counts."""
-
-    _fields_ = [
-        ("get_ahead", ctypes.c_uint32),
-        ("get_behind", ctypes.c_uint32),
-        ("put_ahead", ctypes.c_uint32),
-        ("put_behind", ctypes.c_uint32),
-        ("dropped", ctypes.c_uint64 * NUM_EVENT_TYPES),
-    ]
-
-
-# --- ABI choice -------------------------------------------------------------------
-@dataclass(frozen=True)
-class ToolsAbi:
-    """How one driver release wants trackers set up, and the record format it gives."""
-
-    name: str  # single | negotiated | version-field | separate-ioctls
-    version: int  # queue record format: 1 (64-byte) or 2 (72-byte)
-    init_cmd: int
-    init_params: type[ctypes.Structure]
-    uuid_cmd: int
-    uuid_params: type[ctypes.Structure]
-    cpu_fault_has_cpu_id: bool
-
-    @property
-    def entry_size(self) -> int:
-        return ENTRY_SIZE[self.version]
-
-
-def tools_abi(v: Version, queue_version: int | None = None) -> ToolsAbi:
-    """The tools ABI of driver version `v` (facts §5.3, §1.4).
-
-    `queue_version` asks for a queue record format other than the newest the
-    driver offers: 1 (64-byte records) works on every driver, 2 (72-byte) from
-    550.54.14 (550.40.53). From 565.57.01 the V1 queue has its own ioctl (56)
-    and processor table (64, 33 entries); before, the version is a field of the
-    init params.
-    """
-    if queue_version not in (None, 1, 2):
-        raise ToolsError(f"UVM tools queue version must be 1 or 2, not {queue_version}")
-    side_550 = (550, 40, 53) <= v < (550, 41, 0)
-    uuid, init = TOOLS_GET_PROCESSOR_UUID_TABLE, TOOLS_INIT_EVENT_TRACKER
-    qv = queue_version or 2
-    if v >= (565, 57, 1):
-        if qv == 1:
-            return ToolsAbi("separate-ioctls", 1, init, InitParams, uuid, UuidTableParams, True)
-        return ToolsAbi("separate-ioctls", 2, TOOLS_INIT_EVENT_TRACKER_V2, InitParams,
-                        TOOLS_GET_PROCESSOR_UUID_TABLE_V2, UuidTableParams, True)  # fmt: skip
-    if v >= (560, 0, 0):
-        return ToolsAbi("version-field", qv, init, InitParamsVersioned,
-                        uuid, UuidTableParamsVersioned, False)  # fmt: skip
-    if v >= (550, 54, 14) or side_550:
-        return ToolsAbi("negotiated", qv, init, InitParamsNegotiated,
-                        uuid, UuidTableParamsNegotiated, False)  # fmt: skip
-    if qv == 2 and queue_version is not None:
-        raise ToolsError(f"driver {'.'.join(map(str, v))} has only the V1 (64-byte) tools queue")
-    return ToolsAbi("single", 1, init, InitParams, uuid, UuidTableParamsCount, False)
-
-
-# --- libc --------------------------------------------------------------------------
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
-_libc.ioctl.restype = ctypes.c_int
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_int, ctypes.c_long]  # fmt: skip
-_libc.mmap.restype = ctypes.c_void_p
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_libc.syscall.restype = ctypes.c_long
-
-_PROT_RW = 0x1 | 0x2
-_MAP_PRIVATE_ANON = 0x02 | 0x20
-_MADV_DONTFORK = 10
-_MAP_FAILED = ctypes.c_void_p(-1).value
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def ioctl(fd: int, cmd: int, params: ctypes.Structure) -> None:
-    """Issue one ioctl with `params` in place; OSError when the syscall fails."""
-    if _libc.ioctl(fd, cmd, ctypes.addressof(params)) < 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
 
 
 class Pinned:
@@ -270,30 +67,18 @@ class Pinned:
 
     def __init__(self, size: int) -> None:
         self.size = max(PAGE, -(-size // PAGE) * PAGE)
-        addr = _libc.mmap(None, self.size, _PROT_RW, _MAP_PRIVATE_ANON, -1, 0)
-        if addr is None or addr == _MAP_FAILED:
+        addr = LIBC.mmap(None, self.size, PROT_RW, MAP_PRIVATE_ANON, -1, 0)
+        if addr is None or addr == MAP_FAILED:
             e = ctypes.get_errno()
             raise ToolsError(f"mmap of {self.size} bytes: {os.strerror(e)}")
         self.addr: int = addr
-        _libc.madvise(self.addr, self.size, _MADV_DONTFORK)
+        LIBC.madvise(self.addr, self.size, MADV_DONTFORK)
 
     def close(self) -> None:
         if self.addr:
-            _libc.munmap(self.addr, self.size)
+            LIBC.munmap(self.addr, self.size)
             self.addr = 0
 
-
-def pidfd_open(pid: int) -> int:
-    return os.pidfd_open(pid)
-
-
-def pidfd_getfd(pidfd: int, target_fd: int) -> int:
-    """A duplicate, in this process, of fd `target_fd` of the process behind `pidfd`."""
-    fd = _libc.syscall(SYS_PIDFD_GETFD, pidfd, target_fd, 0)
-    if fd < 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
-    return int(fd)
 
 
 def uvm_fds(pid: int, devdir: str) -> list[int]:
@@ -566,61 +351,4 @@ class Tracker:
         self.closed = True
 
 
-def processor_map(table: Sequence[bytes] | None, gpu_uuids: dict[bytes, int]) -> dict[int, int]:
-    """Tools processor index -> trace GPU index (CPU, index 0, -> -1).
-
-    Processor indices are the driver's ids, not GPU numbers (the single H200 was
-    index 1): a GPU maps through its UUID. A GPU whose UUID the trace does not
-    know is left out, and the decoder reports its rows with no GPU.
-    """
-    out = {0: -1}
-    if not table:
-        return out
-    for i, uuid in enumerate(table):
-        if i == 0 or not any(uuid):
-            continue
-        gpu = gpu_uuids.get(bytes(uuid))
-        if gpu is not None:
-            out[i] = gpu
-    return out
-
-
-def unmapped(table: Iterable[bytes] | None, gpu_uuids: dict[bytes, int]) -> list[str]:
-    """UUIDs of GPU processors in the table that no trace GPU has (for the manifest)."""
-    if not table:
-        return []
-    return [format_uuid(u) for i, u in enumerate(table)
-            if i and any(u) and bytes(u) not in gpu_uuids]  # fmt: skip
-
-
-def format_uuid(raw: bytes) -> str:
-    """16 bytes -> 'GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx', as nvidia-smi prints."""
-    h = bytes(raw).hex()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-
-def parse_uuid(text: str) -> bytes | None:
-    """'GPU-xxxxxxxx-...' -> 16 bytes, or None when it is not a GPU UUID."""
-    t = text.strip()
-    if t.startswith(("GPU-", "MIG-")):
-        t = t[4:]
-    h = t.replace("-", "")
-    if len(h) != 32:
-        return None
-    try:
-        return bytes.fromhex(h)
-    except ValueError:
-        return None
-
-
-__all__ = [
-    "COUNTER_NAMES",
-    "EVENT_TYPES",
-    "ControlData",
-    "EventQueue",
-    "ToolsAbi",
-    "ToolsError",
-    "Tracker",
-    "processor_map",
-    "tools_abi",
-]
+__all__ = ["DEFAULT_QUEUE_ENTRIES", "EventQueue", "ToolsError", "Tracker", "uvm_fds"]
