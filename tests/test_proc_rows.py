@@ -250,11 +250,37 @@ def test_facts_read_ahead_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(session_mod, "EARLY_MAX", 3)
     s, _sink, probes = session()
-    pid = gone_pid()
-    # thread creations reach the probe as forks, and no later event takes their facts
+    pid = os.getpid()
+    # seen events of processes whose exit never reaches the recorder: nothing takes them
     probes.raw["proc_events"].append(
-        events(*[(decode.PROC_FORK, pid, ts) for ts in range(1, 9)]).tobytes())
+        events(*[(decode.PROC_SEEN, pid, ts) for ts in range(1, 9)]).tobytes())
     s.watch_procs()
+    assert sorted(s.early) == [(pid, 6), (pid, 7), (pid, 8)]
+    # thread creations reach the probe as forks: not read at all
+    import threading
+
+    ids: list[int] = []
+    t = threading.Thread(target=lambda: ids.append(threading.get_native_id()))
+    t.start()
+    t.join()
+    gate = threading.Event()
+
+    def waits() -> None:
+        ids.append(threading.get_native_id())
+        gate.wait()
+
+    live = threading.Thread(target=waits)
+    live.start()
+    try:
+        while len(ids) < 2:
+            time.sleep(0.01)  # until the thread has told its id
+        assert procfs.tgid(ids[1]) == pid and procfs.tgid(pid) == pid
+        probes.raw["proc_events"].append(
+            events((decode.PROC_FORK, ids[1], 20), (decode.PROC_FORK, ids[0], 21)).tobytes())
+        s.watch_procs()
+    finally:
+        gate.set()
+        live.join()
     assert sorted(s.early) == [(pid, 6), (pid, 7), (pid, 8)]
     s.watch_procs()  # nothing new since: nothing read twice
     s.procs_taken()

@@ -132,6 +132,19 @@ def start_boot_ns(pid: int) -> int | None:
         return None
 
 
+def tgid(pid: int) -> int | None:
+    """The thread group of task `pid` (itself for a process, its process for a
+    thread), or None when there is no such task."""
+    try:
+        with open(PROC / str(pid) / "status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def boot_offset_ns() -> int:
     """This time namespace's CLOCK_BOOTTIME offset (/proc/PID/stat includes it)."""
     try:

@@ -254,11 +254,12 @@ class Session:
             kind, pid, ts = int(e["kind"]), int(e["pid"]), int(e["ts_ns"])
             if kind in (decode.PROC_FORK, decode.PROC_EXEC, decode.PROC_SEEN,
                         decode.PROC_UVM_INIT) and pid > 0:  # fmt: skip
+                if kind == decode.PROC_FORK and procfs.tgid(pid) != pid:
+                    continue  # a thread (pthread_create is a fork to the probe), or gone
                 info = self.facts(pid, ts)
                 with self._lock:
                     self.early[(pid, ts)] = info
-                    # a thread's fork (pthread_create is a fork to the probe) has no
-                    # later event to take its entry: keep the newest EARLY_MAX only
+                    # facts no later event takes (a child gone unseen): keep EARLY_MAX
                     if len(self.early) > EARLY_MAX:
                         del self.early[min(self.early, key=lambda k: k[1])]
 
