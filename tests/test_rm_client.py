@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from gputrace.errors import UsageError
+from gputrace.record import memory_sampler
+from gputrace.record import rm_abi as abi
 from gputrace.record import rm_client as rc
 from gputrace.record.driver import parse_version
 from tests.standin import standin
@@ -20,40 +22,40 @@ def off(s: type[ctypes.Structure], f: str) -> int:
 
 
 def test_escape_command_words_match_facts() -> None:
-    assert rc.iowr(rc.ESC_RM_CONTROL, ctypes.sizeof(rc.Nvos54)) == 0xC020462A
-    assert rc.iowr(rc.ESC_RM_ALLOC, ctypes.sizeof(rc.Nvos64)) == 0xC030462B
-    assert rc.iowr(rc.ESC_RM_ALLOC, ctypes.sizeof(rc.Nvos21)) == 0xC020462B
-    assert rc.iowr(rc.ESC_RM_FREE, ctypes.sizeof(rc.Nvos00)) == 0xC0104629
+    assert abi.iowr(abi.ESC_RM_CONTROL, ctypes.sizeof(abi.Nvos54)) == 0xC020462A
+    assert abi.iowr(abi.ESC_RM_ALLOC, ctypes.sizeof(abi.Nvos64)) == 0xC030462B
+    assert abi.iowr(abi.ESC_RM_ALLOC, ctypes.sizeof(abi.Nvos21)) == 0xC020462B
+    assert abi.iowr(abi.ESC_RM_FREE, ctypes.sizeof(abi.Nvos00)) == 0xC0104629
 
 
 def test_rm_struct_layouts_match_facts() -> None:
-    assert ctypes.sizeof(rc.Nvos00) == 16 and off(rc.Nvos00, "status") == 12
-    assert ctypes.sizeof(rc.Nvos21) == 32 and off(rc.Nvos21, "status") == 24  # before 535.43.02
-    n64 = rc.Nvos64
+    assert ctypes.sizeof(abi.Nvos00) == 16 and off(abi.Nvos00, "status") == 12
+    assert ctypes.sizeof(abi.Nvos21) == 32 and off(abi.Nvos21, "status") == 24  # before 535.43.02
+    n64 = abi.Nvos64
     assert ctypes.sizeof(n64) == 48
     assert [off(n64, f) for f in ("pAllocParms", "pRightsRequested", "paramsSize", "flags",
                                   "status")] == [16, 24, 32, 36, 40]
-    n54 = rc.Nvos54
+    n54 = abi.Nvos54
     assert ctypes.sizeof(n54) == 32
     assert [off(n54, f) for f in ("cmd", "params", "paramsSize", "status")] == [8, 16, 24, 28]
-    assert ctypes.sizeof(rc.VersionParams) == 72
+    assert ctypes.sizeof(abi.VersionParams) == 72
 
 
 def test_control_param_layouts_match_the_sdk() -> None:
-    assert ctypes.sizeof(rc.ProbedIds) == 384
-    assert ctypes.sizeof(rc.AttachIds) == 132
-    assert ctypes.sizeof(rc.IdInfoV2) == 32 and off(rc.IdInfoV2, "deviceInstance") == 8
-    assert ctypes.sizeof(rc.Nv0080Alloc) == 56 and off(rc.Nv0080Alloc, "vaMode") == 48
-    assert ctypes.sizeof(rc.GidInfo) == 268 and off(rc.GidInfo, "data") == 12
-    assert ctypes.sizeof(rc.FbInfoV2) == 1028
-    assert rc.FB_INDICES == (0x09, 0x16, 0x12, 0x13)
-    assert rc.NV2080_CTRL_CMD_FB_GET_INFO_V2 == 0x20801303
+    assert ctypes.sizeof(abi.ProbedIds) == 384
+    assert ctypes.sizeof(abi.AttachIds) == 132
+    assert ctypes.sizeof(abi.IdInfoV2) == 32 and off(abi.IdInfoV2, "deviceInstance") == 8
+    assert ctypes.sizeof(abi.Nv0080Alloc) == 56 and off(abi.Nv0080Alloc, "vaMode") == 48
+    assert ctypes.sizeof(abi.GidInfo) == 268 and off(abi.GidInfo, "data") == 12
+    assert ctypes.sizeof(abi.FbInfoV2) == 1028
+    assert abi.FB_INDICES == (0x09, 0x16, 0x12, 0x13)
+    assert abi.NV2080_CTRL_CMD_FB_GET_INFO_V2 == 0x20801303
 
 
 @pytest.mark.parametrize("bad", [0, -5, float("nan"), float("inf")])
 def test_interval_must_be_finite_and_positive(bad: float) -> None:
     with pytest.raises(UsageError, match="finite"):
-        rc.validate_interval_ms(bad)
+        memory_sampler.validate_interval_ms(bad)
 
 
 def test_proc_gpu_uuids_reads_minor_and_uuid(tmp_path: Path) -> None:

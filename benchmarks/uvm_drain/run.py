@@ -57,7 +57,7 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gputrace.record import decode_uvm, rm_client, uvm_tools  # noqa: E402
+from gputrace.record import decode_uvm, memory_sampler, rm_client, uvm_tools  # noqa: E402
 from gputrace.record.decode_uvm import UvmStreamContext, UvmStreamDecoder  # noqa: E402
 from gputrace.record.driver import parse_version  # noqa: E402
 from gputrace.record.driver_layer import DriverLayer  # noqa: E402
@@ -333,7 +333,7 @@ def sampler_cost(dev: Path, interval_ms: float, seconds: float) -> dict[str, flo
                 client.sample(g)
         per_sample_us = (time.thread_time() - c0) / n * 1e6
         per_sample_wall_us = (time.perf_counter() - t0) / n * 1e6
-        s = rm_client.MemorySampler(client, interval_ms)
+        s = memory_sampler.MemorySampler(client, interval_ms)
         c0, w0 = cpu_s(), time.perf_counter()
         s.start()
         time.sleep(seconds)  # the process is otherwise idle: its CPU is the sampler's

@@ -24,6 +24,7 @@ from gputrace.record import (
     driver,
     driver_samples,
     gpu_uuids,
+    memory_sampler,
     rm_client,
     uvm_clock,
     uvm_records,
@@ -103,7 +104,7 @@ class DriverLayer:
         devdir: str,
         driver_version: str | None,
         queue_entries: int = uvm_tools.DEFAULT_QUEUE_ENTRIES,
-        sample_ms: float = rm_client.DEFAULT_SAMPLE_MS,
+        sample_ms: float = memory_sampler.DEFAULT_SAMPLE_MS,
         drain_ms: float = DEFAULT_DRAIN_MS,
         proc_root: str = "/",
         rm: bool = True,
@@ -111,8 +112,8 @@ class DriverLayer:
         queue_version: int | None = None,
     ) -> None:
         self.devdir = os.path.abspath(devdir)
-        self.sample_ms = rm_client.validate_interval_ms(sample_ms)
-        self.drain_s = rm_client.validate_interval_ms(drain_ms) / 1000.0
+        self.sample_ms = memory_sampler.validate_interval_ms(sample_ms)
+        self.drain_s = memory_sampler.validate_interval_ms(drain_ms) / 1000.0
         if queue_entries < 2 or queue_entries & (queue_entries - 1):
             raise uvm_tools.ToolsError(
                 f"queue entries must be a power of two >= 2, not {queue_entries}"
@@ -126,7 +127,7 @@ class DriverLayer:
         self.proc_root = proc_root
         self.want_rm = rm
         self.rm: rm_client.RmClient | None = None
-        self.sampler: rm_client.MemorySampler | None = None
+        self.sampler: memory_sampler.MemorySampler | None = None
         self.rm_error: str | None = None
         self._targets: dict[int, _Target] = {}
         self._done: list[_Target] = []  # closed and fully collected (manifest)
@@ -154,7 +155,7 @@ class DriverLayer:
                 self.rm_error = str(e)
             else:
                 self._gpu_uuids = {**self.rm.gpu_uuids(), **self._gpu_uuids}
-                self.sampler = rm_client.MemorySampler(self.rm, self.sample_ms)
+                self.sampler = memory_sampler.MemorySampler(self.rm, self.sample_ms)
                 self.sampler.start()
         self._thread = threading.Thread(target=self._run, name="gputrace-uvm-tools", daemon=True)
         self._thread.start()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gputrace.errors import GputraceError, UsageError
-from gputrace.record import driver, hooks, loader, rm_client, uvm_tools
+from gputrace.record import driver, hooks, loader, memory_sampler, uvm_tools
 from gputrace.traceoutput import check_output
 
 MAX_DURATION_S = 10 * 365 * 86400.0
@@ -29,7 +29,7 @@ class Options:
     libcuda: str | None = None  # --libcuda PATH (API layer)
     driver_layer: bool = True  # --no-driver-layer turns it off
     uvm_queue_entries: int = uvm_tools.DEFAULT_QUEUE_ENTRIES
-    sample_ms: float = rm_client.DEFAULT_SAMPLE_MS  # --sample-interval
+    sample_ms: float = memory_sampler.DEFAULT_SAMPLE_MS  # --sample-interval
     uvm_queue_version: int | None = None  # --uvm-queue-version (tests)
 
 

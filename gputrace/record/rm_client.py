@@ -8,6 +8,9 @@ device (0x80) and a subdevice (0x2080) per GPU. Each sample is one
 `NV2080_CTRL_CMD_FB_GET_INFO_V2` per GPU for HEAP_SIZE, HEAP_FREE,
 LARGEST_FREE_REGION_SIZE and _BASE. Layouts: nvidia-driver-facts.md §2.
 
+The ABI (escape numbers, classes, parameter structs) is in `rm_abi`; the thread
+that samples every N ms is `memory_sampler.MemorySampler`.
+
 The sampler's ioctls come from the recorder's own process: the syscall probes
 must drop them by tgid (`RmClient.pid`, `sampler_tids()`).
 """
@@ -16,167 +19,60 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import math
 import os
 import re
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gputrace.errors import UsageError
 from gputrace.record.driver import Version
 from gputrace.record.driver_samples import GpuMemorySample
 from gputrace.record.gpu_uuids import parse_uuid
 from gputrace.record.libc import ioctl
+from gputrace.record.rm_abi import (
+    ESC_CHECK_VERSION_STR,
+    ESC_REGISTER_FD,
+    ESC_RM_ALLOC,
+    ESC_RM_CONTROL,
+    ESC_RM_FREE,
+    ESC_WAIT_OPEN_COMPLETE,
+    FB_HEAP_FREE,
+    FB_HEAP_SIZE,
+    FB_INDICES,
+    FB_LARGEST_FREE_BASE,
+    FB_LARGEST_FREE_SIZE,
+    GID_FLAGS_BINARY_SHA1,
+    INVALID_ID,
+    NV0000_CTRL_CMD_GPU_ATTACH_IDS,
+    NV0000_CTRL_CMD_GPU_GET_ID_INFO_V2,
+    NV0000_CTRL_CMD_GPU_GET_PROBED_IDS,
+    NV01_DEVICE_0,
+    NV01_ROOT_CLIENT,
+    NV20_SUBDEVICE_0,
+    NV2080_CTRL_CMD_FB_GET_INFO_V2,
+    NV2080_CTRL_CMD_GPU_GET_GID_INFO,
+    AttachIds,
+    FbInfoV2,
+    GidInfo,
+    IdInfoV2,
+    Nv0080Alloc,
+    Nv2080Alloc,
+    Nvos00,
+    Nvos21,
+    Nvos54,
+    Nvos64,
+    ProbedIds,
+    RegisterFdParams,
+    VersionParams,
+    WaitOpenParams,
+    iowr,
+)
 
-NV_IOCTL_MAGIC = ord("F")
-NV_IOCTL_BASE = 200
-
-
-def iowr(nr: int, size: int) -> int:
-    """_IOWR('F', nr, size): the command word of an RM escape."""
-    return (3 << 30) | (size << 16) | (NV_IOCTL_MAGIC << 8) | nr
-
-
-ESC_RM_FREE = 0x29
-ESC_RM_CONTROL = 0x2A
-ESC_RM_ALLOC = 0x2B
-ESC_REGISTER_FD = NV_IOCTL_BASE + 1
-ESC_CHECK_VERSION_STR = NV_IOCTL_BASE + 10
-ESC_WAIT_OPEN_COMPLETE = NV_IOCTL_BASE + 18
-
-NV01_ROOT_CLIENT = 0x41
-NV01_DEVICE_0 = 0x80
-NV20_SUBDEVICE_0 = 0x2080
-
-NV0000_CTRL_CMD_GPU_GET_ID_INFO_V2 = 0x205
-NV0000_CTRL_CMD_GPU_GET_PROBED_IDS = 0x214
-NV0000_CTRL_CMD_GPU_ATTACH_IDS = 0x215
-NV2080_CTRL_CMD_GPU_GET_GID_INFO = 0x2080014A
-NV2080_CTRL_CMD_FB_GET_INFO_V2 = 0x20801303
-GID_FLAGS_BINARY_SHA1 = 0x2  # FORMAT_BINARY, TYPE_SHA1: the 16 UUID bytes
-INVALID_ID = 0xFFFFFFFF
-MAX_GPUS = 32
-
-FB_HEAP_SIZE = 0x09
-FB_HEAP_FREE = 0x16
-FB_LARGEST_FREE_SIZE = 0x12
-FB_LARGEST_FREE_BASE = 0x13
-FB_INDICES = (FB_HEAP_SIZE, FB_HEAP_FREE, FB_LARGEST_FREE_SIZE, FB_LARGEST_FREE_BASE)
-"""NV2080_CTRL_FB_INFO_INDEX_* values (ctrl2080fb.h); every one answers in KiB."""
-
-DEFAULT_SAMPLE_MS = 100.0
 _GPU_RE = re.compile(r"^nvidia(\d{1,3})$")
 
 
 class RmError(Exception):
     """The RM client could not be set up; `str(err)` is the reason."""
-
-
-# --- parameter structs (x86-64; sizes pinned by tests/test_rm_client.py) -----------
-class VersionParams(ctypes.Structure):
-    """nv_ioctl_rm_api_version_t (72 bytes)."""
-
-    _fields_ = [("cmd", ctypes.c_uint32), ("reply", ctypes.c_uint32),
-                ("versionString", ctypes.c_char * 64)]  # fmt: skip
-
-
-class RegisterFdParams(ctypes.Structure):
-    _fields_ = [("ctl_fd", ctypes.c_int32)]
-
-
-class WaitOpenParams(ctypes.Structure):
-    _fields_ = [("rc", ctypes.c_int32), ("adapterStatus", ctypes.c_uint32)]
-
-
-class Nvos00(ctypes.Structure):
-    """NVOS00_PARAMETERS, RM_FREE (16 bytes)."""
-
-    _fields_ = [("hRoot", ctypes.c_uint32), ("hObjectParent", ctypes.c_uint32),
-                ("hObjectOld", ctypes.c_uint32), ("status", ctypes.c_uint32)]  # fmt: skip
-
-
-class Nvos21(ctypes.Structure):
-    """NVOS21_PARAMETERS before 535.43.02 (32 bytes, status @24)."""
-
-    _fields_ = [("hRoot", ctypes.c_uint32), ("hObjectParent", ctypes.c_uint32),
-                ("hObjectNew", ctypes.c_uint32), ("hClass", ctypes.c_uint32),
-                ("pAllocParms", ctypes.c_uint64), ("status", ctypes.c_uint32)]  # fmt: skip
-
-
-class Nvos64(ctypes.Structure):
-    """NVOS64_PARAMETERS from 535.43.02 (48 bytes, status @40)."""
-
-    _fields_ = [("hRoot", ctypes.c_uint32), ("hObjectParent", ctypes.c_uint32),
-                ("hObjectNew", ctypes.c_uint32), ("hClass", ctypes.c_uint32),
-                ("pAllocParms", ctypes.c_uint64), ("pRightsRequested", ctypes.c_uint64),
-                ("paramsSize", ctypes.c_uint32), ("flags", ctypes.c_uint32),
-                ("status", ctypes.c_uint32)]  # fmt: skip
-
-
-class Nvos54(ctypes.Structure):
-    """NVOS54_PARAMETERS, RM_CONTROL (32 bytes)."""
-
-    _fields_ = [("hClient", ctypes.c_uint32), ("hObject", ctypes.c_uint32),
-                ("cmd", ctypes.c_uint32), ("flags", ctypes.c_uint32),
-                ("params", ctypes.c_uint64), ("paramsSize", ctypes.c_uint32),
-                ("status", ctypes.c_uint32)]  # fmt: skip
-
-
-class ProbedIds(ctypes.Structure):
-    _fields_ = [("gpuIds", ctypes.c_uint32 * MAX_GPUS),
-                ("excludedGpuIds", ctypes.c_uint32 * MAX_GPUS),
-                ("gpuFlags", ctypes.c_uint32 * MAX_GPUS)]  # fmt: skip
-
-
-class AttachIds(ctypes.Structure):
-    _fields_ = [("gpuIds", ctypes.c_uint32 * MAX_GPUS), ("failedId", ctypes.c_uint32)]
-
-
-class IdInfoV2(ctypes.Structure):
-    _fields_ = [("gpuId", ctypes.c_uint32), ("gpuFlags", ctypes.c_uint32),
-                ("deviceInstance", ctypes.c_uint32), ("subDeviceInstance", ctypes.c_uint32),
-                ("sliStatus", ctypes.c_uint32), ("boardId", ctypes.c_uint32),
-                ("gpuInstance", ctypes.c_uint32), ("numaId", ctypes.c_int32)]  # fmt: skip
-
-
-class Nv0080Alloc(ctypes.Structure):
-    """NV0080_ALLOC_PARAMETERS (56 bytes)."""
-
-    _fields_ = [("deviceId", ctypes.c_uint32), ("hClientShare", ctypes.c_uint32),
-                ("hTargetClient", ctypes.c_uint32), ("hTargetDevice", ctypes.c_uint32),
-                ("flags", ctypes.c_uint32), ("vaSpaceSize", ctypes.c_uint64),
-                ("vaStartInternal", ctypes.c_uint64), ("vaLimitInternal", ctypes.c_uint64),
-                ("vaMode", ctypes.c_uint32)]  # fmt: skip
-
-
-class Nv2080Alloc(ctypes.Structure):
-    _fields_ = [("subDeviceId", ctypes.c_uint32)]
-
-
-class GidInfo(ctypes.Structure):
-    """NV2080_CTRL_GPU_GET_GID_INFO_PARAMS (268 bytes)."""
-
-    _fields_ = [("index", ctypes.c_uint32), ("flags", ctypes.c_uint32),
-                ("length", ctypes.c_uint32), ("data", ctypes.c_uint8 * 256)]  # fmt: skip
-
-
-class FbInfo(ctypes.Structure):
-    _fields_ = [("index", ctypes.c_uint32), ("data", ctypes.c_uint32)]
-
-
-class FbInfoV2(ctypes.Structure):
-    """NV2080_CTRL_FB_GET_INFO_V2_PARAMS (1028 bytes)."""
-
-    _fields_ = [("fbInfoListSize", ctypes.c_uint32), ("fbInfoList", FbInfo * 128)]
-
-
-def validate_interval_ms(ms: float) -> float:
-    """The sample interval in ms, or UsageError when it is not a finite number > 0."""
-    if not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
-        raise UsageError(f"GPU memory sample interval must be a finite number of ms > 0, not {ms}")
-    return float(ms)
 
 
 def proc_gpu_uuids(root: str = "/") -> dict[bytes, int]:
@@ -419,53 +315,3 @@ class RmClient:
             largest_free_bytes=kib(FB_LARGEST_FREE_SIZE),
             largest_free_base_bytes=kib(FB_LARGEST_FREE_BASE),
         )  # fmt: skip
-
-
-class MemorySampler:
-    """A thread that samples every GPU of an `RmClient` every `interval_ms`."""
-
-    def __init__(self, client: RmClient, interval_ms: float = DEFAULT_SAMPLE_MS) -> None:
-        self.client = client
-        self.interval_s = validate_interval_ms(interval_ms) / 1000.0
-        self._rows: list[GpuMemorySample] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.tid: int | None = None
-        self.samples = 0
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gputrace-gpu-memory",
-                                        daemon=True)  # fmt: skip
-        self._thread.start()
-
-    def _run(self) -> None:
-        self.tid = threading.get_native_id()
-        next_t = time.monotonic()
-        while not self._stop.is_set():
-            self.sample_once()
-            next_t += self.interval_s
-            now = time.monotonic()
-            if next_t < now:  # fell behind (slow RM): skip, do not burst
-                next_t = now + self.interval_s
-            self._stop.wait(next_t - now)
-
-    def sample_once(self) -> None:
-        rows = [self.client.sample(g) for g in self.client.gpus]
-        with self._lock:
-            self._rows += rows
-            self.samples += 1
-
-    def take(self) -> list[GpuMemorySample]:
-        """Rows sampled since the last take."""
-        with self._lock:
-            rows, self._rows = self._rows, []
-        return rows
-
-    def stop(self) -> None:
-        """Stop the thread after one last sample; the client stays open (caller closes)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-            self.sample_once()
