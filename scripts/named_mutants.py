@@ -64,7 +64,7 @@ MUTANTS = [
            "for i, name in enumerate(BUFFERS[:1])",
            "tests/test_mutants_named.py::test_probe_drops_counted_from_every_ring_buffer"),
     Mutant("lost events counted from one ring buffer only (reports)",
-           "gputrace/analyses/helpers/common.py", "lost = sum(inp.drops.values())",
+           "gputrace/analyses/helpers/inputs.py", "lost = sum(inp.drops.values())",
            'lost = inp.drops.get("ioctl_events", 0)',
            "tests/test_mutants_named.py::test_reports_sum_lost_events_over_every_buffer"),
     Mutant("exit-time free boundary moved by one", "gputrace/analyses/leaks.py",

@@ -10,7 +10,7 @@ from types import ModuleType
 from typing import Any
 
 from gputrace.analyses import registry
-from gputrace.analyses.helpers.common import inputs_from_trace
+from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.analyses.report_spec import ReportOptions
 from gputrace.analyses.run import run_reports
 from gputrace.render.json_doc import render_json

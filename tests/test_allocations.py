@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from gputrace.analyses.helpers.common import inputs_from_trace
+from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.analyses.helpers.lifetimes import lifetimes, memory
 from gputrace.analyses.helpers.partition import Slice
 from gputrace.builder import MiB, TraceBuilder

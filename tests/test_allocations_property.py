@@ -10,7 +10,7 @@ import polars as pl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputrace.analyses.helpers.common import inputs_from_trace
+from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.analyses.helpers.lifetimes import lifetimes, memory
 from gputrace.analyses.helpers.partition import Slice
 from gputrace.builder import MiB, TraceBuilder

@@ -158,7 +158,7 @@ def test_end_before_start_is_an_error_or_a_warning_never_negative_rates(
 
 def test_end_before_start_inputs_fall_back_to_the_rows_span(tmp_path: Path) -> None:
     """Below the manifest check: analyses never see a negative span."""
-    from gputrace.analyses.helpers.common import inputs_from_trace, trace_warnings
+    from gputrace.analyses.helpers.inputs import inputs_from_trace, trace_warnings
     from gputrace.builder import T0_NS, ns
     from gputrace.tracedir import Trace
 

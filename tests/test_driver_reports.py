@@ -16,7 +16,7 @@ import pytest
 from gputrace.analyses.fault_rate import fault_rate
 from gputrace.analyses.fault_windows import windows
 from gputrace.analyses.fragmentation import fragmentation
-from gputrace.analyses.helpers.common import inputs_from_trace
+from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.builder import GiB, KiB, MiB, TraceBuilder
 from gputrace.tracedir import open_trace
 from tests.conftest import ROOT

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gputrace.analyses.helpers.common import inputs_from_trace
+from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.analyses.run import run_reports
 from gputrace.tracedir import open_trace
 from tests.analyze_helpers import SCENARIO_DIR

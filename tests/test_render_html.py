@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 
 from gputrace.analyses.downsample import decimate
-from gputrace.analyses.helpers.common import Inputs
+from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.timeseries import plot_series
 from gputrace.builder import MiB, TraceBuilder
 from gputrace.cli import main
@@ -99,7 +99,7 @@ def test_downsampling_keeps_extremes_and_bounds_points() -> None:
 
 
 def test_plot_series_of_training_leak_are_exact() -> None:
-    from gputrace.analyses.helpers.common import inputs_from_trace
+    from gputrace.analyses.helpers.inputs import inputs_from_trace
     from gputrace.tracedir import open_trace
     from tests.analyze_helpers import analyze
 
@@ -117,7 +117,7 @@ def test_plot_series_of_training_leak_are_exact() -> None:
 
 @pytest.mark.parametrize("name", ["real-h200-cuda", "standin-cuda"])
 def test_leak_icicle_totals_the_leak_headline(name: str) -> None:
-    from gputrace.analyses.helpers.common import inputs_from_trace
+    from gputrace.analyses.helpers.inputs import inputs_from_trace
     from gputrace.tracedir import open_trace
     from tests.analyze_helpers import analyze
 

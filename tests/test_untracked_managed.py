@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gputrace.analyses.helpers.common import _untracked_managed
+from gputrace.analyses.helpers.inputs import _untracked_managed
 
 ROOT = Path(__file__).resolve().parent.parent
 

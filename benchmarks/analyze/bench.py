@@ -49,7 +49,9 @@ def one(case: str, trace: str) -> dict[str, Any]:
     import polars as pl
 
     from gputrace import open_trace
-    from gputrace.analyses.helpers.common import inputs_from_trace, ok_ioctl, pair
+    from gputrace.analyses.helpers.common import ok_ioctl
+    from gputrace.analyses.helpers.inputs import inputs_from_trace
+    from gputrace.analyses.helpers.pairing import pair
 
     inp = inputs_from_trace(open_trace(trace))
     ru0 = resource.getrusage(resource.RUSAGE_SELF)

@@ -17,7 +17,7 @@ import time
 
 import polars as pl
 
-from gputrace.analyses.helpers.common import inputs_from_trace
+from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.analyses.timeseries import timeline
 from gputrace.render.perfetto import render_perfetto
 from gputrace.tracedir import open_trace

@@ -18,7 +18,8 @@ from typing import Any
 import polars as pl
 
 from gputrace import schema
-from gputrace.analyses.helpers.common import NS_PER_S, Inputs
+from gputrace.analyses.helpers.common import NS_PER_S
+from gputrace.analyses.helpers.inputs import Inputs
 
 BUCKETS = 1000
 """Default buckets per plot: at most 2000 points per series."""

@@ -21,8 +21,8 @@
   (the manifest's size, else the RM heap size sampled).
 
 Each part answers its own question in its own module: fault_windows (rates,
-gpu_windows), fault_batches, cpu_faults, migrations (migrations, evictions,
-driver events), thrashing, oversubscription; this module assembles the report.
+gpu_windows), fault_batches, cpu_faults, migrations (migrations, evictions),
+driver_events, thrashing, oversubscription; this module assembles the report.
 
 GPU faults, batches, migrations and evictions come from the `uvm_tools` layer
 (the driver's tools events) or the `driver` layer (in-kernel driver hooks); a trace with only
@@ -35,11 +35,12 @@ from typing import Any
 
 import polars as pl
 
-from gputrace.analyses import migrations
+from gputrace.analyses import driver_events, migrations
 from gputrace.analyses.cpu_faults import cpu_blocks, cpu_processes
 from gputrace.analyses.fault_batches import batches
 from gputrace.analyses.fault_windows import gpu_windows, rates, windows
-from gputrace.analyses.helpers.common import NS_PER_S, Inputs, records, trace_warnings
+from gputrace.analyses.helpers.common import NS_PER_S, records
+from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.oversubscription import oversubscription
 from gputrace.analyses.report import Report, not_recorded
 from gputrace.analyses.thrashing import thrashing
@@ -83,8 +84,8 @@ def fault_rate(inp: Inputs, *, window_s: float = 1.0, min_reversals: int = 3,
         .sort("processor"),
         inp.scan("chunks").filter(pl.col("chunk_op") == "evict").select(pl.len()),
         migrations.by_cause(mig), migrations.by_direction(mig), migrations.resident(mig, f),
-        migrations.event_counts(ev), migrations.driver_thrashing(ev, inp.start_ns),
-        migrations.throttling(ev, inp.start_ns, inp.end_ns),
+        driver_events.event_counts(ev), driver_events.driver_thrashing(ev, inp.start_ns),
+        driver_events.throttling(ev, inp.start_ns, inp.end_ns),
         inp.scan("uvm_counters").group_by("pid", "counter").agg(pl.col("value").max())
         .sort("pid", "counter")])
     _, k, last = windows(inp.start_ns, inp.end_ns, window_s)

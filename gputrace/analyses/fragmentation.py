@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputrace.analyses.helpers.common import Inputs, trace_warnings
+from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.pmm_chunks import chunk_section
 from gputrace.analyses.report import Report, not_recorded
 from gputrace.analyses.rm_fragmentation import rm_section

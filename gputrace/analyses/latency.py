@@ -9,7 +9,7 @@ from typing import Any
 
 import polars as pl
 
-from gputrace.analyses.helpers.common import Inputs
+from gputrace.analyses.helpers.inputs import Inputs
 
 LATENCY_EDGES_US = [10.0 ** (e / 4) for e in range(-4, 29)]
 """Latency histogram bucket edges: 4 per decade from 0.1 us to 10 s."""

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from gputrace.analyses.allocations import leak_kind, with_exits
+from gputrace.analyses.allocation_rows import leak_kind, with_exits
 from gputrace.analyses.growth import growth
-from gputrace.analyses.helpers.common import Inputs, records, size_class, trace_warnings
+from gputrace.analyses.helpers.common import records, size_class
+from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS, recorded_layers
 from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.rm_objects import VIRTUAL_LAYER

@@ -19,7 +19,8 @@ from gputrace.analyses.downsample import (
     series_list,
 )
 from gputrace.analyses.growth import BINS, live_series, theil_sen
-from gputrace.analyses.helpers.common import NS_PER_MIN, Inputs, chunk_bytes
+from gputrace.analyses.helpers.common import NS_PER_MIN, chunk_bytes
+from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.helpers.lifetimes import lifetimes, memory
 
 

@@ -13,9 +13,11 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses.growth import live_series
-from gputrace.analyses.helpers.common import NS_PER_S, Inputs
+from gputrace.analyses.helpers.common import NS_PER_S
 from gputrace.analyses.helpers.gpus import memory_sizes
-from gputrace.analyses.helpers.lifetimes import api_lifetimes, uvm_lifetimes
+from gputrace.analyses.helpers.inputs import Inputs
+from gputrace.analyses.helpers.lifetimes import api_lifetimes
+from gputrace.analyses.helpers.uvm_ranges import uvm_lifetimes
 
 
 def managed_peak(inp: Inputs) -> tuple[int, str] | None:

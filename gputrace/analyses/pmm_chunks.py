@@ -15,7 +15,9 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses.free_space import peak_times, snapshot
-from gputrace.analyses.helpers.common import BLOCK_2M, Inputs, chunk_bytes, pair, records
+from gputrace.analyses.helpers.common import BLOCK_2M, chunk_bytes, records
+from gputrace.analyses.helpers.inputs import Inputs
+from gputrace.analyses.helpers.pairing import pair
 from gputrace.analyses.va_reservations import reservations
 
 SIZES = {12: "4KiB", 16: "64KiB", 21: "2MiB"}

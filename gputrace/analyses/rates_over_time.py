@@ -11,7 +11,8 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses.downsample import BUCKETS, bucket_of, table_recorded
-from gputrace.analyses.helpers.common import NS_PER_S, Inputs
+from gputrace.analyses.helpers.common import NS_PER_S
+from gputrace.analyses.helpers.inputs import Inputs
 
 
 def _rate(inp: Inputs, frame: pl.LazyFrame, by: str | None, buckets: int

@@ -25,7 +25,7 @@ from gputrace.analyses import fail_on
 from gputrace.analyses.report_spec import Gate, ReportOptions, ReportSpec
 
 if TYPE_CHECKING:
-    from gputrace.analyses.helpers.common import Inputs
+    from gputrace.analyses.helpers.inputs import Inputs
     from gputrace.analyses.helpers.partition import Slice
     from gputrace.analyses.report import Report
 

@@ -10,7 +10,8 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses import gpu_memory
-from gputrace.analyses.helpers.common import Inputs, records
+from gputrace.analyses.helpers.common import records
+from gputrace.analyses.helpers.inputs import Inputs
 
 
 def rm_section(inp: Inputs, warnings: list[str]) -> dict[str, Any]:

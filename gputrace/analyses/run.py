@@ -12,7 +12,7 @@ from gputrace.analyses.registry import Context
 from gputrace.analyses.report_spec import ReportOptions
 
 if TYPE_CHECKING:
-    from gputrace.analyses.helpers.common import Inputs
+    from gputrace.analyses.helpers.inputs import Inputs
     from gputrace.analyses.report import Report
 
 
@@ -34,8 +34,8 @@ def run_reports(inp: Inputs, names: list[str] | None = None,
                 step: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Compute the reports named (CLI names; None: all) and return the JSON document.
     `step(name)` is called as each report starts (a progress display)."""
-    from gputrace.analyses.helpers.common import trace_warnings
     from gputrace.analyses.helpers.gpus import memory_bytes_by_index
+    from gputrace.analyses.helpers.inputs import trace_warnings
 
     specs = registry.selected(registry.names() if names is None else names)
     ctx = Context(inp, opts or ReportOptions(), [s.name for s in specs])

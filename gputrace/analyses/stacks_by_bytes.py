@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses.allocations import COUNTED
-from gputrace.analyses.helpers.common import Inputs
+from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.stacks import stack_frames
 

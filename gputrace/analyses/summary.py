@@ -15,10 +15,11 @@ import functools
 
 import polars as pl
 
-from gputrace.analyses.allocations import with_exits
+from gputrace.analyses.allocation_rows import with_exits
 from gputrace.analyses.growth import live_series
-from gputrace.analyses.helpers.common import Inputs, records, trace_warnings
+from gputrace.analyses.helpers.common import records
 from gputrace.analyses.helpers.gpus import gpu_table, pmm_gpus, replay_steps
+from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS
 from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.report import Report, not_recorded

@@ -14,7 +14,7 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses.downsample import BUCKETS
-from gputrace.analyses.helpers.common import Inputs
+from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.latency import latency_histograms
 from gputrace.analyses.memory_over_time import gpu_bytes, live_bytes
 from gputrace.analyses.rates_over_time import fault_rates, rate_buckets

@@ -10,7 +10,7 @@ from __future__ import annotations
 import polars as pl
 
 from gputrace.analyses.free_space import snapshot
-from gputrace.analyses.helpers.common import pair
+from gputrace.analyses.helpers.pairing import pair
 
 
 def reservations(calls: pl.LazyFrame, end_ns: int) -> pl.LazyFrame:

@@ -21,7 +21,7 @@ from gputrace.options import (
 )
 
 if TYPE_CHECKING:
-    from gputrace.analyses.helpers.common import Inputs
+    from gputrace.analyses.helpers.inputs import Inputs
     from gputrace.analyses.run import Conditions
 
 FORMATS = ("terminal", "json", "html", "perfetto", "folded")
@@ -102,7 +102,8 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Leak, fault-rate, fragmentation and summary reports."""
-        from gputrace.analyses.helpers.common import NS_PER_S, inputs_from_trace
+        from gputrace.analyses.helpers.common import NS_PER_S
+        from gputrace.analyses.helpers.inputs import inputs_from_trace
         from gputrace.analyses.run import gate_hits, unmeasured
         from gputrace.tracedir import open_trace
 

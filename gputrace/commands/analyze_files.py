@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from gputrace.analyses.helpers.common import Inputs
+from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.errors import GputraceError
 
 

@@ -83,7 +83,7 @@ def gates(d: dict[str, Any], conds: list[Cond]) -> list[str]:
 def diff_traces(before: str, after: str) -> dict[str, Any]:
     """Both traces analyzed with default options, then compared."""
     from gputrace.analyses.diff import diff
-    from gputrace.analyses.helpers.common import inputs_from_trace
+    from gputrace.analyses.helpers.inputs import inputs_from_trace
     from gputrace.analyses.run import run_reports
     from gputrace.analyses.stacks_by_bytes import folded_stacks
     from gputrace.tracedir import open_trace

@@ -15,7 +15,7 @@ from typing import Any
 import polars as pl
 
 from gputrace import schema
-from gputrace.analyses.helpers.common import Inputs, inputs_from_trace
+from gputrace.analyses.helpers.inputs import Inputs, inputs_from_trace
 from gputrace.fleet.store import DatasetError, Store
 from gputrace.tracedir import ManifestFacts
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from gputrace.analyses.helpers.common import Inputs, chunk_bytes
+from gputrace.analyses.helpers.common import chunk_bytes
+from gputrace.analyses.helpers.inputs import Inputs
 
 FULL_SHARE = 0.95
 MANIFEST = "manifest"

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import polars as pl
 
-from gputrace.analyses.helpers.common import Inputs
+from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.helpers.lifetimes import lifetimes
 
 T = TypeVar("T")
@@ -68,7 +68,8 @@ class Slice:
         (`allocations.rows`) and one row per piece (`allocations.allocations`); with
         `held_only`, only the pieces still holding memory at the end of the trace or
         at their process's exit (what the leak report reads: freed pieces skipped)."""
-        from gputrace.analyses.allocations import allocations, rows
+        from gputrace.analyses.allocation_rows import rows
+        from gputrace.analyses.allocations import allocations
 
         inp = self.inp
         if self._pids is None:

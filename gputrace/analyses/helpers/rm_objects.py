@@ -4,11 +4,10 @@ RM objects form a tree (client -> device -> subdevice/memory ...). An object
 ends at the first of: its own RM_FREE; the free of its parent or of any
 ancestor (freeing a parent frees the subtree); the free of its client; the
 release of the control fd its client was allocated on (last close of that file
-description, from the `files` table; gputrace.analyses.helpers.fds), which frees every
-client that fd still holds (nvidia-driver-facts.md §2.3). When the client's
-allocation is not in the trace, the object's own fd stands in for it. A process
-exit closes its fds, so memory still held at exit is reclaimed by teardown
-(`unfreed_at_exit`).
+description, from the `files` table; helpers.fds), which frees every client that
+fd still holds (nvidia-driver-facts.md §2.3). When the client's allocation is not
+in the trace, the object's own fd stands in for it. A process exit closes its fds,
+so memory still held at exit is reclaimed by teardown (`unfreed_at_exit`).
 
 Memory objects are those of the physical memory classes below and
 RM_VID_HEAP_CONTROL allocations. Virtual reservations (NV50_MEMORY_VIRTUAL
@@ -20,8 +19,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from gputrace.analyses.helpers.common import ok_ioctl, pair
+from gputrace.analyses.helpers.common import ok_ioctl
 from gputrace.analyses.helpers.fds import file_descriptions, release_of
+from gputrace.analyses.helpers.pairing import pair
 
 MEMORY_CLASSES = {0x3E: "sysmem", 0x40: "vidmem", 0x71: "os-descriptor", 0xC2: "physical",
                   0xF8: "fabric", 0xFD: "multicast-fabric"}
