@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gputrace.analyses.helpers.lifetimes import API_ALLOCS
-from gputrace.live.aggregates import _base
+from gputrace.live.live_bytes import _base
 from gputrace.record.recorder import Recorder
 from gputrace.tracedir import open_trace
 from tests.record_helpers import RecorderProc, live_skip_reason, record_cmd, standin_driver_args

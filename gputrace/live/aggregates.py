@@ -7,15 +7,8 @@ the metrics endpoint, the alert evaluator) and returns a consistent copy. Only
 vectorized work runs per row; Python loops run over allocation and free rows
 (rare next to the ioctl flood) and over processes and GPUs.
 
-Live bytes per layer:
-
-- `api`: cuda_calls allocations paired with their frees by (pid, pointer or
-  handle), as the offline lifetimes pair them (gputrace.analyses.helpers.lifetimes);
-  failed calls never count; address reservations are not memory.
-- `rm`: RM_ALLOC / RM_ALLOC_MEMORY of the memory classes and RM_VID_HEAP_CONTROL
-  allocations, ended by their own RM_FREE, the RM_FREE of their parent or of
-  their client (gputrace.analyses.helpers.rm_objects; fd releases are not followed live).
-  The GPU is that of the RM device (class 0x80) the object hangs under.
+Live bytes per layer (`api`, `rm`) are kept by `live_bytes.LiveBytes`; the views a
+snapshot returns are in `snapshot`.
 
 A process's memory ends with it: when its exit is seen, its series go away.
 `growth` (leak rate) is the live bytes gained over the trailing window divided
@@ -28,17 +21,17 @@ from __future__ import annotations
 import resource
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gputrace.analyses.helpers.lifetimes import API_ALLOCS, API_FREES
-from gputrace.analyses.helpers.rm_objects import ALLOCS, MEMORY_CLASSES, VID_HEAP
+from gputrace.analyses.helpers.rm_objects import ALLOCS, VID_HEAP
+from gputrace.live.live_bytes import LiveBytes, Proc
+from gputrace.live.snapshot import GpuView, ProcView, Snapshot
 
 NS = 1_000_000_000
 GROWTH_WINDOW_NS = 60 * NS
@@ -52,110 +45,10 @@ LATENCY_BUCKETS_S: tuple[float, ...] = (1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3, 
                                         16e-3, 64e-3, 0.256, 1.0)
 """Upper bounds of the ioctl latency histogram (seconds); +Inf is implied."""
 _BOUNDS_NS = np.array([round(b * NS) for b in LATENCY_BUCKETS_S], dtype=np.int64)
-DEVICE_CLASS = 0x80
-SUBDEVICE_CLASS = 0x2080
-LAYERS = ("api", "rm")
-_API_KIND = {**{f: ("alloc", k) for f, k in API_ALLOCS.items()},
-             **{f: ("free", k) for f, k in API_FREES.items()}}
-
-
-def _base(func: str) -> str:
-    """cuMemAlloc_v2, cuMemFreeAsync_ptsz -> cuMemAlloc, cuMemFreeAsync."""
-    for suffix in ("_ptsz", "_ptds"):
-        if func.endswith(suffix):
-            func = func[: -len(suffix)]
-    head, _, tail = func.rpartition("_v")
-    return head if head and tail.isdigit() else func
 
 
 def mono_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-
-
-@dataclass
-class Proc:
-    """One process's running totals."""
-
-    pid: int
-    comm: str = ""
-    first_ns: int = 0
-    live: Counter[tuple[str, int | None]] = field(default_factory=Counter)  # (layer, gpu)
-    allocations: Counter[str] = field(default_factory=Counter)  # per layer
-    frees: Counter[str] = field(default_factory=Counter)
-    gpu_faults: int = 0
-    cpu_faults: int = 0
-    migrations: int = 0
-    # (ts_ns, live total) at each change, pruned to the growth window (plus one before it)
-    history: deque[tuple[int, int]] = field(default_factory=deque)
-    # (ts_ns, allocations, frees, gpu faults, migrations) samples for the event rates
-    samples: deque[tuple[int, int, int, int, int]] = field(default_factory=deque)
-
-    @property
-    def live_total(self) -> int:
-        return sum(self.live.values())
-
-
-@dataclass(frozen=True)
-class ProcView:
-    """A process as a snapshot shows it (rates per second)."""
-
-    pid: int
-    comm: str
-    live: dict[tuple[str, int | None], int]
-    live_total: int
-    allocations: dict[str, int]
-    frees: dict[str, int]
-    gpu_faults: int
-    cpu_faults: int
-    migrations: int
-    growth_bytes_per_s: float
-    alloc_rate: float
-    free_rate: float
-    gpu_fault_rate: float
-    migration_rate: float
-
-
-@dataclass(frozen=True)
-class GpuView:
-    index: int
-    heap_bytes: int | None
-    free_bytes: int | None
-    largest_free_bytes: int | None
-    ts_ns: int
-
-    @property
-    def fragmentation(self) -> float | None:
-        """Share of free memory no single allocation can use: 1 - largest free / free
-        (the offline report's `unusable_share`)."""
-        if not self.free_bytes or self.largest_free_bytes is None:
-            return None
-        return max(0.0, 1.0 - self.largest_free_bytes / self.free_bytes)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Everything the view, the metrics and the alerts read, copied at `ts_ns`."""
-
-    ts_ns: int
-    procs: list[ProcView]
-    gpus: list[GpuView]
-    ioctls: dict[str, int]
-    ioctl_latency: dict[str, tuple[list[int], float]]  # name -> (bucket counts, sum s)
-    gpu_faults: dict[tuple[int | None, str], int]  # (gpu, source)
-    fault_batches: dict[int | None, int]
-    migrations: dict[str, tuple[int, int]]  # cause -> (count, bytes)
-    cpu_faults: int
-    rows: dict[str, int]
-    drops: dict[str, int]
-    decode_errors: dict[str, int]
-    cpu_seconds: float
-    rss_bytes: int
-    alerts: dict[str, int]
-    exited: int
-
-    @property
-    def drops_total(self) -> int:
-        return sum(self.drops.values())
 
 
 def _own_stats() -> dict[str, Any]:
@@ -182,11 +75,7 @@ class Aggregates:
         self.lock = threading.Lock()
         self.procs: dict[int, Proc] = {}
         self.exited: set[int] = set()
-        self._api: dict[tuple[int, bool, int], tuple[int, str]] = {}  # -> (size, layer key)
-        self._rm: dict[tuple[int, int, int], tuple[int, int | None, int]] = {}
-        self._rm_gpu: dict[tuple[int, int, int], int | None] = {}  # devices, subdevices
-        # (pid, client, parent) -> handles of live memory objects under that parent
-        self._rm_kids: dict[tuple[int, int, int], set[int]] = {}
+        self.live_bytes = LiveBytes(self.procs, self._proc)
         self.ioctls: Counter[str] = Counter()
         self._lat: dict[str, np.ndarray[Any, Any]] = {}
         self._lat_sum: dict[str, float] = {}
@@ -220,12 +109,6 @@ class Aggregates:
         elif comm and not p.comm:
             p.comm = comm
         return p
-
-    def _live(self, p: Proc, layer: str, gpu: int | None, delta: int) -> None:
-        key = (layer, gpu)
-        p.live[key] += delta
-        if p.live[key] <= 0:
-            del p.live[key]
 
     def _ioctls(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
         name = t.column("name")
@@ -261,83 +144,10 @@ class Aggregates:
             ["pid", "comm", "name", "gpu_index", "ret", "status", "h_client", "h_parent",
              "h_object", "h_class", "size_bytes"]).to_pylist()
         for r in rows:
-            self._rm_row(r, now)
-
-    def _rm_row(self, r: dict[str, Any], now: int) -> None:
-        if (r["ret"] or 0) != 0 or (r["status"] or 0) != 0:
-            return
-        pid, client, handle = r["pid"], r["h_client"], r["h_object"]
-        if client is None or handle is None:
-            return
-        name, cls, size = r["name"], r["h_class"], r["size_bytes"] or 0
-        if name in ALLOCS and cls in (DEVICE_CLASS, SUBDEVICE_CLASS):
-            gpu = r["gpu_index"] if cls == DEVICE_CLASS else self._rm_gpu.get(
-                (pid, client, r["h_parent"]))
-            self._rm_gpu[(pid, client, handle)] = gpu
-            return
-        is_alloc = (name in ALLOCS and cls in MEMORY_CLASSES) or (name == VID_HEAP and size > 0)
-        if is_alloc:
-            gpu = self._rm_gpu.get((pid, client, r["h_parent"]), r["gpu_index"])
-            p = self._proc(pid, r["comm"], now)
-            old = self._rm.pop((pid, client, handle), None)
-            if old is not None:  # handle reused without a free we saw
-                self._live(p, "rm", old[1], -old[0])
-            parent = r["h_parent"] or 0
-            self._rm[(pid, client, handle)] = (size, gpu, parent)
-            self._rm_kids.setdefault((pid, client, parent), set()).add(handle)
-            self._live(p, "rm", gpu, size)
-            p.allocations["rm"] += 1
-        elif name == "RM_FREE" or name == VID_HEAP:
-            self._rm_free(pid, client, handle, now)
-
-    def _rm_free(self, pid: int, client: int, handle: int, now: int) -> None:
-        """An RM_FREE ends the object, its children, or (the client) all of them."""
-        if handle == client:
-            gone = [k for k in self._rm if k[0] == pid and k[1] == client]
-        else:
-            gone = [(pid, client, h) for h in self._rm_kids.get((pid, client, handle), ())]
-            if (pid, client, handle) in self._rm:
-                gone.append((pid, client, handle))
-        p = self.procs.get(pid)
-        for k in gone:
-            size, gpu, parent = self._rm.pop(k)
-            kids = self._rm_kids.get((pid, client, parent))
-            if kids is not None:
-                kids.discard(k[2])
-                if not kids:
-                    del self._rm_kids[(pid, client, parent)]
-            if p is not None:
-                self._live(p, "rm", gpu, -size)
-                p.frees["rm"] += 1
-        if handle == client:
-            for k in [k for k in self._rm_gpu if k[0] == pid and k[1] == client]:
-                del self._rm_gpu[k]
-        else:
-            self._rm_gpu.pop((pid, client, handle), None)
+            self.live_bytes.rm_row(r, now)
 
     def _cuda_calls(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
-        cols = t.select(["pid", "comm", "func", "size_bytes", "ptr", "handle",
-                         "result"]).to_pydict()
-        for pid, comm, func, size, ptr, handle, result in zip(*cols.values(), strict=True):
-            kind = _API_KIND.get(_base(func))
-            if kind is None or (result or 0) != 0:
-                continue
-            op, space = kind
-            ident = handle if space == "handle" else ptr
-            if not ident:
-                continue
-            key = (pid, space == "handle", ident)
-            p = self._proc(pid, comm, now)
-            if op == "alloc":
-                old = self._api.pop(key, None)
-                if old is not None:
-                    self._live(p, "api", None, -old[0])
-                self._api[key] = (size or 0, func)
-                self._live(p, "api", None, size or 0)
-                p.allocations["api"] += 1
-            elif (old := self._api.pop(key, None)) is not None:
-                self._live(p, "api", None, -old[0])
-                p.frees["api"] += 1
+        self.live_bytes.cuda_calls(t, now)
 
     def _processes(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
         cols = t.select(["pid", "comm", "exit_ts_ns"]).to_pydict()
@@ -348,10 +158,7 @@ class Aggregates:
                 continue
             self.exited.add(pid)
             self.procs.pop(pid, None)
-            self._api = {k: v for k, v in self._api.items() if k[0] != pid}
-            self._rm = {k: v for k, v in self._rm.items() if k[0] != pid}
-            self._rm_gpu = {k: v for k, v in self._rm_gpu.items() if k[0] != pid}
-            self._rm_kids = {k: v for k, v in self._rm_kids.items() if k[0] != pid}
+            self.live_bytes.forget(pid)
 
     def _faults(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
         src = t.column("source").to_pylist()

@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from gputrace import schema
 from gputrace.errors import UsageError
-from gputrace.live.aggregates import Snapshot
+from gputrace.live.snapshot import Snapshot
 from gputrace.options import (
     DURATION_UNITS,
     parse_count,

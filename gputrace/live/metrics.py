@@ -27,7 +27,8 @@ from prometheus_client.core import (
 )
 
 from gputrace.errors import UsageError
-from gputrace.live.aggregates import LATENCY_BUCKETS_S, ProcView, Snapshot
+from gputrace.live.aggregates import LATENCY_BUCKETS_S
+from gputrace.live.snapshot import ProcView, Snapshot
 
 TOP_PROCESSES = 20
 DEFAULT_HOST = "127.0.0.1"

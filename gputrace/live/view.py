@@ -24,8 +24,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from gputrace.live.aggregates import NS, ProcView, Snapshot
+from gputrace.live.aggregates import NS
 from gputrace.live.alerts import human_bytes
+from gputrace.live.snapshot import ProcView, Snapshot
 from gputrace.render.safe import printable
 
 REFRESH_S = 1.0
