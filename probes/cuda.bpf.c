@@ -38,8 +38,17 @@ struct cuda_pending {
     u64 size, ptr, handle, flags, stream;
     u16 func;
     u8 shape, valid, active;
-    u8 _pad[3];
+    u8 known;           /* KNOWN_*: what this thread's earlier calls found out */
+    u8 _pad[2];
+    u32 gen;            /* cuda_gen when `known` was set */
+    u32 _pad1;
 };
+/* A thread remembers that its process is traced and already seen, so its later
+ * calls skip the cuda_targets and cuda_seen lookups. Both maps only lose a tgid
+ * when its leader exits, which bumps cuda_gen: remembered facts of an older
+ * generation are looked up again. */
+#define KNOWN_WANTED 1
+#define KNOWN_SEEN 2
 struct cuda_open {
     u8 hit;
 };
@@ -57,6 +66,14 @@ BPF_HASH(cuda_seen, u32, u8, 65536);             /* tgids that made an API call 
 BPF_HASH(cuda_paused, u32, struct cuda_pause, 4096);
 BPF_HASH(cuda_opens, u32, struct cuda_open, 4096); /* tid -> openat of libcuda pending */
 BPF_PERCPU_ARRAY(cuda_path_scratch, struct cuda_path, 1);
+BPF_ARRAY(cuda_gen, u32, 1);
+
+static __always_inline u32 cuda_generation(void)
+{
+    u32 zero = 0;
+    u32 *g = cuda_gen.lookup(&zero);
+    return g ? *g : 0;
+}
 
 static __always_inline struct cuda_config *cuda_cfg(void)
 {
@@ -99,15 +116,20 @@ static __always_inline void cuda_pause_for(u32 tgid, u32 kind, s32 fd, struct cu
 /* ------------------------------------------------------------ calls */
 static __always_inline int api_enter(struct pt_regs *ctx, u16 func, u8 shape)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
-    struct cuda_config *cfg = cuda_cfg();
-    if (!cfg || !cuda_wanted(tgid, cfg))
-        return 0;
-    struct cuda_pending *p = cuda_pending.task_storage_get(
-        (void *)bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-    if (!p)
-        return 0;
+    u32 gen = cuda_generation();
+    void *task = (void *)bpf_get_current_task_btf();
+    struct cuda_pending *p = cuda_pending.task_storage_get(task, 0, 0);
+    if (!p || !(p->known & KNOWN_WANTED) || p->gen != gen) {
+        u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        struct cuda_config *cfg = cuda_cfg();
+        if (!cfg || !cuda_wanted(tgid, cfg))
+            return 0;
+        p = cuda_pending.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+        if (!p)
+            return 0;
+        p->known = KNOWN_WANTED;
+        p->gen = gen;
+    }
     u64 a1 = PT_REGS_PARM1(ctx), a2 = PT_REGS_PARM2(ctx), a3 = PT_REGS_PARM3(ctx);
     u64 a4 = PT_REGS_PARM4(ctx), a5 = PT_REGS_PARM5(ctx);
     p->func = func;
@@ -158,39 +180,44 @@ int uretprobe_cuda(struct pt_regs *ctx)
         return 0;
     p->active = 0;
     u64 id = bpf_get_current_pid_tgid();
-    struct cuda_event e = {};
-    e.ts_ns = p->ts_ns;
-    e.latency_ns = now - p->ts_ns;
-    e.pid = id >> 32;
-    e.tid = (u32)id;
-    e.result = (s32)PT_REGS_RC(ctx);
-    e.func = p->func;
-    e.size_bytes = p->size;
-    e.ptr = p->ptr;
-    e.handle = p->handle;
-    e.flags = p->flags;
-    e.stream = p->stream;
-    e.valid = p->valid;
-    e.stack_id = -1;
-    if (p->out) {
-        u64 v = 0;
-        /* Taken at return: the caller's frame is current again, so a
-         * frame-pointer walk starts in the caller on every kernel. */
-        e.stack_id = cuda_stacks.get_stackid(ctx, BPF_F_USER_STACK);
-        if (e.result == 0 && bpf_probe_read_user(&v, sizeof(v), (void *)p->out) == 0) {
-            if (p->shape == S_CREATE)
-                e.handle = v, e.valid |= GT_CV_HANDLE;
-            else
-                e.ptr = v, e.valid |= GT_CV_PTR;
+    u32 pid = id >> 32;
+    /* Built in place in the ring buffer: no copy from the stack. */
+    struct cuda_event *e = cuda_events.ringbuf_reserve(sizeof(struct cuda_event));
+    if (e) {
+        __builtin_memset(e, 0, sizeof(*e));
+        e->ts_ns = p->ts_ns;
+        e->latency_ns = now - p->ts_ns;
+        e->pid = pid;
+        e->tid = (u32)id;
+        e->result = (s32)PT_REGS_RC(ctx);
+        e->func = p->func;
+        e->size_bytes = p->size;
+        e->ptr = p->ptr;
+        e->handle = p->handle;
+        e->flags = p->flags;
+        e->stream = p->stream;
+        e->valid = p->valid;
+        e->stack_id = -1;
+        if (p->out) {
+            u64 v = 0;
+            /* Taken at return: the caller's frame is current again, so a
+             * frame-pointer walk starts in the caller on every kernel. */
+            e->stack_id = cuda_stacks.get_stackid(ctx, BPF_F_USER_STACK);
+            if (e->result == 0 && bpf_probe_read_user(&v, sizeof(v), (void *)p->out) == 0) {
+                if (p->shape == S_CREATE)
+                    e->handle = v, e->valid |= GT_CV_HANDLE;
+                else
+                    e->ptr = v, e->valid |= GT_CV_PTR;
+            }
+            if (p->shape == S_PITCH && e->result == 0) {
+                u64 pitch = 0;
+                if (bpf_probe_read_user(&pitch, sizeof(pitch), (void *)p->pitch_out) == 0)
+                    e->size_bytes = pitch * p->height, e->valid |= GT_CV_SIZE;
+            }
         }
-        if (p->shape == S_PITCH && e.result == 0) {
-            u64 pitch = 0;
-            if (bpf_probe_read_user(&pitch, sizeof(pitch), (void *)p->pitch_out) == 0)
-                e.size_bytes = pitch * p->height, e.valid |= GT_CV_SIZE;
-        }
-    }
-    bpf_get_current_comm(&e.comm, sizeof(e.comm));
-    if (cuda_events.ringbuf_output(&e, sizeof(e), BPF_RB_NO_WAKEUP) != 0) {
+        bpf_get_current_comm(&e->comm, sizeof(e->comm));
+        cuda_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    } else {
         u32 zero = 0;
         u64 *d = cuda_drops.lookup(&zero);
         if (d)
@@ -198,13 +225,18 @@ int uretprobe_cuda(struct pt_regs *ctx)
     }
     /* First call of the process: stop it on its way back to the caller (the
      * latency above excludes the stop) so its maps are read while alive. */
-    if (!cuda_seen.lookup(&e.pid)) {
+    u32 gen = cuda_generation();
+    if ((p->known & KNOWN_SEEN) && p->gen == gen)
+        return 0;
+    if (!cuda_seen.lookup(&pid)) {
         u8 one = 1;
         struct cuda_config *cfg = cuda_cfg();
-        cuda_seen.update(&e.pid, &one);
+        cuda_seen.update(&pid, &one);
         if (cfg)
-            cuda_pause_for(e.pid, GT_PAUSE_FIRST, -1, cfg);
+            cuda_pause_for(pid, GT_PAUSE_FIRST, -1, cfg);
     }
+    if (p->gen == gen)
+        p->known |= KNOWN_SEEN;
     return 0;
 }
 

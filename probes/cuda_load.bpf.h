@@ -70,7 +70,13 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     u32 tgid = id >> 32;
     if (tgid != (u32)id)
         return 0;
-    cuda_targets.delete(&tgid);
-    cuda_seen.delete(&tgid);
+    int gone = cuda_targets.delete(&tgid) == 0;
+    gone |= cuda_seen.delete(&tgid) == 0;
+    if (gone) { /* threads' remembered facts (cuda.bpf.c) may name this tgid */
+        u32 zero = 0;
+        u32 *g = cuda_gen.lookup(&zero);
+        if (g)
+            __sync_fetch_and_add(g, 1);
+    }
     return 0;
 }

@@ -27,7 +27,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from common import start_recorder  # noqa: E402
+sys.path.insert(0, str(HERE.parent / "untraced"))
+from revision import start_recorder_from, tree_of  # noqa: E402
 
 SYMS = ("cuMemAlloc_v2", "cuMemFree_v2")
 FLOOR = "int on_entry(void *ctx) { return 0; }\nint on_return(void *ctx) { return 0; }\n"
@@ -84,14 +85,14 @@ def floor(exe: Path, lib: Path, n: int, depth: int) -> Result:
         bpf.cleanup()
 
 
-def traced(exe: Path, n: int, tmp: Path, depth: int) -> dict[str, Any]:
+def traced(exe: Path, n: int, tmp: Path, depth: int, tree: Path | None) -> dict[str, Any]:
     out = tmp / "trace"
     w = subprocess.Popen([str(exe), str(n), "--wait", str(depth)], text=True,
                          stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, env=env())  # fmt: skip
     assert w.stdout is not None and w.stdin is not None
     pid = int(w.stdout.readline().split()[1])
-    rec = start_recorder(out, "-p", str(pid)).proc
+    rec = start_recorder_from(tree, out, "-p", str(pid)).proc
     w.stdin.write("go\n")
     w.stdin.flush()
     per_call = parse(w.communicate()[0])
@@ -109,16 +110,27 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="best of N for each mode")
     ap.add_argument("--depth", type=int, default=60, help="frames of the deep-stack case")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--before", default="", help="also run the recorder of this revision (or tree directory)"
+    )
+    ap.add_argument(
+        "--after",
+        default="",
+        help="the recorder to measure: a revision or tree (default: this tree)",
+    )
     args = ap.parse_args()
     res: dict[str, Any] = {"calls": 2 * args.iters, "loadavg": os.getloadavg()}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         exe, lib = build(tmp)
+        after = tree_of(args.after, tmp / "after")
+        before = tree_of(args.before, tmp / "before") if args.before else None
         for depth in (0, args.depth):
             n, k = args.iters, args.repeat
             base = best([untraced(exe, n, depth) for _ in range(k)])
             bare = best([floor(exe, lib, n, depth) for _ in range(k)])
-            runs = [traced(exe, n, tmp, depth) for _ in range(k)]
+            old = [traced(exe, n, tmp, depth, before) for _ in range(k)] if before else []
+            runs = [traced(exe, n, tmp, depth, after) for _ in range(k)]
             rec = best([r["cpu"] for r in runs])
             base = best([base, *[untraced(exe, n, depth) for _ in range(k)]])  # after, too
             res[f"depth_{depth}"] = {
@@ -126,6 +138,9 @@ def main() -> None:
                 "rows": [r["rows"] for r in runs], "expected_rows": runs[0]["expected_rows"],
                 "drops": [r["drops"] for r in runs], "stack_rows": runs[0]["stacks"],
             }  # fmt: skip
+            if old:
+                res[f"depth_{depth}"]["before_ns"] = best([r["cpu"] for r in old])
+                res[f"depth_{depth}"]["before_rows"] = [r["rows"] for r in old]
     if args.json:
         print(json.dumps(res, indent=2))
         return
@@ -139,8 +154,13 @@ def main() -> None:
             print(f"{call:<5} depth {depth:>3}: untraced {u:7.1f}  floor {f:7.1f} (+{f - u:.0f})  "
                   f"gputrace {g:7.1f} (+{g - u:.0f})  added/floor-added "
                   f"{(g - u) / max(f - u, 1e-9):.2f}")  # fmt: skip
+            if "before_ns" in r:
+                b = r["before_ns"][i]
+                print(f"{'':<16}before {b:7.1f} (+{b - u:.0f})  added/floor-added "
+                      f"{(b - u) / max(f - u, 1e-9):.2f}")  # fmt: skip
         print(f"          rows {r['rows']} of {r['expected_rows']}, drops {r['drops']}, "
-              f"stack frames {r['stack_rows']}")  # fmt: skip
+              f"stack frames {r['stack_rows']}"
+              + (f", before rows {r['before_rows']}" if "before_rows" in r else ""))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -12,10 +12,14 @@ from a process that holds an open NVIDIA fd (the recorder tracks it, so its othe
 work goes through the per-fd lookup). Every kind runs --rounds times untraced,
 then under `gputrace record` in host mode with each hook mechanism (tp_btf, and
 the syscalls:* tracepoints it falls back to; GPUTRACE_SYSCALL_HOOKS), then
-untraced again; the figure is the calling thread's CPU time per operation
-(the probes run in its context; time slices lost to the recorder and other
-processes on a shared 2-core VM are not counted), the best run of each is
-kept, and the added ns per operation is printed.
+untraced again. A column `floor:MECH` runs the same work under programs that
+return 0 at once on the same hook points (floor.py): the kernel's dispatch
+cost, which no filter can remove; a column `before:MECH` runs the recorder of
+revision --before (revision.py), so before and after share one run. The
+figure is the calling thread's CPU time per operation (the probes run in its
+context; time slices lost to the recorder and other processes on a shared
+2-core VM are not counted), the best run of each is kept, and the added ns
+per operation is printed.
 """
 
 from __future__ import annotations
@@ -27,12 +31,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from common import build_storm, start_recorder  # noqa: E402
+from common import build_storm  # noqa: E402
+
+sys.path.insert(0, str(HERE))
+from revision import start_recorder_from, tree_of  # noqa: E402
 
 KINDS = ("getpid", "null", "tty", "sock", "mmap", "fault")
 KNOWN = ("null", "fault")  # also run from a process with an NVIDIA fd open
@@ -54,12 +63,39 @@ def one_pass(exe: Path, n: int, other: Path, dev: Path) -> dict[str, float]:
     return res
 
 
+def floor(mech: str, work: Callable[[], None]) -> str:
+    """Run `work` while floor.py holds null programs on the hook points of `mech`."""
+    p = subprocess.Popen([sys.executable, str(HERE / "floor.py"), mech], text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    assert p.stdout is not None and p.stdin is not None
+    if p.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"floor.py {mech} did not attach")
+    try:
+        work()
+    finally:
+        p.stdin.close()
+        p.wait(60)
+    return f"null programs ({mech})"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--hooks", default="tp_btf,tracepoint")
+    ap.add_argument(
+        "--hooks",
+        default="floor:tracepoint,tracepoint,floor:tp_btf,tp_btf",
+        help="columns: MECH, floor:MECH or before:MECH (MECH: tracepoint, tp_btf)",
+    )
+    ap.add_argument(
+        "--before", default="HEAD", help="before: columns run this revision (or tree directory)"
+    )
+    ap.add_argument(
+        "--after",
+        default="",
+        help="the other recorder columns run this revision or tree (default: here)",
+    )
     a = ap.parse_args()
     hooks = a.hooks.split(",")
     base: dict[str, list[float]] = {}
@@ -73,21 +109,30 @@ def main() -> int:
         os.mknod(dev / "nvidiactl", 0o666 | 0o020000, os.makedev(1, 3))
         os.mknod(other / "notnvidia", 0o666 | 0o020000, os.makedev(1, 3))
         exe = build_storm(HERE / "other.c", tmp)
+
         def measure(into: dict[str, list[float]]) -> None:
             for _ in range(a.rounds):
                 for k, v in one_pass(exe, a.ops, other, dev).items():
                     into.setdefault(k, []).append(v)
 
+        uses_before = any(h.startswith("before:") for h in hooks)
+        before = tree_of(a.before, tmp / "before") if uses_before else None
+        after = tree_of(a.after, tmp / "after")
         measure(base)
         for h in hooks:
-            out = tmp / f"trace-{h}"
-            os.environ["GPUTRACE_SYSCALL_HOOKS"] = h
-            r = start_recorder(out, "--device-dir", str(dev))  # no -p, no CMD: host mode
+            kind, _, mech = h.rpartition(":")
+            if kind == "floor":
+                ran[h] = floor(mech, partial(measure, rec[h]))
+                continue
+            out = tmp / f"trace-{h.replace(':', '-')}"
+            os.environ["GPUTRACE_SYSCALL_HOOKS"] = mech
+            tree = before if kind == "before" else after
+            recp = start_recorder_from(tree, out, "--device-dir", str(dev))  # host mode
             try:
                 measure(rec[h])
             finally:
-                r.proc.send_signal(signal.SIGINT)
-                r.wait(120)
+                recp.proc.send_signal(signal.SIGINT)
+                recp.wait(120)
             m = json.loads((out / "manifest.json").read_text())
             ran[h] = str(m.get("syscall_hooks", {}).get("mechanism", "tracepoint (no field)"))
         measure(base)  # untraced again: the best of before and after

@@ -1,0 +1,53 @@
+"""Another revision's recorder beside this tree's, so that a benchmark can put
+before and after side by side in one run (same load, same machine state).
+`git archive REV` is unpacked into a scratch folder and `gputrace record` runs
+from it (`python -P`: the repository root, the current folder of the recorder
+process, is then not on its import path)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.record_helpers import RecorderProc  # noqa: E402
+
+
+def checkout(rev: str, into: Path) -> Path:
+    """The tree of `rev` (a commit, tag or branch) unpacked into `into`."""
+    into.mkdir(parents=True, exist_ok=True)
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "gputrace", "probes"],
+                         check=True, capture_output=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
+    return into
+
+
+def tree_of(spec: str, into: Path) -> Path | None:
+    """The recorder tree a benchmark column runs: '' for this working tree, a
+    directory holding gputrace/ and probes/ as it is, else a revision (checkout)."""
+    if not spec:
+        return None
+    if (Path(spec) / "gputrace").is_dir():
+        return Path(spec).resolve()
+    return checkout(spec, into)
+
+
+def start_recorder_from(tree: Path | None, out: Path, *args: str) -> RecorderProc:
+    """`gputrace record -o out --force ARGS` from `tree` (None: this tree),
+    returned once every probe is attached."""
+    argv = [sys.executable, "-P", "-m", "gputrace.cli", "record", "-o", str(out), "--force", *args]
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tree or ROOT)
+    try:
+        rec = RecorderProc(argv)
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
+    rec.wait_ready()
+    return rec
