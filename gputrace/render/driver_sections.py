@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from gputrace.render import terminal as term
+from gputrace.render import cells, term_table
 
 
 def _share(v: Any) -> str:
@@ -19,8 +19,8 @@ def _share(v: Any) -> str:
 
 def fault_rate_section(con: Console, d: dict[str, Any], limit: int) -> None:
     """fault-rate: rates, batches, CPU faults, migrations, thrashing, evictions, memory."""
-    t, num, plain, hb, us, hexa = (term.table, term.num, term.plain, term.human_bytes,
-                                   term.us, term.hexa)
+    t, num, plain, hb, us, hexa = (term_table.table, cells.num, cells.plain,
+                                   cells.human_bytes, cells.us, cells.hexa)
     w = d.get("windows") or {}
     title = f"Fault rate ({d['window_s']} s windows"
     if w.get("count") == 1:
@@ -116,7 +116,7 @@ def fault_rate_section(con: Console, d: dict[str, Any], limit: int) -> None:
 
 def fragmentation_section(con: Console, d: dict[str, Any], limit: int) -> None:
     """fragmentation: RM samples per GPU, then PMM chunks where recorded."""
-    t, num, hb = term.table, term.num, term.human_bytes
+    t, num, hb = term_table.table, cells.num, cells.human_bytes
     rm = d.get("rm")
     if rm is not None:
         rows = [{"gpu_index": g["gpu_index"], "at": at, **g[at]} for g in rm["gpus"]

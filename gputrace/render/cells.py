@@ -1,0 +1,52 @@
+"""How is each value written in a terminal table cell? Bytes, counts, microseconds,
+leak kinds, ids; None is always `-`. Formats only, computes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Fmt = Callable[[Any], str]
+
+
+def human_bytes(v: Any) -> str:
+    if v is None:
+        return "-"
+    n = float(v)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(v)
+
+
+def num(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def us(v: Any) -> str:
+    return "-" if v is None else f"{float(v) / 1000:,.1f}"
+
+
+KIND_LABELS = {"alive_at_end": "alive", "unfreed_at_exit": "at exit"}
+
+
+def short_kind(v: Any) -> str:
+    return KIND_LABELS.get(str(v), str(v))
+
+
+def plain(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+def hexa(v: Any) -> str:
+    return "-" if v is None else f"0x{int(v):x}"
