@@ -16,7 +16,7 @@ sys.path.insert(0, "/usr/lib/python3/dist-packages")
 from bcc import BPF
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
-from gputrace.record.loader import attach_tp_btf, load_tp_btf
+from gputrace.record.bpf_load import attach_tp_btf, load_tp_btf
 
 SYSCALLS = ("ioctl", "openat", "open", "openat2", "close", "dup", "dup2", "dup3",
             "fcntl", "mmap", "munmap")  # fmt: skip

@@ -1,4 +1,6 @@
-"""Builds, loads and talks to the BPF programs. The only module importing bcc.
+"""Builds the syscall layer's BPF source and settings, attaches it, and talks
+to its maps and ring buffers (Probes). bcc is found here (import_bcc) before
+anything imports it; compiling and loading are bpf_load.py's stage.
 
 bcc is not a pip dependency: it is the distribution's package (Debian/Ubuntu
 `python3-bpfcc`, RHEL `python3-bcc`), found at run time, if need be by adding
@@ -19,6 +21,9 @@ from typing import Any
 
 from gputrace.errors import GputraceError
 from gputrace.record import decode, decode_faults, hooks
+from gputrace.record.bpf_load import attach_tp_btf, load_tp_btf
+from gputrace.record.bpf_load import check_headers as check_headers  # re-exported
+from gputrace.record.bpf_load import load_bpf as load_bpf
 from gputrace.record.driver import DriverInfo, slot
 
 PROBES = Path(__file__).resolve().parent.parent.parent / "probes"
@@ -42,9 +47,6 @@ TP_BTF_TAILS = ("gt_exit_ioctl", "gt_exit_mmap", "gt_exit_munmap")
 # the per-syscall tracepoints, for ~7% less on a traced ioctl.
 HOOKS_ENV = "GPUTRACE_SYSCALL_HOOKS"
 HOOKS_DEFAULT = "tracepoint"
-_BPF_PROG_LOAD = 5
-_PROG_TYPE_TRACING = 26
-_ATTACH_TRACE_RAW_TP = 23
 _SYSTEM_DIST = "/usr/lib/python3/dist-packages"
 _INCLUDE_RE = re.compile(r'^#include "([\w.]+\.bpf\.h)"\s*$')
 
@@ -93,79 +95,6 @@ def tgid_words(pid_max_file: Path = Path("/proc/sys/kernel/pid_max")) -> int:
     return max(1, min(pid_max, 1 << 22) + 63) // 64
 
 
-class _ProgLoadAttr(ctypes.Structure):
-    """The BPF_PROG_LOAD part of union bpf_attr, up to attach_btf_id."""
-
-    _fields_ = [
-        ("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32),
-        ("insns", ctypes.c_uint64), ("license", ctypes.c_uint64),
-        ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
-        ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32),
-        ("prog_flags", ctypes.c_uint32), ("prog_name", ctypes.c_char * 16),
-        ("prog_ifindex", ctypes.c_uint32), ("expected_attach_type", ctypes.c_uint32),
-        ("prog_btf_fd", ctypes.c_uint32), ("func_info_rec_size", ctypes.c_uint32),
-        ("func_info", ctypes.c_uint64), ("func_info_cnt", ctypes.c_uint32),
-        ("line_info_rec_size", ctypes.c_uint32), ("line_info", ctypes.c_uint64),
-        ("line_info_cnt", ctypes.c_uint32), ("attach_btf_id", ctypes.c_uint32),
-    ]  # fmt: skip
-
-
-def load_tp_btf(bpf: Any, func: str, tracepoint: str) -> int:
-    """Load bcc's compiled `func` as a BTF raw tracepoint program for
-    `tracepoint`; returns its fd. bcc 0.26 cannot load this type itself (it
-    derives the attach type from the function name), so the already relocated
-    instructions go to the bpf syscall here."""
-    from bcc import libbcc
-
-    lib = libbcc.lib
-    find = lib.libbpf_find_vmlinux_btf_id
-    find.argtypes, find.restype = [ctypes.c_char_p, ctypes.c_int], ctypes.c_int
-    btf_id = find(tracepoint.encode(), _ATTACH_TRACE_RAW_TP)
-    if btf_id < 0:
-        raise GputraceError(f"tp_btf/{tracepoint}: not in the kernel's BTF")
-    name = func.encode()
-    start = lib.bpf_function_start(bpf.module, name)
-    size = lib.bpf_function_size(bpf.module, name)
-    if not start or not size:
-        raise GputraceError(f"tp_btf/{tracepoint}: {func} was not compiled")
-    lic = ctypes.create_string_buffer(b"GPL")
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    nr_bpf = 321 if platform.machine() == "x86_64" else 280
-
-    def load(log: Any) -> int:
-        attr = _ProgLoadAttr(
-            prog_type=_PROG_TYPE_TRACING, insn_cnt=size // 8, insns=start,
-            license=ctypes.addressof(lic), prog_name=name[:15],
-            expected_attach_type=_ATTACH_TRACE_RAW_TP, attach_btf_id=btf_id,
-        )  # fmt: skip
-        if log is not None:
-            attr.log_level, attr.log_size, attr.log_buf = 1, len(log), ctypes.addressof(log)
-        size_of = ctypes.c_uint(ctypes.sizeof(attr))
-        cmd = ctypes.c_int(_BPF_PROG_LOAD)
-        return int(libc.syscall(ctypes.c_long(nr_bpf), cmd, ctypes.byref(attr), size_of))
-
-    fd = load(None)
-    if fd < 0:
-        err = os.strerror(ctypes.get_errno())
-        log = ctypes.create_string_buffer(1 << 24)  # again, for the verifier's last words
-        load(log)
-        last = [ln for ln in log.value.decode(errors="replace").splitlines() if ln.strip()]
-        raise GputraceError(f"tp_btf/{tracepoint}: {func} refused: {err}"
-                            + (f" ({last[-1]})" if last else ""))  # fmt: skip
-    return fd
-
-
-def attach_tp_btf(fd: int, tracepoint: str) -> int:
-    """Attach a loaded tp_btf program; returns the link fd."""
-    from bcc import libbcc
-
-    link = int(libbcc.lib.bpf_attach_kfunc(fd))  # BPF_RAW_TRACEPOINT_OPEN, no name
-    if link < 0:
-        raise GputraceError(f"tp_btf/{tracepoint}: attach refused")
-    return link
-
-
 def import_bcc() -> Any:
     """The bcc module, or a one-line error with the install hints."""
     try:
@@ -184,46 +113,6 @@ def import_bcc() -> Any:
                 "`dnf install python3-bcc` (RHEL/Fedora)"
             ) from None
     return bcc
-
-
-def check_headers() -> None:
-    """bcc compiles against the running kernel's headers; say so clearly if absent."""
-    rel = os.uname().release
-    build = Path("/lib/modules") / rel / "build"
-    if build.exists() or Path("/sys/kernel/kheaders.tar.xz").exists():
-        return
-    raise GputraceError(
-        f"kernel headers for {rel} not found (/lib/modules/{rel}/build): install "
-        f"linux-headers-{rel} (Debian/Ubuntu) or kernel-devel (RHEL), "
-        "or run scripts/setup-record.sh"
-    )
-
-
-def load_bpf(bcc: Any, text: str, flags: list[str], what: str) -> Any:
-    """Compile and load a bcc program, keeping clang's and the verifier's output
-    off the terminal: on failure it is saved to a file the one-line error names."""
-    import tempfile
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as log:
-        os.dup2(log.fileno(), 2)
-        try:
-            return bcc.BPF(text=text.encode(), cflags=[*flags, "-w"])
-        except Exception as e:
-            os.dup2(saved, 2)
-            log.seek(0)
-            fd, path = tempfile.mkstemp(prefix=f"gputrace-{what}-", suffix=".log")
-            with os.fdopen(fd, "wb") as out:
-                out.write(log.read())
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise GputraceError(
-                f"loading the {what} BPF programs failed: {first} (compiler and verifier "
-                f"output in {path})"
-            ) from None
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 class Probes:
