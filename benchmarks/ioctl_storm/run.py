@@ -28,7 +28,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from common import build_storm, start_recorder  # noqa: E402
+from common import build_storm  # noqa: E402
+
+sys.path.insert(0, str(HERE.parent / "untraced"))
+from revision import start_recorder_from, tree_of, under_floor  # noqa: E402
 
 
 def parse_both(out: str) -> tuple[float, float]:
@@ -59,8 +62,8 @@ def cpu_of(pid: int) -> float:
 
 
 def traced(storm: Path, dev: Path, n: int, tmp: Path, procs: int = 1,
-           hooks: str = "tracepoint") -> dict[str, Any]:  # fmt: skip
-    out = tmp / f"trace{procs}-{hooks}"
+           hooks: str = "tracepoint", tree: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    out = tmp / f"trace{procs}-{hooks}-{abs(hash(tree))}"
     os.environ["GPUTRACE_SYSCALL_HOOKS"] = hooks
     ws = [
         subprocess.Popen(
@@ -72,8 +75,8 @@ def traced(storm: Path, dev: Path, n: int, tmp: Path, procs: int = 1,
         for _ in range(procs)
     ]
     pids = [int(w.stdout.readline().split()[1]) for w in ws]  # type: ignore[union-attr]
-    rec = start_recorder(out, "--device-dir", str(dev),
-                         *[a for p in pids for a in ("-p", str(p))]).proc
+    rec = start_recorder_from(tree, out, "--device-dir", str(dev),
+                              *[a for p in pids for a in ("-p", str(p))]).proc  # fmt: skip
     c0 = cpu_of(rec.pid)
     t0 = time.monotonic()
     for w in ws:
@@ -142,6 +145,14 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=2_000_000)
     ap.add_argument("--strace-calls", type=int, default=200_000)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--before", default="", help="also run the recorder of this revision (or tree directory)"
+    )
+    ap.add_argument(
+        "--after",
+        default="",
+        help="the recorder to measure: a revision or tree (default: this tree)",
+    )
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -149,10 +160,16 @@ def main() -> int:
         dev.mkdir()
         os.mknod(dev / "nvidiactl", 0o666 | 0o020000, os.makedev(1, 3))
         storm = build_storm(HERE / "storm.c", tmp)
+        after = tree_of(a.after, tmp / "after")
+        before = tree_of(a.before, tmp / "before") if a.before else None
         b0 = untraced_both(storm, dev, a.calls)
-        rec1 = traced(storm, dev, a.calls, tmp, 1, "tp_btf")
-        rec1tp = traced(storm, dev, a.calls, tmp, 1, "tracepoint")
-        rec2 = traced(storm, dev, a.calls, tmp, 2, "tracepoint")
+        fl = {m: under_floor(m, lambda: untraced_both(storm, dev, a.calls))
+              for m in ("tracepoint", "tp_btf")}  # fmt: skip
+        old = {m: traced(storm, dev, a.calls, tmp, 1, m, before)
+               for m in (("tracepoint", "tp_btf") if before else ())}  # fmt: skip
+        rec1 = traced(storm, dev, a.calls, tmp, 1, "tp_btf", after)
+        rec1tp = traced(storm, dev, a.calls, tmp, 1, "tracepoint", after)
+        rec2 = traced(storm, dev, a.calls, tmp, 2, "tracepoint", after)
         b1 = untraced_both(storm, dev, a.calls)
         base, base_cpu = min(b0[0], b1[0]), min(b0[1], b1[1])
         st = strace(storm, dev, a.strace_calls)
@@ -164,6 +181,8 @@ def main() -> int:
         "gputrace": rec1,
         "gputrace_tracepoints": rec1tp,
         "gputrace_2_storms": rec2,
+        "floor_cpu_ns_per_call": {m: v[1] for m, v in fl.items()},
+        "before": old,
         "gputrace_slowdown": rec1["ns_per_call"] / base,
         "gputrace_added_ns_per_call": rec1["ns_per_call"] - base,
         "strace_ns_per_call": st,
@@ -177,8 +196,12 @@ def main() -> int:
     load = os.getloadavg()
     print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     print(f"untraced              {base:8.1f} ns/ioctl  cpu {base_cpu:.1f} ns")
-    for label, r in (("gputrace record", rec1), ("  (tracepoints)", rec1tp),
-                     ("gputrace, 2 storms", rec2)):  # fmt: skip
+    for m, (wall, cpu_ns) in fl.items():
+        print(f"{'floor (' + m + ')':<21} {wall:8.1f} ns/ioctl  cpu {cpu_ns:.1f} ns: "
+              f"+{cpu_ns - base_cpu:.0f} ns (null programs on the same hooks)")  # fmt: skip
+    rows = [("before", old[m]) for m in old]
+    rows += [("gputrace record", rec1), ("  (tracepoints)", rec1tp), ("gputrace, 2 storms", rec2)]
+    for label, r in rows:
         print(f"{label:<21} {r['ns_per_call']:8.1f} ns/ioctl  x{r['ns_per_call'] / base:.2f}  "
               f"cpu {r['cpu_ns_per_call']:.1f} ns: +{r['cpu_ns_per_call'] - base_cpu:.0f} ns "
               f"x{r['cpu_ns_per_call'] / base_cpu:.2f} ({r['hooks']})  "

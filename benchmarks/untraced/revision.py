@@ -1,5 +1,6 @@
-"""Another revision's recorder beside this tree's, so that a benchmark can put
-before and after side by side in one run (same load, same machine state).
+"""Columns beside this tree's recorder, so that a benchmark puts them side by
+side in one run (same load, same machine state): another revision's recorder,
+and the dispatch floor (floor.py's null programs on the same hook points).
 `git archive REV` is unpacked into a scratch folder and `gputrace record` runs
 from it (`python -P`: the repository root, the current folder of the recorder
 process, is then not on its import path)."""
@@ -9,12 +10,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.record_helpers import RecorderProc  # noqa: E402
+
+T = TypeVar("T")
 
 
 def checkout(rev: str, into: Path) -> Path:
@@ -51,3 +56,18 @@ def start_recorder_from(tree: Path | None, out: Path, *args: str) -> RecorderPro
             os.environ["PYTHONPATH"] = old
     rec.wait_ready()
     return rec
+
+
+def under_floor(mech: str, work: Callable[[], T]) -> T:
+    """Run `work` while floor.py holds null programs on the hook points of `mech`."""
+    script = Path(__file__).resolve().parent / "floor.py"
+    p = subprocess.Popen([sys.executable, str(script), mech], text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    assert p.stdout is not None and p.stdin is not None
+    if p.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"floor.py {mech} did not attach")
+    try:
+        return work()
+    finally:
+        p.stdin.close()
+        p.wait(60)

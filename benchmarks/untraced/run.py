@@ -31,7 +31,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -41,7 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 from common import build_storm  # noqa: E402
 
 sys.path.insert(0, str(HERE))
-from revision import start_recorder_from, tree_of  # noqa: E402
+from revision import start_recorder_from, tree_of, under_floor  # noqa: E402
 
 KINDS = ("getpid", "null", "tty", "sock", "mmap", "fault")
 KNOWN = ("null", "fault")  # also run from a process with an NVIDIA fd open
@@ -61,21 +60,6 @@ def one_pass(exe: Path, n: int, other: Path, dev: Path) -> dict[str, float]:
     res = {k: run_kind(exe, k, n, other, None) for k in KINDS}
     res.update({f"known:{k}": run_kind(exe, k, n, other, dev) for k in KNOWN})
     return res
-
-
-def floor(mech: str, work: Callable[[], None]) -> str:
-    """Run `work` while floor.py holds null programs on the hook points of `mech`."""
-    p = subprocess.Popen([sys.executable, str(HERE / "floor.py"), mech], text=True,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
-    assert p.stdout is not None and p.stdin is not None
-    if p.stdout.readline().strip() != "ready":
-        raise RuntimeError(f"floor.py {mech} did not attach")
-    try:
-        work()
-    finally:
-        p.stdin.close()
-        p.wait(60)
-    return f"null programs ({mech})"
 
 
 def main() -> int:
@@ -122,7 +106,8 @@ def main() -> int:
         for h in hooks:
             kind, _, mech = h.rpartition(":")
             if kind == "floor":
-                ran[h] = floor(mech, partial(measure, rec[h]))
+                under_floor(mech, partial(measure, rec[h]))
+                ran[h] = f"null programs ({mech})"
                 continue
             out = tmp / f"trace-{h.replace(':', '-')}"
             os.environ["GPUTRACE_SYSCALL_HOOKS"] = mech
