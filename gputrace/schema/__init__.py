@@ -98,6 +98,9 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
     ("format, format_version, schema_version, gputrace_version",
      "what wrote the trace and in which format"),
     ("status", "`recording` until the recorder finished, then `complete`"),
+    ("trace_id", "the recording's identity, a random UUID the recorder draws at start; "
+     "`gputrace export` files the trace under it (docs/fleet.md). Optional: without it "
+     "export derives one (the fleet column `trace_id`)"),
     ("layers", "layers recorded (see LAYERS: syscall, api, cpu_faults, driver, uvm_tools, "
      "rm_query); a table of a layer not listed is unknown, not empty"),
     ("start_ts_ns, end_ts_ns", "CLOCK_MONOTONIC span of the recording"),
