@@ -52,7 +52,7 @@ def _per_block(exp: dict[str, Any]) -> dict[int, tuple[int, int, int]]:
 
 
 def _blocks_of(faults: pl.LazyFrame) -> dict[int, tuple[int, int, int]]:
-    """Per-block counts from the fault-rate analysis (gputrace.analyses.faults.cpu_blocks)
+    """Per-block counts from the fault-rate analysis (gputrace.analyses.cpu_faults.cpu_blocks)
     when it is there, else the same group_by here."""
     try:
         from gputrace.analyses.cpu_faults import cpu_blocks
