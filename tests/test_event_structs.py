@@ -18,6 +18,7 @@ STRUCTS = {
     "ioctl_event": decode.IOCTL_DTYPE,
     "mapping_event": decode.MAPPING_DTYPE,
     "proc_event": decode.PROC_DTYPE,
+    "proc_start": decode.PROC_START_DTYPE,
     "gt_config": decode.CONFIG_DTYPE,
     "uvm_layout": decode.UVM_LAYOUT_DTYPE,
     # API layer (issue 4)
