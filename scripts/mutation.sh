@@ -41,7 +41,8 @@ if [ -n "${MUTATION_SAMPLE:-}" ]; then
     # A seeded sample of the mutants in scope, a share of each source file's (at least 5):
     # the analyses and renderers have ~17,000 mutants at ~5-10 s each on 2 cores.
     # A run whose filter matches nothing generates the mutants and their test stats, then stops.
-    "$PY" -m mutmut run --max-children "${MUTATION_JOBS:-2}" 'no.such.mutant' >/dev/null 2>&1 || true
+    "$PY" -m mutmut run --max-children "${MUTATION_JOBS:-2}" 'no.such.mutant' > mutation-stats.log 2>&1 || true
+    grep -q 'failed to collect stats' mutation-stats.log && { tail -5 mutation-stats.log >&2; exit 1; }
     "$PY" - "$MUTATION_SAMPLE" "${MUTATION_SEED:-2026}" "$@" > mutation-sample.txt <<'PY'
 import fnmatch, json, math, random, sys
 from pathlib import Path
