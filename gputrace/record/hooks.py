@@ -57,8 +57,10 @@ HOOKS: tuple[Hook, ...] = (
     *_pair("mmap", True, "mappings of NVIDIA fds (managed ranges, RM mappings)"),
     *_pair("munmap", True, "unmapping of those ranges"),
     Hook("syscalls", "sys_enter_exit_group", False, "exit codes for the processes table"),
-    Hook("sched", "sched_process_fork", True, "follow children of traced processes"),
-    Hook("sched", "sched_process_exec", False, "exec of traced processes"),
+    Hook("sched", "sched_process_fork", True,
+         "follow children of traced processes; how every process began (proc_starts)"),
+    Hook("sched", "sched_process_exec", False,
+         "exec of traced processes; exec time and cgroup of every process"),
     Hook("sched", "sched_process_exit", True, "process exits"),
     # issue 6: its arguments (address, ip, error_code) are x86's; probes/nv_faults.bpf.h
     Hook("exceptions", "page_fault_user", False, "CPU page faults on managed memory",
