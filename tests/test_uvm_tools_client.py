@@ -325,7 +325,7 @@ def test_sample_interval_is_validated(devdir: Path) -> None:
 
 
 def test_drains_are_joined_into_capped_feeds() -> None:
-    from gputrace.record.driver_layer import _coalesce
+    from gputrace.record.uvm_target import coalesce as _coalesce
 
     assert _coalesce([b"a", b"b", b"c"], 100) == [b"abc"]
     assert _coalesce([], 100) == []

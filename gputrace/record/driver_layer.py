@@ -6,6 +6,8 @@ One consumer thread drains every tracker's queue every `drain_ms` as bytes and
 closes a tracker within one period of its process's exit (its pidfd turns
 readable). `poll()`, called from the recorder's loop, decodes what was drained
 in bulk (`decode_uvm`) and returns Arrow tables ready for the trace writer.
+Each traced process's tracker state and drains are in `uvm_target`; what the
+layer writes into the manifest is in `driver_manifest`.
 """
 
 from __future__ import annotations
@@ -15,85 +17,32 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from gputrace.record import (
     driver,
+    driver_manifest,
     driver_samples,
     gpu_uuids,
     memory_sampler,
     rm_client,
     uvm_clock,
-    uvm_records,
     uvm_tools,
     uvm_tools_abi,
 )
 from gputrace.record.decode_uvm import UvmStreamContext, UvmStreamDecoder
+from gputrace.record.uvm_target import FEED_RECORDS, Target, coalesce, mono_ns
 
 DEFAULT_DRAIN_MS = 10.0
-CLOCK_NOTE = (
-    "CLOCK_MONOTONIC_RAW converted to CLOCK_MONOTONIC by the piecewise-linear map through "
-    "(raw, monotonic) points measured at start and after every drain"
-)
-TABLE_REREAD_NS = 1_000_000_000  # re-read a processor table at most once a second
-FEED_RECORDS = 16_384
-"""At most this many records per decoder feed. The decoder holds the GIL through
-each numpy call, so a huge feed would keep the consumer thread from draining while
-the driver fills the queue; 16k records is also the decoder's fastest feed size
-(benchmarks/uvm_drain)."""
 BUSY_SHARE = 4
 """A drain that found more than 1/BUSY_SHARE of a queue filled is followed at once by
 the next one instead of a full drain period."""
 
-
-def mono_ns() -> int:
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-
-
 Tables = dict[str, list[pa.Table]]
-
-
-@dataclass
-class _Target:
-    """One traced process with a tracker; the decoder is touched only by poll()."""
-
-    pid: int
-    tracker: uvm_tools.Tracker
-    attached_ts_ns: int
-    chunks: list[bytes] = field(default_factory=list)  # drained records
-    table: list[bytes] | None = None
-    table_ts_ns: int = 0
-    dropped: list[int] = field(default_factory=lambda: [0] * uvm_tools_abi.NUM_EVENT_TYPES)
-    counters: list[int] | None = None
-    counters_ts_ns: int = 0
-    closed_ts_ns: int | None = None
-    decoder: UvmStreamDecoder | None = None
-    bytes_drained: int = 0
-
-
-def _coalesce(chunks: Sequence[bytes], max_bytes: int) -> list[bytes]:
-    """Consecutive drains joined into feeds of at most `max_bytes` (whole records:
-    a multiple of the entry size). The clock map is a function of each record's raw
-    time, so where a feed is cut never changes a timestamp."""
-    out: list[bytes] = []
-    run: list[bytes] = []
-    size = 0
-    for data in chunks:
-        view = memoryview(data)
-        while len(view):
-            if size == max_bytes:
-                out.append(run[0] if len(run) == 1 else b"".join(run))
-                run, size = [], 0
-            piece = view[: max_bytes - size]
-            run.append(bytes(piece) if len(piece) < len(data) else data)
-            size += len(piece)
-            view = view[len(piece) :]
-    if run:
-        out.append(run[0] if len(run) == 1 else b"".join(run))
-    return out
 
 
 class DriverLayer:
@@ -129,8 +78,8 @@ class DriverLayer:
         self.rm: rm_client.RmClient | None = None
         self.sampler: memory_sampler.MemorySampler | None = None
         self.rm_error: str | None = None
-        self._targets: dict[int, _Target] = {}
-        self._done: list[_Target] = []  # closed and fully collected (manifest)
+        self._targets: dict[int, Target] = {}
+        self._done: list[Target] = []  # closed and fully collected (manifest)
         self.failures: list[dict[str, Any]] = []
         self.missed: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -188,7 +137,7 @@ class DriverLayer:
             self.failures.append({"pid": pid, "error": f"{e.strerror or e}"})
             return False
         now = mono_ns()
-        t = _Target(pid, tr, now)
+        t = Target(pid, tr, now)
         if tr.info is not None and tr.info.counters_error:
             self.failures.append({"pid": pid, "error": f"counters: {tr.info.counters_error}"})
         if already_running:
@@ -212,7 +161,7 @@ class DriverLayer:
         with self._lock:
             for t in self._targets.values():
                 if t.closed_ts_ns is None:
-                    self._close(t)
+                    t.close(self.abi.entry_size)
             self._note_clock()  # after the last drains: their records are inside the map
         if self.sampler is not None:
             self.sampler.stop()
@@ -242,11 +191,11 @@ class DriverLayer:
                 return False
             for t in live:
                 # Check exit before draining: records written before the exit
-                # are then all in this drain, with the flush in _close.
+                # are then all in this drain, with the flush in Target.close.
                 gone = t.tracker.exited()
-                busy |= self._drain(t) * BUSY_SHARE > self.queue_entries
+                busy |= t.drain(self.abi.entry_size) * BUSY_SHARE > self.queue_entries
                 if gone:
-                    self._close(t)
+                    t.close(self.abi.entry_size)
             # measured after the drains: every record drained so far lies at or
             # before this point, so its segment of the clock map is final
             self._note_clock()
@@ -256,31 +205,6 @@ class DriverLayer:
         """Add a (raw, mono) point to the clock map (caller holds the lock, or
         the consumer thread is not running)."""
         self.clock.add(*uvm_clock.measure())
-
-    def _drain(self, t: _Target) -> int:
-        """Drain one queue; the number of records it held."""
-        data = t.tracker.drain()
-        if data:
-            t.chunks.append(data)
-            t.bytes_drained += len(data)
-            now = mono_ns()
-            if t.table is None or now - t.table_ts_ns >= TABLE_REREAD_NS:
-                table = t.tracker.processors()
-                if table is not None:
-                    t.table, t.table_ts_ns = table, now
-        t.dropped = t.tracker.dropped()
-        return len(data) // self.abi.entry_size
-
-    def _close(self, t: _Target) -> None:
-        """Final flush and drain, then release the tracker and the duplicated fd."""
-        t.tracker.flush()
-        self._drain(t)
-        if t.table is None:
-            t.table = t.tracker.processors()
-        t.counters = t.tracker.counters()
-        t.counters_ts_ns = mono_ns()
-        t.tracker.close()
-        t.closed_ts_ns = mono_ns()
 
     # ------------------------------------------------------------ decoding
     def _collect(self, final: bool) -> Tables:
@@ -316,7 +240,7 @@ class DriverLayer:
                 )
             elif chunks and t.decoder is not None:
                 t.decoder.set_processors(mapping)  # GPUs registered since it was built
-            for data in _coalesce(chunks, FEED_RECORDS * self.abi.entry_size):
+            for data in coalesce(chunks, FEED_RECORDS * self.abi.entry_size):
                 assert t.decoder is not None
                 add(t.decoder.feed(data, clock))
                 time.sleep(0)  # let the consumer thread take the GIL between feeds
@@ -347,86 +271,16 @@ class DriverLayer:
 
     # ------------------------------------------------------------ manifest
     def manifest(self) -> dict[str, Any]:
-        """Manifest fragment: layers, drops, clock note, `driver_layer` facts."""
+        """Manifest fragment: layers, drops, clock note, `driver_layer` facts
+        (driver_manifest.fragment)."""
         with self._lock:
             targets = [*self._done, *self._targets.values()]
-        drops: dict[str, int] = {}
-        for code in uvm_tools_abi.EVENT_TYPES:
-            name = uvm_records.EVENT_NAMES.get(code, str(code))
-            drops[f"uvm_tools:{name}"] = sum(t.dropped[code] for t in targets)
-        layers = []
-        if targets:
-            layers.append("uvm_tools")
-        if self.sampler is not None:
-            layers.append("rm_query")
-        bad = self.bad_records()
-        unmapped = sorted(
-            {u for t in targets for u in gpu_uuids.unmapped(t.table, self._gpu_uuids)}
-        )
-        dl: dict[str, Any] = {
-            "trackers_attached": sorted(t.pid for t in targets),
-            "attach_failures": list(self.failures),
-            "missed_before_attach": list(self.missed),
-            "sample_interval_ms": self.sample_ms,
-            "tools_abi": {
-                "name": self.abi.name,
-                "queue_version": self.abi.version,
-                "entry_bytes": self.abi.entry_size,
-                "driver_layouts_of": self.info.layout_version,
-            },
-            "queue_entries": self.queue_entries,
-            "drain_interval_ms": self.drain_s * 1000.0,
-            "bad_records": bad,
-            "unmapped_processors": unmapped,
-            "closed": [
-                {"pid": t.pid, "closed_ts_ns": t.closed_ts_ns}
-                for t in targets
-                if t.closed_ts_ns is not None
-            ],
-            "rm_client": self._rm_manifest(),
-            "clock_offsets_ns": self._offsets_manifest(),
-        }
-        if self.error:
-            dl["error"] = self.error
-        return {
-            "layers": layers,
-            "drops": drops,
-            "clock": {"uvm_events": CLOCK_NOTE},
-            "driver_layer": dl,
-            "gpu_uuids": [
-                {"index": i, "uuid": gpu_uuids.format_uuid(u)}
-                for u, i in sorted(self._gpu_uuids.items(), key=lambda x: x[1])
-            ],
-        }
+        return driver_manifest.fragment(self, targets, self._gpu_uuids)
 
-    def _offsets_manifest(self) -> dict[str, int] | None:
-        """First, last, min and max offset (mono - raw) of the clock map's points, and
-        how many points it holds."""
+    def clock_offsets(self) -> npt.NDArray[np.int64]:
+        """Offsets (mono - raw) of the clock map's points so far."""
         with self._lock:
-            off = self.clock.offsets()
-        if not len(off):
-            return None
-        return {"first": int(off[0]), "last": int(off[-1]), "min": int(off.min()),
-                "max": int(off.max()), "points": len(off)}
-
-    def _rm_manifest(self) -> dict[str, Any]:
-        if self.rm is None:
-            return {"open": False, "error": self.rm_error}
-        return {
-            "open": True,
-            "driver_reply": self.rm.driver_reply,
-            "gpus": [
-                {
-                    "index": g.gpu_index,
-                    "device_instance": g.device_instance,
-                    "uuid": gpu_uuids.format_uuid(g.uuid) if g.uuid else None,
-                    "query": "per-index" if g.per_index else "combined",
-                }
-                for g in self.rm.gpus
-            ],
-            "notes": list(self.rm.notes),
-            "samples": self.sampler.samples if self.sampler else 0,
-        }
+            return self.clock.offsets()
 
 
 def close_quietly(layer: DriverLayer | None) -> None:
