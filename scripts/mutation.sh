@@ -6,8 +6,8 @@
 #   bash scripts/mutation.sh                       # every mutant in scope (long)
 #   bash scripts/mutation.sh 'gputrace.record.*'   # mutmut name globs: one area
 # Env: MUTATION_DIR (reuse a scratch dir and its cached results), MUTATION_JOBS (2),
-#      MUTATION_SAMPLE=0.05 (score a seeded sample: that share of each file's mutants),
-#      MUTATION_SEED (2026).
+#      MUTATION_SAMPLE=0.01 (score a seeded sample: that share of each file's mutants),
+#      MUTATION_MIN (at least this many per file, 5), MUTATION_SEED (2026).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -38,21 +38,22 @@ echo "mutation: scratch copy of $(git -C "$OLDPWD" rev-parse --short HEAD) in $w
 # polars in each mutant's process: one thread (two mutants run side by side on 2 cores)
 export POLARS_MAX_THREADS=${POLARS_MAX_THREADS:-1}
 if [ -n "${MUTATION_SAMPLE:-}" ]; then
-    # A seeded sample of the mutants in scope, a share of each source file's (at least 5):
+    # A seeded sample of the mutants in scope, a share of each source file's (at least MUTATION_MIN):
     # the analyses and renderers have ~17,000 mutants at ~5-10 s each on 2 cores.
     # A run whose filter matches nothing generates the mutants and their test stats, then stops.
     "$PY" -m mutmut run --max-children "${MUTATION_JOBS:-2}" 'no.such.mutant' > mutation-stats.log 2>&1 || true
     grep -q 'failed to collect stats' mutation-stats.log && { tail -5 mutation-stats.log >&2; exit 1; }
-    "$PY" - "$MUTATION_SAMPLE" "${MUTATION_SEED:-2026}" "$@" > mutation-sample.txt <<'PY'
+    "$PY" - "$MUTATION_SAMPLE" "${MUTATION_SEED:-2026}" "${MUTATION_MIN:-5}" "$@" > mutation-sample.txt <<'PY'
 import fnmatch, json, math, random, sys
 from pathlib import Path
 
-frac, seed, globs = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] or ["*"]
+frac, seed, least = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+globs = sys.argv[4:] or ["*"]
 rng = random.Random(seed)
 for meta in sorted(Path("mutants").rglob("*.meta")):
     names = sorted(n for n in json.loads(meta.read_text()).get("exit_code_by_key", {})
                    if any(fnmatch.fnmatch(n, g) for g in globs))
-    for n in sorted(rng.sample(names, min(len(names), max(5, math.ceil(frac * len(names)))))):
+    for n in sorted(rng.sample(names, min(len(names), max(least, math.ceil(frac * len(names)))))):
         print(n)
 PY
     echo "mutation: sample of $(wc -l < mutation-sample.txt) mutants (share $MUTATION_SAMPLE per file, seed ${MUTATION_SEED:-2026})" >&2
