@@ -10,14 +10,7 @@
 #include <uapi/linux/ptrace.h>
 #include "gputrace_events.h"
 
-#ifndef GT_CUDA_RB_PAGES
-#define GT_CUDA_RB_PAGES 1024
-#endif
-#ifndef GT_CUDA_STACKS
-#define GT_CUDA_STACKS 16384
-#endif
-#define GT_PATH_MAX 256
-#define GT_SIGSTOP 19
+#include "cuda_common.bpf.h"
 
 /* Argument shapes (x86-64 / arm64 calling convention through PT_REGS_PARMn). */
 #define S_OUT_SIZE 1        /* (T **out, size)                    */
@@ -32,86 +25,6 @@
 #define S_ASYNC 10          /* (out, size, stream)                */
 #define S_POOL_ASYNC 11     /* (out, size, pool, stream)          */
 #define S_FREE_ASYNC 12     /* (ptr, stream)                      */
-
-struct cuda_pending {
-    u64 ts_ns, out, pitch_out, height;
-    u64 size, ptr, handle, flags, stream;
-    u16 func;
-    u8 shape, valid, active;
-    u8 known;           /* KNOWN_*: what this thread's earlier calls found out */
-    u8 _pad[2];
-    u32 gen;            /* cuda_gen when `known` was set */
-    u32 _pad1;
-};
-/* A thread remembers that its process is traced and already seen, so its later
- * calls skip the cuda_targets and cuda_seen lookups. Both maps only lose a tgid
- * when its leader exits, which bumps cuda_gen: remembered facts of an older
- * generation are looked up again. */
-#define KNOWN_WANTED 1
-#define KNOWN_SEEN 2
-struct cuda_open {
-    u8 hit;
-};
-struct cuda_path {
-    char s[GT_PATH_MAX];
-};
-
-BPF_RINGBUF_OUTPUT(cuda_events, GT_CUDA_RB_PAGES);
-BPF_PERCPU_ARRAY(cuda_drops, u64, 1);
-BPF_ARRAY(cuda_config, struct cuda_config, 1);
-BPF_STACK_TRACE(cuda_stacks, GT_CUDA_STACKS);
-BPF_TASK_STORAGE(cuda_pending, struct cuda_pending);
-BPF_HASH(cuda_targets, u32, u8, 65536);          /* traced tgids (filter mode) */
-BPF_HASH(cuda_seen, u32, u8, 65536);             /* tgids that made an API call */
-BPF_HASH(cuda_paused, u32, struct cuda_pause, 4096);
-BPF_HASH(cuda_opens, u32, struct cuda_open, 4096); /* tid -> openat of libcuda pending */
-BPF_PERCPU_ARRAY(cuda_path_scratch, struct cuda_path, 1);
-BPF_ARRAY(cuda_gen, u32, 1);
-
-static __always_inline u32 cuda_generation(void)
-{
-    u32 zero = 0;
-    u32 *g = cuda_gen.lookup(&zero);
-    return g ? *g : 0;
-}
-
-static __always_inline struct cuda_config *cuda_cfg(void)
-{
-    u32 zero = 0;
-    return cuda_config.lookup(&zero);
-}
-
-static __always_inline int cuda_wanted(u32 tgid, struct cuda_config *cfg)
-{
-    if (tgid == cfg->self_tgid)
-        return 0;
-    if (!cfg->filter)
-        return 1;
-    if (cuda_targets.lookup(&tgid))
-        return 1;
-    return 0;
-}
-
-/* Record why `tgid` needs the recorder; stop it when pausing is on. */
-static __always_inline void cuda_pause_for(u32 tgid, u32 kind, s32 fd, struct cuda_config *cfg)
-{
-    struct cuda_pause p = {};
-    struct cuda_pause *old = cuda_paused.lookup(&tgid);
-    if (old)
-        p = *old;
-    else
-        p.fd = -1;
-    p.ts_ns = bpf_ktime_get_ns();
-    p.kinds |= kind;
-    if (kind == GT_PAUSE_LOAD)
-        p.fd = fd;
-    if (cfg->pause && !p.stopped) {
-        p.stopped = 1;
-        p.stop_boot_ns = bpf_ktime_get_boot_ns();
-        bpf_send_signal(GT_SIGSTOP);
-    }
-    cuda_paused.update(&tgid, &p);
-}
 
 /* ------------------------------------------------------------ calls */
 static __always_inline int api_enter(struct pt_regs *ctx, u16 func, u8 shape)
