@@ -309,12 +309,14 @@ def test_the_recorders_own_ioctls_and_fds_are_absent(rec: Recorded) -> None:
         pids = set(rec.tables[name].column("pid").to_pylist())
         assert pids and pids <= rec.workload_pids, (name, pids)
         assert rec.recorder_pid not in pids
-    # the workload checks its fragmentation with FB_GET_INFO_V2 a few times; the
-    # sampler's queries (two GPUs per sample) are all absent
+    # the workload asks FB_GET_INFO_V2 exactly twice (fb_check while fragmented and after
+    # the frees); the sampler's own queries (two GPUs per sample, at least one sample
+    # taken) are all absent. How many samples fit in the run depends on the host's load.
     ioctls = rec.tables["ioctls"].to_pylist()
     ctrl = [r for r in ioctls if r["ctrl_cmd"] == 0x20801303]
     assert all(r["pid"] == rec.run.pid for r in ctrl)
-    assert 2 * rec.manifest["driver_layer"]["rm_client"]["samples"] > 2 * len(ctrl) > 0
+    assert len(ctrl) == 2
+    assert rec.manifest["driver_layer"]["rm_client"]["samples"] >= 1
     assert not [r for r in ioctls if r["device"] == "uvm-tools"]
     assert "uvm-tools" not in rec.tables["files"].column("device").to_pylist()
 
