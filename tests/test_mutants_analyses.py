@@ -1,0 +1,116 @@
+"""Tests that kill the mutants of the analyses that survived the mutation sample
+(docs/testing.md, "Mutation testing"): each asserts an independent truth, a value
+planted in a small hand-made input (synthetic) or a figure computed by hand, and
+names in its docstring what it pins. Grouped by module; fast and in-process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from gputrace.analyses import fail_on
+from gputrace.analyses.diff import diff
+from gputrace.analyses.helpers.inputs import _data_span, inputs_from_trace
+from gputrace.builder import MiB
+
+US = 1_000
+
+
+# ---------------------------------------------------------------------------- diff
+def _doc(ioctls: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"summary": {"processes": [], "gpus": {"gpus": []}, "ioctls": ioctls},
+            "leaks": {"recorded": True, "total_bytes": 0}, "fault_rate": {"rates": []}}
+
+
+def _ioctl(name: str, p99_us: int, count: int = 10) -> dict[str, Any]:
+    return {"name": name, "device": "ctl", "gpu_index": None, "count": count, "failed": 0,
+            "latency_ns_p50": 5 * US, "latency_ns_p90": 8 * US,
+            "latency_ns_p99": p99_us * US, "latency_ns_max": p99_us * US}
+
+
+def test_diff_ioctl_latency_rows_from_each_summary() -> None:
+    """diff: the ioctl latency of each command comes from each document's summary; a
+    p99 that rose from 9 to 12 us is one changed row, an unchanged command none."""
+    before = _doc([_ioctl("RM_CONTROL", 9), _ioctl("RM_ALLOC", 3)])
+    after = _doc([_ioctl("RM_CONTROL", 12), _ioctl("RM_ALLOC", 3)])
+    d = diff(before, after, [], [])
+    (row,) = d["ioctl_latency"]
+    assert (row["name"], row["device"], row["gpu_index"], row["status"]) == (
+        "RM_CONTROL", "ctl", None, "changed")
+    p99 = row["latency_ns_p99"]
+    assert (p99["before"], p99["after"], p99["delta"]) == (9 * US, 12 * US, 3 * US)
+    assert abs(p99["delta_pct"] - 100 / 3) < 1e-9
+    assert row["count"]["delta"] == 0
+    assert d["changed"] is True
+    assert diff(before, before, [], [])["changed"] is False
+
+
+# ------------------------------------------------------------------------- fail_on
+def test_fail_on_thrashing_hit_counts_block_windows() -> None:
+    """fail_on.thrashing_hit: two thrashing block-windows in the fault-rate report fail
+    the run with their count; none, or a trace without the driver layer, does not."""
+    rep = {"thrashing": {"blocks": [{"block_2m": 0}, {"block_2m": 2 * MiB}]}}
+    assert fail_on.thrashing_hit(rep, 0.0) == "thrashing: 2 block-windows"
+    assert fail_on.thrashing_hit({"thrashing": {"blocks": []}}, 0.0) is None
+    assert fail_on.thrashing_hit({"thrashing": None}, 0.0) is None
+    assert fail_on.thrashing_blind({"thrashing": None}) is not None
+    assert fail_on.thrashing_blind(rep) is None
+
+
+def test_fail_on_leaks_hit_only_when_something_leaked() -> None:
+    """fail_on.leaks_hit: 3 leaked allocations of 12 bytes fail the run; 0 does not."""
+    assert fail_on.leaks_hit({"total_count": 3, "total_bytes": 12}, 0.0) == (
+        "leaks: 3 leaked allocations (12 bytes)")
+    assert fail_on.leaks_hit({"total_count": 0, "total_bytes": 0}, 0.0) is None
+
+
+def test_fail_on_fragmentation_reads_pmm_and_rm_gpus() -> None:
+    """fail_on.fragmentation_hit: the worst index over PMM chunks (peak, end) and RM
+    samples (worst unusable share) is compared with the threshold, strictly."""
+    rep = {"gpus": [{"peak": {"fragmentation_index": 0.25}, "end": None}],
+           "rm": {"gpus": [{"worst": {"unusable_share": 0.5}}]}}
+    assert fail_on.fragmentation_hit(rep, 0.4) == "fragmentation: index 0.500 > 0.4"
+    assert fail_on.fragmentation_hit(rep, 0.5) is None
+    pmm_only = {"gpus": [{"peak": {"fragmentation_index": 0.25}}], "rm": None}
+    assert fail_on.fragmentation_hit(pmm_only, 0.2) == "fragmentation: index 0.250 > 0.2"
+
+
+# ----------------------------------------------------------------- helpers.inputs
+class _Trace:
+    """A stand-in for tracedir.Trace with the attributes inputs_from_trace reads."""
+
+    def __init__(self, manifest: dict[str, Any], tables: dict[str, pl.LazyFrame]) -> None:
+        self.manifest, self._tables = manifest, tables
+        self.layers, self.status, self.drops = ["syscall"], "complete", {}
+
+    def scan(self, name: str) -> pl.LazyFrame:
+        return self._tables.get(name, pl.LazyFrame({"ts_ns": []}, schema={"ts_ns": pl.Int64}))
+
+
+def _stamps(*ts: int) -> pl.LazyFrame:
+    return pl.LazyFrame({"ts_ns": list(ts)}, schema={"ts_ns": pl.Int64})
+
+
+def test_data_span_is_first_and_last_event_of_any_table() -> None:
+    """inputs._data_span: the earliest and the latest ts_ns over the event tables
+    (ioctls 5..9, faults 3..7: 3 and 9); no rows at all: (None, None)."""
+    assert _data_span({"ioctls": _stamps(5, 9), "faults": _stamps(7, 3)}) == (3, 9)
+    assert _data_span({"ioctls": _stamps()}) == (None, None)
+
+
+def test_span_missing_from_the_manifest_is_taken_from_the_rows() -> None:
+    """inputs_from_trace: a manifest without start/end takes the rows' span (100..250);
+    one with a start only keeps it and takes the end from the rows; GPU memory sizes
+    come in index order."""
+    tables = {"ioctls": _stamps(100, 250), "mappings": _stamps(180)}
+    gpus = [{"index": 1, "memory_bytes": 2}, {"index": 0, "memory_bytes": 1}]
+    inp = inputs_from_trace(_Trace({"gpus": gpus}, tables))
+    assert (inp.start_ns, inp.end_ns) == (100, 250)
+    assert inp.gpu_memory_bytes == (1, 2)
+    assert inp.layers == ("syscall",) and inp.problems == ()
+    inp = inputs_from_trace(_Trace({"start_ts_ns": 50}, tables))
+    assert (inp.start_ns, inp.end_ns) == (50, 250)
+    inp = inputs_from_trace(_Trace({}, {}))
+    assert (inp.start_ns, inp.end_ns) == (0, 0)

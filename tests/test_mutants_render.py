@@ -1,0 +1,73 @@
+"""Tests that kill the mutants of the renderers that survived the mutation sample
+(docs/testing.md, "Mutation testing"): each renders a small hand-made report document
+(synthetic values planted here) and asserts the text, cell or byte that must come
+out, naming in its docstring what it pins. Grouped by module; fast and in-process.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from gputrace.analyses.diff import diff
+from gputrace.builder import MiB
+from gputrace.render.diff import render_diff_html, render_diff_terminal
+
+
+# ---------------------------------------------------------------------------- diff
+def _doc(procs: list[dict[str, Any]], leaked: int) -> dict[str, Any]:
+    return {"summary": {"processes": procs, "gpus": {"gpus": []}, "ioctls": []},
+            "leaks": {"recorded": True, "total_bytes": leaked}, "fault_rate": {"rates": []}}
+
+
+def _proc(comm: str, peak: int) -> dict[str, Any]:
+    return {"layer": "api", "comm": comm, "peak_bytes": peak, "live_end_bytes": 5}
+
+
+def _diff_doc() -> dict[str, Any]:
+    """Two processes whose peaks rose (1 -> 3 MiB, 1000 B -> 2000 B); 160 -> 164 MiB
+    leaked; one comm that looks like rich markup."""
+    d = diff(_doc([_proc("[b]x[/b]", MiB), _proc("y", 1000)], 160 * MiB),
+             _doc([_proc("[b]x[/b]", 3 * MiB), _proc("y", 2000)], 164 * MiB), [], [])
+    d.update(before_trace="runs/a", after_trace="runs/b", warnings=["before: w1"])
+    return d
+
+
+def _terminal(d: dict[str, Any]) -> list[str]:
+    buf = io.StringIO()
+    render_diff_terminal(d, buf)
+    return buf.getvalue().splitlines()
+
+
+def _cells(lines: list[str], first: str) -> list[str]:
+    row = next(ln for ln in lines if ln.startswith("│") and ln.split("│")[2].strip() == first)
+    return row.split("│")[1:-1]
+
+
+def test_diff_terminal_header_warning_and_leaked_bytes() -> None:
+    """render_diff_terminal: the first line names both traces, then each warning, then
+    the leaked bytes before -> after in binary units with the percentage."""
+    lines = _terminal(_diff_doc())
+    assert lines[:3] == ["gputrace diff: runs/a -> runs/b", "warning: before: w1",
+                         "leaked bytes: 160.0 MiB -> 164.0 MiB (+2.5%)"]
+
+
+def test_diff_terminal_cells_are_literal_and_numbers_right_aligned() -> None:
+    """render_diff_terminal: a comm written like rich markup ("[b]x[/b]") is printed as
+    it is, not interpreted; the figure columns are right-aligned (the shorter cell
+    "1000 B -> 2.0 KiB" is padded on the left, "5 B" too)."""
+    lines = _terminal(_diff_doc())
+    x = _cells(lines, "[b]x[/b]")
+    assert [c.strip() for c in x] == ["api", "[b]x[/b]", "changed",
+                                     "1.0 MiB -> 3.0 MiB (+200.0%)", "5 B"]
+    y = _cells(lines, "y")
+    assert y[3].strip() == "1000 B -> 2.0 KiB (+100.0%)"
+    assert y[3].startswith("  ") and y[3].endswith("%) ")
+    assert y[4].endswith(" 5 B ") and y[4].startswith("  ")
+
+
+def test_diff_html_leaked_bytes_in_binary_units() -> None:
+    """render_diff_html: the leaked-bytes line is in binary units (160.0 MiB), not raw
+    byte counts."""
+    page = render_diff_html(_diff_doc())
+    assert "<p>leaked bytes: 160.0 MiB -&gt; 164.0 MiB (+2.5%)</p>" in page
