@@ -10,7 +10,7 @@ from typing import Any
 
 import polars as pl
 
-from gputrace.analyses import fail_on
+from gputrace.analyses import fail_on, gpu_memory
 from gputrace.analyses.diff import diff
 from gputrace.analyses.helpers.inputs import _data_span, inputs_from_trace
 from gputrace.builder import MiB
@@ -114,3 +114,28 @@ def test_span_missing_from_the_manifest_is_taken_from_the_rows() -> None:
     assert (inp.start_ns, inp.end_ns) == (50, 250)
     inp = inputs_from_trace(_Trace({}, {}))
     assert (inp.start_ns, inp.end_ns) == (0, 0)
+
+
+# ---------------------------------------------------------------------- gpu_memory
+def test_long_gpu_memory_series_bucketed_per_gpu() -> None:
+    """gpu_memory.series: 400 samples of GPU 0 and 3 of GPU 1 over 400 ns become equal
+    buckets of 2 ns per GPU (SERIES_MAX 200): each keeps its first time, least free
+    memory, smallest largest region and worst share; GPU 1's 3 samples stay 3 rows."""
+    ts = [*range(400), 10, 200, 399]
+    gpu = [0] * 400 + [1] * 3
+    s = pl.DataFrame({
+        "gpu_index": gpu, "ts_ns": ts, "t_s": [t / 1e9 for t in ts],
+        "heap_size_bytes": [1000] * 403, "heap_free_bytes": [1000 - t for t in ts],
+        "largest_free_bytes": [500 - t for t in ts], "largest_free_base_bytes": ts,
+        "unusable_share": [t / 1000 for t in ts]})
+    out = gpu_memory.series(s, 400, 0)
+    assert "ts_ns" not in out.columns and out.columns == s.drop("ts_ns").columns
+    g0 = out.filter(pl.col("gpu_index") == 0)
+    assert g0.height == gpu_memory.SERIES_MAX == 200
+    k = 7  # the bucket of samples 14 and 15
+    row = g0.row(k, named=True)
+    assert (row["t_s"], row["heap_free_bytes"], row["largest_free_bytes"],
+            row["largest_free_base_bytes"], row["unusable_share"]) == (
+        14 / 1e9, 1000 - 15, 500 - 15, 15, 15 / 1000)
+    g1 = out.filter(pl.col("gpu_index") == 1)
+    assert g1["heap_free_bytes"].to_list() == [990, 800, 601]

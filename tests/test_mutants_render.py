@@ -11,7 +11,9 @@ from typing import Any
 
 from gputrace.analyses.diff import diff
 from gputrace.builder import MiB
+from gputrace.render import cells
 from gputrace.render.diff import render_diff_html, render_diff_terminal
+from gputrace.render.terminal import render_terminal
 
 
 # ---------------------------------------------------------------------------- diff
@@ -71,3 +73,31 @@ def test_diff_html_leaked_bytes_in_binary_units() -> None:
     byte counts."""
     page = render_diff_html(_diff_doc())
     assert "<p>leaked bytes: 160.0 MiB -&gt; 164.0 MiB (+2.5%)</p>" in page
+
+
+# ------------------------------------------------------------------------ terminal
+def test_terminal_report_warnings_under_their_section_once() -> None:
+    """render_terminal: a trace-level warning is printed once at the top; a report's own
+    warning (an RM sample that failed) under that report's title, after its question."""
+    doc = {"warnings": ["trace-level w"],
+           "fragmentation": {"question": "q?", "warnings": ["trace-level w", "GPU 0 failed"],
+                             "recorded": False, "not_recorded_layers": ["driver", "rm_query"]}}
+    buf = io.StringIO()
+    render_terminal(doc, buf, color=False)
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "warning: trace-level w"
+    assert "Fragmentation" in lines[1]
+    assert lines[2:] == ["q?", "warning: GPU 0 failed",
+                         "not recorded: layer(s) driver, rm_query missing from this trace"]
+
+
+# --------------------------------------------------------------------------- cells
+def test_human_bytes_units_up_to_and_past_tib() -> None:
+    """cells.human_bytes: whole bytes below 1 KiB, one decimal above; TiB is the last
+    unit, so 2 PiB is written 2048.0 TiB (not the raw count); None is '-'."""
+    assert cells.human_bytes(None) == "-"
+    assert cells.human_bytes(1023) == "1023 B"
+    assert cells.human_bytes(1024) == "1.0 KiB"
+    assert cells.human_bytes(-3 * MiB // 2) == "-1.5 MiB"
+    assert cells.human_bytes(5 * 1024**4) == "5.0 TiB"
+    assert cells.human_bytes(2 * 1024**5) == "2048.0 TiB"
