@@ -12,6 +12,7 @@ import polars as pl
 
 from gputrace.analyses import fail_on, gpu_memory
 from gputrace.analyses.diff import diff
+from gputrace.analyses.helpers.common import chunk_bytes
 from gputrace.analyses.helpers.inputs import _data_span, inputs_from_trace
 from gputrace.builder import MiB
 
@@ -139,3 +140,13 @@ def test_long_gpu_memory_series_bucketed_per_gpu() -> None:
         14 / 1e9, 1000 - 15, 500 - 15, 15, 15 / 1000)
     g1 = out.filter(pl.col("gpu_index") == 1)
     assert g1["heap_free_bytes"].to_list() == [990, 800, 601]
+
+
+# ------------------------------------------------------------------ helpers.common
+def test_chunk_bytes_is_two_to_the_log2_size_in_64_bits() -> None:
+    """common.chunk_bytes: 2 ** log2_size as Int64, exact past 2**31 (4 KiB, 2 MiB,
+    2 GiB, 1 TiB for 12, 21, 31, 40)."""
+    df = pl.DataFrame({"log2_size": [12, 21, 31, 40]}, schema={"log2_size": pl.UInt8})
+    out = df.select(b=chunk_bytes())["b"]
+    assert out.dtype == pl.Int64
+    assert out.to_list() == [4096, 2 * MiB, 2 * 1024 * MiB, 1024**4]

@@ -7,13 +7,23 @@ out, naming in its docstring what it pins. Grouped by module; fast and in-proces
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
+import pytest
+
 from gputrace.analyses.diff import diff
+from gputrace.analyses.helpers.inputs import inputs_from_trace
+from gputrace.analyses.run import run_reports
+from gputrace.analyses.timeseries import plot_series
 from gputrace.builder import MiB
 from gputrace.render import cells
 from gputrace.render.diff import render_diff_html, render_diff_terminal
+from gputrace.render.html import Page
+from gputrace.render.html_sections import sections
 from gputrace.render.terminal import render_terminal
+from gputrace.tracedir import open_trace
+from tests.analyze_helpers import SCENARIO_DIR
 
 
 # ---------------------------------------------------------------------------- diff
@@ -101,3 +111,26 @@ def test_human_bytes_units_up_to_and_past_tib() -> None:
     assert cells.human_bytes(-3 * MiB // 2) == "-1.5 MiB"
     assert cells.human_bytes(5 * 1024**4) == "5.0 TiB"
     assert cells.human_bytes(2 * 1024**5) == "2048.0 TiB"
+
+
+# ------------------------------------------------------------------- html_sections
+@pytest.fixture(scope="module")
+def leak_sections_html() -> str:
+    """The HTML sections (no page shell) of the training_leak scenario (synthetic: 20
+    iterations of 1 s, an 8 MiB cache leaked at 0.9, 1.9, ..., 19.9 s)."""
+    inp = inputs_from_trace(open_trace(SCENARIO_DIR / "training_leak"))
+    doc = run_reports(inp, ["leaks", "summary"])
+    page = Page("t")
+    sections(page, doc, plot_series(inp, doc))
+    return "".join(page.parts)
+
+
+def test_html_growth_fit_table_has_the_growing_process(leak_sections_html: str) -> None:
+    """html_sections: the growth-fit table lists pid 1000 (api) as growing, with its 19
+    rising troughs (20 leaks) over a span of 19.4 s (first event 0.5 s, last 19.9 s)."""
+    h = leak_sections_html
+    table = h[h.index("<h3>Growth fits</h3>"):].split("</table>")[0]
+    (row,) = re.findall(r"<tr><td.*?</tr>", table)
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+    assert (cells[0], cells[1], cells[4], cells[5], cells[6]) == (
+        "api", "1,000", "19", "19.4", "True")
