@@ -1,14 +1,17 @@
-"""Leaks and summary computed one pid slice at a time (as on large traces) give the
-same JSON as in one piece: every scenario and recorded fixture, cut 2 and 5 ways."""
+"""Leaks, summary and memory over time computed one pid slice at a time (as on large
+traces) give the same JSON as in one piece: every scenario and recorded fixture, cut
+2 and 5 ways."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gputrace.analyses import memory_over_time
 from gputrace.analyses.helpers import partition
 from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.tracedir import open_trace
@@ -42,3 +45,27 @@ def test_slices_cover_every_pid_once() -> None:
     assert all(set(a["pid"]).isdisjoint(b["pid"]) for i, a in enumerate(parts)
                for b in parts[i + 1:])
     assert partition.slice_count(inp) == 1
+
+
+
+@pytest.mark.parametrize("k", [2, 5])
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_sliced_memory_over_time_equals_whole(path: Path, k: int,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live bytes (series, names, omitted count, growth fits) and RM bytes per GPU computed
+    per pid slice equal the one-piece result; with every series drawn and flagged too,
+    so none is left out of the comparison."""
+    inp = inputs_from_trace(open_trace(path))
+    rm_only = replace(inp, layers=tuple(x for x in inp.layers if x != "driver"))
+    drawn = memory_over_time.live_bytes(inp, 50, max_series=None)
+    every = {(s["layer"], s["pid"]) for s in drawn["series"]}
+
+    def results() -> list[dict[str, Any]]:
+        return [memory_over_time.live_bytes(inp, 50, every, None),
+                memory_over_time.live_bytes(inp, 50),
+                memory_over_time.gpu_bytes(rm_only, 50)]
+
+    whole = results()
+    monkeypatch.setattr(partition, "slice_count", lambda inp, slice_rows=None: k)
+    assert results() == whole
+    assert whole[0] == {**drawn, "fits": whole[0]["fits"]}
