@@ -10,8 +10,6 @@ import io
 import re
 from typing import Any
 
-import pytest
-
 from gputrace.analyses.diff import diff
 from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.analyses.run import run_reports
@@ -114,23 +112,64 @@ def test_human_bytes_units_up_to_and_past_tib() -> None:
 
 
 # ------------------------------------------------------------------- html_sections
-@pytest.fixture(scope="module")
-def leak_sections_html() -> str:
-    """The HTML sections (no page shell) of the training_leak scenario (synthetic: 20
-    iterations of 1 s, an 8 MiB cache leaked at 0.9, 1.9, ..., 19.9 s)."""
-    inp = inputs_from_trace(open_trace(SCENARIO_DIR / "training_leak"))
-    doc = run_reports(inp, ["leaks", "summary"])
-    page = Page("t")
-    sections(page, doc, plot_series(inp, doc))
-    return "".join(page.parts)
+_html_cache: dict[str, str] = {}
 
 
-def test_html_growth_fit_table_has_the_growing_process(leak_sections_html: str) -> None:
-    """html_sections: the growth-fit table lists pid 1000 (api) as growing, with its 19
-    rising troughs (20 leaks) over a span of 19.4 s (first event 0.5 s, last 19.9 s)."""
-    h = leak_sections_html
-    table = h[h.index("<h3>Growth fits</h3>"):].split("</table>")[0]
-    (row,) = re.findall(r"<tr><td.*?</tr>", table)
-    cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
-    assert (cells[0], cells[1], cells[4], cells[5], cells[6]) == (
-        "api", "1,000", "19", "19.4", "True")
+def _sections_html(scenario: str, reports: list[str]) -> str:
+    """The HTML sections (no page shell) of one synthetic scenario's reports."""
+    if scenario not in _html_cache:
+        inp = inputs_from_trace(open_trace(SCENARIO_DIR / scenario))
+        doc = run_reports(inp, reports)
+        page = Page("t")
+        sections(page, doc, plot_series(inp, doc))
+        _html_cache[scenario] = "".join(page.parts)
+    return _html_cache[scenario]
+
+
+def _html_table(h: str, after: str) -> tuple[list[str], list[list[str]]]:
+    """Header cells and body rows of the first table after the text `after`."""
+    t = h[h.index(after):].split("<table>", 1)[1].split("</table>")[0]
+    head = re.findall(r"<th>(.*?)</th>", t)
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr><td.*?</tr>", t)]
+    return head, rows
+
+
+def test_html_growth_fit_table_has_the_growing_process() -> None:
+    """html_sections: the growth-fit table of training_leak (an 8 MiB cache leaked each
+    second, 0.9 .. 19.9 s) lists pid 1000 (api) as growing, with its 19 rising troughs
+    (20 leaks) over a span of 19.4 s (first event 0.5 s, last 19.9 s)."""
+    head, rows = _html_table(_sections_html("training_leak", ["leaks", "summary"]),
+                             "<h3>Growth fits</h3>")
+    assert head == ["layer", "pid", "bytes/min", "R²", "rising troughs", "span s", "growing"]
+    ((layer, pid, _, _, troughs, span, growing),) = rows
+    assert (layer, pid, troughs, span, growing) == ("api", "1,000", "19", "19.4", "True")
+
+
+def test_html_fault_batches_and_migrations_tables() -> None:
+    """html_sections: uvm_storm's two fault batches on GPU 0 (5 + 5 faults, 5 + 1
+    duplicates: share 0.6; service 200 and 400 us) and its migrations by cause and
+    direction: 8 x 2 MiB ping-pong + 12 x 64 KiB demand paging CPU->GPU (20, 16.75
+    MiB), 6 x 2 MiB back, 4 evictions of 2 MiB."""
+    h = _sections_html("uvm_storm", ["fault-rate"])
+    head, rows = _html_table(h, "<h3>Fault batches</h3>")
+    assert head == ["GPU", "batches", "faults", "dup share", "service p50 ns",
+                    "service max ns"]
+    ((gpu, batches, faults, dup, _, svc_max),) = rows
+    assert (gpu, batches, faults, dup, svc_max) == ("0", "2", "10", "0.6", "400,000")
+    head, rows = _html_table(h, "<h3>Migrations by cause</h3>")
+    assert head == ["cause", "direction", "migrations", "bytes"]
+    assert rows == [["replayable_fault", "cpu-&gt;gpu0", "20", "16.8 MiB"],
+                    ["replayable_fault", "gpu0-&gt;cpu", "6", "12.0 MiB"],
+                    ["eviction", "gpu0-&gt;cpu", "4", "8.0 MiB"]]
+    head, _ = _html_table(h, "<h2>Fault rate over time</h2>")
+    assert head == ["pid", "GPU", "source", "access", "faults", "mean/s", "peak/s"]
+
+
+def test_html_pmm_chunk_table_peak_and_end() -> None:
+    """html_sections: two_gpus' PMM table: GPU 0 holds 512 root chunks of 2 MiB (1 GiB)
+    and GPU 1 eight (16 MiB), at the peak and at the end."""
+    head, rows = _html_table(_sections_html("two_gpus", ["fragmentation"]),
+                             "<h3>PMM chunks (driver layer)</h3>")
+    assert head == ["GPU", "peak used", "peak index", "end used", "end index"]
+    assert [(r[0], r[1], r[3]) for r in rows] == [("0", "1.0 GiB", "1.0 GiB"),
+                                                  ("1", "16.0 MiB", "16.0 MiB")]
