@@ -12,6 +12,7 @@ packets naming iids need it).
 from __future__ import annotations
 
 import functools
+import itertools
 import zlib
 from collections.abc import Callable
 from typing import Any, BinaryIO
@@ -23,6 +24,10 @@ from gputrace.render.perfetto_wire import SEQ, Tags, counter_rows, event_rows, l
 
 BATCH_ROWS = 65_536
 """Rows encoded at once: numpy buffers of tens of MiB, whatever the trace's size."""
+
+
+RANGE_ROWS = 4_000_000
+"""Rows sorted and encoded at once: a time range of the table, not all of it."""
 
 
 ARGS = ("size_bytes", "handle", "status", "ret", "latency_ns", "gpu_index", "ptr", "result",
@@ -126,12 +131,19 @@ class Writer:
                                maintain_order="left", nulls_equal=True)
         else:
             named = named.with_columns(track_uuid=pl.lit(uuid(()), pl.UInt64))
-        df = (named.select(
+        sel = named.select(
             "ts_ns", "track_uuid", *args,
             _iid=pl.col("_name").replace_strict(names, list(self.event_iids.values()),
                                                 return_dtype=pl.UInt32),
             _lat=pl.col("latency_ns") if slices else pl.lit(None, pl.Int64))
-            .sort("ts_ns", maintain_order=True).collect())
+        # one time range at a time, each sorted apart: the same rows in the same order
+        # as one stable sort of the whole table, with a range's rows in memory, not all
+        for span in time_ranges(frame):
+            df = sel.filter(span).sort("ts_ns", maintain_order=True).collect()
+            self._encode(df, args)
+            del df
+
+    def _encode(self, df: pl.DataFrame, args: tuple[str, ...]) -> None:
         te, t = self.pb.TrackEvent, self.tags
         for batch in df.iter_slices(BATCH_ROWS):
             ts = batch["ts_ns"].to_numpy()
@@ -143,3 +155,28 @@ class Writer:
                 t, ts, batch["track_uuid"].to_numpy(), kind, batch["_iid"].to_numpy(), cols,
                 ts + batch["_lat"].fill_null(0).to_numpy(), has_end))
             self.packets += batch.height + int(has_end.sum())
+
+
+def time_ranges(frame: pl.LazyFrame, rows: int | None = None,
+                bins: int = 4096) -> list[pl.Expr]:
+    """Filters cutting `frame` into consecutive `ts_ns` ranges of about `rows` rows
+    (default `RANGE_ROWS`; from a histogram of `bins` equal bins, so a range holds at
+    least one bin); null times go with the first range (where a sort puts them)."""
+    ts = pl.col("ts_ns")
+    lo, hi, n = frame.select(ts.min(), ts.max().alias("hi"), pl.len()).collect().row(0)
+    limit = rows or RANGE_ROWS
+    if lo is None or n <= limit:
+        return [pl.lit(True)]
+    width = -(-(hi - lo + 1) // bins)
+    hist = (frame.select(((ts - lo) // width).alias("b")).drop_nulls().group_by("b")
+            .len().sort("b").collect())
+    cuts, held = [], 0
+    for b, count in hist.iter_rows():
+        if held and held + count > limit:
+            cuts.append(lo + b * width)
+            held = 0
+        held += count
+    if not cuts:
+        return [pl.lit(True)]
+    first, last = [ts.is_null() | (ts < cuts[0])], [ts >= cuts[-1]]
+    return first + [(ts >= a) & (ts < b) for a, b in itertools.pairwise(cuts)] + last
