@@ -14,7 +14,11 @@ from gputrace.analyses import fail_on, gpu_memory
 from gputrace.analyses.diff import diff
 from gputrace.analyses.helpers.common import chunk_bytes
 from gputrace.analyses.helpers.inputs import _data_span, inputs_from_trace
+from gputrace.analyses.run import run_reports, unmeasured
+from gputrace.analyses.timeseries import plot_series
 from gputrace.builder import MiB
+from gputrace.tracedir import open_trace
+from tests.analyze_helpers import SCENARIO_DIR
 
 US = 1_000
 
@@ -150,3 +154,31 @@ def test_chunk_bytes_is_two_to_the_log2_size_in_64_bits() -> None:
     out = df.select(b=chunk_bytes())["b"]
     assert out.dtype == pl.Int64
     assert out.to_list() == [4096, 2 * MiB, 2 * 1024 * MiB, 1024**4]
+
+
+# ------------------------------------------------------------------------------ run
+def test_unmeasured_gates_name_the_missing_layers() -> None:
+    """run.unmeasured: a --fail-on gate whose report was not recorded names that report's
+    missing layers; a recorded fault-rate report without thrashing (no driver layer)
+    is blind to thrashing; a report not asked for is refused elsewhere (nothing here)."""
+    doc = {"leaks": {"recorded": False, "not_recorded_layers": ["api", "syscall"]},
+           "fault_rate": {"recorded": True, "thrashing": None}, "fragmentation": None}
+    conds = [("leaks", 0.0), ("thrashing", 0.0), ("fragmentation", 0.5)]
+    assert unmeasured(doc, conds) == ["leaks (layer api, syscall not recorded)",
+                                      "thrashing (layer driver not recorded)"]
+    doc["leaks"] = {"recorded": False, "not_recorded_layers": []}
+    assert unmeasured(doc, conds[:1]) == ["leaks (layer needed not recorded)"]
+
+
+# ----------------------------------------------------------------------- timeseries
+def test_plot_rates_use_the_reports_window() -> None:
+    """timeseries.plot_series: the fault rates are drawn in buckets of the fault-rate
+    report's window (1 s over uvm_storm's 4 s: 4 buckets), so plot and table agree."""
+    inp = inputs_from_trace(open_trace(SCENARIO_DIR / "uvm_storm"))
+    doc = run_reports(inp, ["fault-rate"])
+    assert doc["fault_rate"]["window_s"] == 1.0
+    fr = plot_series(inp, doc)["fault_rates"]
+    assert fr["bucket_s"] == 1.0
+    (batches,) = fr["fault_batches"]["series"]
+    assert batches["t_s"] == [0.0, 1.0, 2.0, 3.0] and batches["events"] == 2
+    assert sum(batches["per_s"]) == 2.0  # buckets of 1 s: per second = count
