@@ -10,12 +10,15 @@ import io
 import re
 from typing import Any
 
+import plotly.graph_objects as go  # type: ignore[import-untyped]
+
 from gputrace.analyses.diff import diff
 from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.analyses.run import run_reports
 from gputrace.analyses.timeseries import plot_series
 from gputrace.builder import MiB
-from gputrace.render import cells
+from gputrace.render import cells, html
+from gputrace.render import html_plots as plots
 from gputrace.render.diff import render_diff_html, render_diff_terminal
 from gputrace.render.html import Page
 from gputrace.render.html_sections import sections
@@ -112,18 +115,23 @@ def test_human_bytes_units_up_to_and_past_tib() -> None:
 
 
 # ------------------------------------------------------------------- html_sections
-_html_cache: dict[str, str] = {}
+_series_cache: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+
+def _doc_and_series(scenario: str, reports: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One synthetic scenario's report document and plot series."""
+    if scenario not in _series_cache:
+        inp = inputs_from_trace(open_trace(SCENARIO_DIR / scenario))
+        doc = run_reports(inp, reports)
+        _series_cache[scenario] = doc, plot_series(inp, doc)
+    return _series_cache[scenario]
 
 
 def _sections_html(scenario: str, reports: list[str]) -> str:
     """The HTML sections (no page shell) of one synthetic scenario's reports."""
-    if scenario not in _html_cache:
-        inp = inputs_from_trace(open_trace(SCENARIO_DIR / scenario))
-        doc = run_reports(inp, reports)
-        page = Page("t")
-        sections(page, doc, plot_series(inp, doc))
-        _html_cache[scenario] = "".join(page.parts)
-    return _html_cache[scenario]
+    page = Page("t")
+    sections(page, *_doc_and_series(scenario, reports))
+    return "".join(page.parts)
 
 
 def _html_table(h: str, after: str) -> tuple[list[str], list[list[str]]]:
@@ -173,3 +181,67 @@ def test_html_pmm_chunk_table_peak_and_end() -> None:
     assert head == ["GPU", "peak used", "peak index", "end used", "end index"]
     assert [(r[0], r[1], r[3]) for r in rows] == [("0", "1.0 GiB", "1.0 GiB"),
                                                   ("1", "16.0 MiB", "16.0 MiB")]
+
+
+# ------------------------------------------------------------------------- html
+def test_html_escape_and_none() -> None:
+    """html.esc: None is an empty cell; quotes and angle brackets are escaped."""
+    assert html.esc(None) == ""
+    assert html.esc('<a href="x">') == "&lt;a href=&quot;x&quot;&gt;"
+    assert html.esc(0) == "0"
+
+
+# ------------------------------------------------------------------- html_plots
+def _valid(fig: dict[str, Any] | None) -> dict[str, Any]:
+    """The figure, after plotly itself accepted every trace and layout property (an
+    unknown key or an invalid value such as a dash style plotly lacks raises)."""
+    assert fig is not None
+    go.Figure(fig)
+    return fig
+
+
+def test_plotly_figures_of_the_fault_rates_are_valid_and_named() -> None:
+    """html_plots.fault_rates: fault_rates' series (CPU writes of pid 8000, GPU faults,
+    5 fault batches, migrations) are drawn as named traces plotly accepts, on a y axis
+    that says the bucket (the report's 1 s window)."""
+    _, s = _doc_and_series("fault_rates", ["fault-rate"])
+    fig = _valid(plots.fault_rates(s["fault_rates"]))
+    names = [d["name"] for d in fig["data"]]
+    assert names == ["CPU faults", "GPU faults: gpu_replayable", "fault batches",
+                     "migrations: replayable_fault"]
+    assert fig["layout"]["yaxis"]["title"]["text"] == "per second (bucket 1 s)"
+    assert fig["layout"]["title"]["text"] == "Fault rate over time"
+
+
+def test_plotly_figures_of_live_and_gpu_bytes_and_latency_are_valid() -> None:
+    """html_plots: live bytes (training_leak: pid 1000 with its growth fit), bytes per
+    GPU (two_gpus: 1 GiB and 16 MiB) and ioctl latency (ioctl_latencies) are figures
+    plotly accepts, each series named after what it draws."""
+    _, s = _doc_and_series("training_leak", ["leaks", "summary"])
+    fig = _valid(plots.live_bytes(s["live_bytes"]))
+    assert [d["name"] for d in fig["data"]] == ["api train (1000)", "growth fit api pid 1000"]
+    assert fig["data"][0]["line"] == {"shape": "hv", "dash": "solid"}
+    _valid(plots.leak_icicle(s["leak_tree"]))
+    _, s = _doc_and_series("two_gpus", ["fragmentation"])
+    fig = _valid(plots.gpu_bytes(s["gpu_bytes"]))
+    assert [max(d["y"]) for d in fig["data"]] == [1024 * MiB, 16 * MiB]
+    _, s = _doc_and_series("ioctl_latencies", ["summary"])
+    _valid(plots.latency(s["latency"]))
+
+
+def test_plotly_fragmentation_figure_two_axes() -> None:
+    """html_plots.fragmentation: per GPU the unusable share (left axis, 0..1) and the
+    largest free region (right axis, bytes, titled), from hand-made RM samples."""
+    rm = {"gpus": [{"gpu_index": 0, "series": [
+        {"t_s": 0.0, "unusable_share_2m": 0.25, "largest_free_bytes": 6 * MiB},
+        {"t_s": 1.0, "unusable_share_2m": 0.5, "largest_free_bytes": 4 * MiB}]}]}
+    fig = _valid(plots.fragmentation(rm))
+    share, largest = fig["data"]
+    assert (share["name"], share["y"]) == ("GPU 0 unusable share (2 MiB)", [0.25, 0.5])
+    assert (largest["name"], largest["yaxis"], largest["y"]) == (
+        "GPU 0 largest free", "y2", [6 * MiB, 4 * MiB])
+    lay = fig["layout"]
+    assert lay["yaxis"]["range"] == [0, 1]
+    assert lay["yaxis2"]["title"] == {"text": "largest free"}
+    assert (lay["yaxis2"]["side"], lay["yaxis2"]["overlaying"]) == ("right", "y")
+    assert plots.fragmentation(None) is None and plots.fragmentation({"gpus": []}) is None
