@@ -12,6 +12,7 @@ import polars as pl
 
 from gputrace.analyses import fail_on, gpu_memory
 from gputrace.analyses.diff import diff
+from gputrace.analyses.driver_events import driver_thrashing
 from gputrace.analyses.helpers.common import chunk_bytes
 from gputrace.analyses.helpers.inputs import _data_span, inputs_from_trace
 from gputrace.analyses.run import run_reports, unmeasured
@@ -182,3 +183,19 @@ def test_plot_rates_use_the_reports_window() -> None:
     (batches,) = fr["fault_batches"]["series"]
     assert batches["t_s"] == [0.0, 1.0, 2.0, 3.0] and batches["events"] == 2
     assert sum(batches["per_s"]) == 2.0  # buckets of 1 s: per second = count
+
+
+# -------------------------------------------------------------------- driver_events
+def test_driver_thrashing_region_first_and_last_report() -> None:
+    """driver_events.driver_thrashing: a region the driver reported thrashing at 1.5 s
+    and 2.5 s (start at 1000 s) is one row: 2 events, first 1.5 s, last 2.5 s, its
+    processors; a throttling event is not thrashing."""
+    t0 = 1_000 * 10**9
+    ev = pl.LazyFrame({
+        "kind": ["thrashing", "thrashing", "throttling_start"], "pid": [7, 7, 7],
+        "address": [2 * MiB] * 3, "size_bytes": [2 * MiB] * 3,
+        "processors": [None, "0,1", None],
+        "ts_ns": [t0 + 2_500_000_000, t0 + 1_500_000_000, t0 + 100]})
+    (row,) = driver_thrashing(ev, t0).collect().to_dicts()
+    assert row == {"pid": 7, "address": 2 * MiB, "size_bytes": 2 * MiB, "events": 2,
+                   "processors": "0,1", "first_s": 1.5, "last_s": 2.5}

@@ -8,20 +8,23 @@ from __future__ import annotations
 
 import io
 import re
+from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go  # type: ignore[import-untyped]
+import pytest
 
 from gputrace.analyses.diff import diff
 from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.analyses.run import run_reports
-from gputrace.analyses.timeseries import plot_series
-from gputrace.builder import MiB
+from gputrace.analyses.timeseries import plot_series, timeline
+from gputrace.builder import MiB, TraceBuilder
 from gputrace.render import cells, html
 from gputrace.render import html_plots as plots
 from gputrace.render.diff import render_diff_html, render_diff_terminal
 from gputrace.render.html import Page
 from gputrace.render.html_sections import sections
+from gputrace.render.perfetto import render_perfetto
 from gputrace.render.terminal import render_terminal
 from gputrace.tracedir import open_trace
 from tests.analyze_helpers import SCENARIO_DIR
@@ -245,3 +248,26 @@ def test_plotly_fragmentation_figure_two_axes() -> None:
     assert lay["yaxis2"]["title"] == {"text": "largest free"}
     assert (lay["yaxis2"]["side"], lay["yaxis2"]["overlaying"]) == ("right", "y")
     assert plots.fragmentation(None) is None and plots.fragmentation({"gpus": []}) is None
+
+
+# ------------------------------------------------------------------------ perfetto
+def test_perfetto_process_named_after_the_process_not_its_thread(tmp_path: Path) -> None:
+    """perfetto.render_perfetto: a process track is named after the process (trainer,
+    pid 100) even when its only thread seen (tid 101) is named otherwise (loader); a
+    pid without a process row is named after its thread (worker, pid 200)."""
+    pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
+    b = TraceBuilder(layers=("syscall",), duration_s=1.0)
+    b.process(100, "trainer")
+    b.ioctl(0.1, 100, "RM_CONTROL", tid=101, comm="loader")
+    b.ioctl(0.2, 200, "RM_CONTROL", tid=200, comm="worker")
+    inp = inputs_from_trace(open_trace(b.build(tmp_path / "t")))
+    buf = io.BytesIO()
+    render_perfetto(timeline(inp), buf)
+    t = pb.Trace()
+    t.ParseFromString(buf.getvalue())
+    names = {p.track_descriptor.process.pid: p.track_descriptor.process.process_name
+             for p in t.packet if p.track_descriptor.HasField("process")}
+    threads = {p.track_descriptor.thread.tid: p.track_descriptor.thread.thread_name
+               for p in t.packet if p.track_descriptor.HasField("thread")}
+    assert names == {100: "trainer", 200: "worker"}
+    assert threads == {101: "loader", 200: "worker"}
