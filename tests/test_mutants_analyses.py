@@ -13,8 +13,9 @@ import polars as pl
 from gputrace.analyses import fail_on, gpu_memory
 from gputrace.analyses.diff import diff
 from gputrace.analyses.driver_events import driver_thrashing
-from gputrace.analyses.helpers.common import chunk_bytes
+from gputrace.analyses.helpers.common import chunk_bytes, size_class
 from gputrace.analyses.helpers.inputs import _data_span, inputs_from_trace
+from gputrace.analyses.helpers.stacks import stack_frames
 from gputrace.analyses.run import run_reports, unmeasured
 from gputrace.analyses.timeseries import plot_series
 from gputrace.builder import MiB
@@ -174,10 +175,12 @@ def test_unmeasured_gates_name_the_missing_layers() -> None:
 # ----------------------------------------------------------------------- timeseries
 def test_plot_rates_use_the_reports_window() -> None:
     """timeseries.plot_series: the fault rates are drawn in buckets of the fault-rate
-    report's window (1 s over uvm_storm's 4 s: 4 buckets), so plot and table agree."""
+    report's window (1 s over uvm_storm's 4 s: 4 buckets), so plot and table agree;
+    run_reports says the trace lasted those 4 s."""
     inp = inputs_from_trace(open_trace(SCENARIO_DIR / "uvm_storm"))
     doc = run_reports(inp, ["fault-rate"])
     assert doc["fault_rate"]["window_s"] == 1.0
+    assert doc["trace"]["duration_s"] == 4.0
     fr = plot_series(inp, doc)["fault_rates"]
     assert fr["bucket_s"] == 1.0
     (batches,) = fr["fault_batches"]["series"]
@@ -199,3 +202,28 @@ def test_driver_thrashing_region_first_and_last_report() -> None:
     (row,) = driver_thrashing(ev, t0).collect().to_dicts()
     assert row == {"pid": 7, "address": 2 * MiB, "size_bytes": 2 * MiB, "events": 2,
                    "processors": "0,1", "first_s": 1.5, "last_s": 2.5}
+
+
+# ------------------------------------------------------------------ helpers.stacks
+def test_stack_frames_symbols_then_module_offset_then_ip() -> None:
+    """stacks.stack_frames: frames innermost first joined by ' < '; a frame without a
+    symbol is written as perf does, module basename + 0xoffset, else 0xip."""
+    st = pl.LazyFrame({
+        "pid": [1, 1, 1], "stack_id": [5, 5, 5], "depth": [2, 0, 1],
+        "ip": [0x401000, 0x7F00AB, 0xDEAD], "module": [None, "/usr/lib/libcuda.so.1", None],
+        "offset": [None, 0x1F2, None], "symbol": ["main", None, None]},
+        schema={"pid": pl.Int32, "stack_id": pl.Int64, "depth": pl.Int32, "ip": pl.UInt64,
+                "module": pl.String, "offset": pl.UInt64, "symbol": pl.String})
+    (row,) = stack_frames(st).collect().to_dicts()
+    assert row == {"pid": 1, "stack_id": 5, "frames": "libcuda.so.1+0x1f2 < 0xdead < main"}
+
+
+# ------------------------------------------------------------------ helpers.common
+def test_size_classes_at_each_edge() -> None:
+    """common.size_class: each class includes its upper edge (4 KiB, 64 KiB, 2 MiB,
+    32 MiB, 512 MiB) and the next byte is in the next class; past 512 MiB, '>512MiB'."""
+    edges = [4096, 64 * 1024, 2 * MiB, 32 * MiB, 512 * MiB]
+    sizes = [s + d for s in edges for d in (0, 1)]
+    got = pl.DataFrame({"size_bytes": sizes}).select(c=size_class())["c"].to_list()
+    assert got == ["<=4KiB", "<=64KiB", "<=64KiB", "<=2MiB", "<=2MiB", "<=32MiB",
+                   "<=32MiB", "<=512MiB", "<=512MiB", ">512MiB"]
