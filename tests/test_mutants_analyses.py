@@ -13,10 +13,12 @@ import polars as pl
 from gputrace.analyses import fail_on, gpu_memory
 from gputrace.analyses.diff import diff
 from gputrace.analyses.driver_events import driver_thrashing
+from gputrace.analyses.fault_rate import fault_rate
 from gputrace.analyses.helpers.common import chunk_bytes, size_class
 from gputrace.analyses.helpers.inputs import _data_span, inputs_from_trace
 from gputrace.analyses.helpers.stacks import stack_frames
 from gputrace.analyses.run import run_reports, unmeasured
+from gputrace.analyses.summary import summary
 from gputrace.analyses.timeseries import plot_series
 from gputrace.builder import MiB
 from gputrace.tracedir import open_trace
@@ -227,3 +229,28 @@ def test_size_classes_at_each_edge() -> None:
     got = pl.DataFrame({"size_bytes": sizes}).select(c=size_class())["c"].to_list()
     assert got == ["<=4KiB", "<=64KiB", "<=64KiB", "<=2MiB", "<=2MiB", "<=32MiB",
                    "<=32MiB", "<=512MiB", "<=512MiB", ">512MiB"]
+
+
+# ----------------------------------------------------------------------- fault_rate
+def test_fault_rate_top_cuts_the_busiest_gpu_windows() -> None:
+    """fault_rate.fault_rate(top=2): the two busiest GPU fault windows of the
+    fault_rates scenario, GPU 1's 20 faults at 2 s then GPU 0's 7 at 4 s (the first of
+    its two windows of 7); without top, all four (20, 7, 7, 3)."""
+    inp = inputs_from_trace(open_trace(SCENARIO_DIR / "fault_rates"))
+    top = fault_rate(inp, top=2).to_json()["gpu_windows"]
+    assert [(w["gpu_index"], w["pid"], w["faults"], w["window_start_s"]) for w in top] == [
+        (1, 8001, 20, 2.0), (0, 8000, 7, 4.0)]
+    every = fault_rate(inp).to_json()["gpu_windows"]
+    assert [(w["faults"], w["window_start_s"]) for w in every] == [
+        (20, 2.0), (7, 4.0), (7, 6.0), (3, 0.0)]
+
+
+# -------------------------------------------------------------------------- summary
+def test_summary_computed_from_its_own_slices() -> None:
+    """summary.summary(inp) without precomputed parts: training_leak's pid 1000 peaks at
+    256 MiB + 19 leaked 8 MiB caches (408 MiB) and holds 20 x 8 MiB = 160 MiB at the
+    end, over 40 allocations."""
+    inp = inputs_from_trace(open_trace(SCENARIO_DIR / "training_leak"))
+    (p,) = summary(inp).to_json()["processes"]
+    assert (p["layer"], p["pid"], p["comm"], p["allocations"], p["peak_bytes"],
+            p["live_end_bytes"]) == ("api", 1000, "train", 40, 408 * MiB, 160 * MiB)
