@@ -6,6 +6,7 @@ names in its docstring what it pins. Grouped by module; fast and in-process.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -18,10 +19,11 @@ from gputrace.analyses.helpers.common import chunk_bytes, size_class
 from gputrace.analyses.helpers.inputs import Inputs, _data_span, inputs_from_trace
 from gputrace.analyses.helpers.stacks import stack_frames
 from gputrace.analyses.leaks import leaks
+from gputrace.analyses.memory_over_time import gpu_bytes
 from gputrace.analyses.run import run_reports, unmeasured
 from gputrace.analyses.summary import summary
 from gputrace.analyses.timeseries import plot_series
-from gputrace.builder import MiB
+from gputrace.builder import MiB, TraceBuilder
 from gputrace.tracedir import open_trace
 from tests.analyze_helpers import SCENARIO_DIR
 
@@ -274,3 +276,22 @@ def test_leaks_not_recorded_without_allocation_layers() -> None:
     assert (rep["recorded"], rep["not_recorded_layers"]) == (False, ["api", "syscall"])
     assert rep["warnings"][0] == ("leaks: layer(s) api, syscall not recorded in this trace; "
                                   "nothing was measured")
+
+
+# ----------------------------------------------------------------- memory_over_time
+def test_gpu_bytes_fall_when_a_chunk_is_evicted_or_freed(tmp_path: Path) -> None:
+    """memory_over_time.gpu_bytes: GPU 0 allocates three 2 MiB root chunks at 1 s, one
+    is evicted at 2 s and one freed at 3 s (a split changes nothing): 6, 4, 2 MiB."""
+    b = TraceBuilder(layers=("syscall", "driver"), duration_s=4.0)
+    b.process(9, "p")
+    for k in range(3):
+        b.chunk(1.0, 0, "alloc", k * 2 * MiB, 21, pid=9)
+    b.chunk(1.5, 0, "split", 0, 21, pid=9)
+    b.chunk(2.0, 0, "evict", 0, 21, pid=9)
+    b.chunk(3.0, 0, "free", 2 * MiB, 21, pid=9)
+    g = gpu_bytes(inputs_from_trace(open_trace(b.build(tmp_path / "t"))))
+    (s,) = g["series"]
+    assert g["source"] == "pmm chunks"
+    at = dict(zip(s["t_s"], s["values"], strict=True))  # the last value at each time
+    assert (max(s["values"]), at[1.5], at[2.0], at[3.0]) == (6 * MiB, 6 * MiB, 4 * MiB,
+                                                              2 * MiB)
