@@ -12,11 +12,13 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses import fail_on, gpu_memory
+from gputrace.analyses.allocation_rows import rows
 from gputrace.analyses.diff import diff
 from gputrace.analyses.driver_events import driver_thrashing
 from gputrace.analyses.fault_rate import fault_rate
 from gputrace.analyses.helpers.common import chunk_bytes, size_class
 from gputrace.analyses.helpers.inputs import Inputs, _data_span, inputs_from_trace
+from gputrace.analyses.helpers.lifetimes import lifetimes, memory
 from gputrace.analyses.helpers.stacks import stack_frames
 from gputrace.analyses.leaks import leaks
 from gputrace.analyses.memory_over_time import gpu_bytes
@@ -295,3 +297,22 @@ def test_gpu_bytes_fall_when_a_chunk_is_evicted_or_freed(tmp_path: Path) -> None
     at = dict(zip(s["t_s"], s["values"], strict=True))  # the last value at each time
     assert (max(s["values"]), at[1.5], at[2.0], at[3.0]) == (6 * MiB, 6 * MiB, 4 * MiB,
                                                               2 * MiB)
+
+
+# ------------------------------------------------------------------ allocation_rows
+def test_rows_say_who_freed_each_allocation(tmp_path: Path) -> None:
+    """allocation_rows.rows: who ended each memory row: the program (freed at 1 s),
+    process exit (pid 2 exits at 2 s holding 4 MiB) or never (pid 1 holds 8 MiB at
+    the trace end)."""
+    b = TraceBuilder(layers=("syscall", "api"), duration_s=3.0)
+    b.process(1, "keeper")
+    b.process(2, "quitter", exit=2.0)
+    p = b.cuda_alloc(0.5, 1, 1 * MiB)
+    b.cuda_free(1.0, 1, p)
+    b.cuda_alloc(0.6, 1, 8 * MiB)
+    b.cuda_alloc(0.7, 2, 4 * MiB)
+    inp = inputs_from_trace(open_trace(b.build(tmp_path / "t")))
+    r = rows(memory(lifetimes(inp)).collect(), inp.scan("processes"), inp.end_ns)
+    got = sorted(zip(r["pid"], r["size_bytes"], r["who"], strict=True))
+    assert got == [(1, 1 * MiB, "program"), (1, 8 * MiB, "never"),
+                   (2, 4 * MiB, "process exit")]
