@@ -158,11 +158,15 @@ def _record_command(tmp: Path) -> Recorded:
             rec.send("go\n")
             assert rec.stdout_line() == "FRAGMENTED\n", rec.stderr
             t_frag = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-            # two FB_GET_INFO_V2 requests after this point: one sampling round of both
-            # GPUs (only the recorder's sampler asks while the workload is held)
+            # four FB_GET_INFO_V2 requests after this point (only the recorder's sampler
+            # asks while the workload is held; it asks GPU 0 then GPU 1, one at a time):
+            # among the first three is a GPU 1 query that began after FRAGMENTED, and the
+            # fourth began after it was answered, so its row lies inside [t_frag, t_resume]
+            # however slowly a loaded host runs the sampler (two requests were not enough:
+            # a round begun before FRAGMENTED left GPU 1's next query still in flight)
             nvlog = tmp / "nvfuse.log"
             offset = nvlog.stat().st_size
-            _wait(lambda: _requests_after(nvlog, offset, FB_GET_INFO_V2) >= 2,
+            _wait(lambda: _requests_after(nvlog, offset, FB_GET_INFO_V2) >= 4,
                   "no RM sample while the heap was held fragmented")  # fmt: skip
             t_resume = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             rec.send("\n")
