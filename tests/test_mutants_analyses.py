@@ -19,6 +19,7 @@ from gputrace.analyses.fault_rate import fault_rate
 from gputrace.analyses.helpers.common import chunk_bytes, size_class
 from gputrace.analyses.helpers.inputs import Inputs, _data_span, inputs_from_trace
 from gputrace.analyses.helpers.lifetimes import lifetimes, memory
+from gputrace.analyses.helpers.rm_objects import rm_lifetimes
 from gputrace.analyses.helpers.stacks import stack_frames
 from gputrace.analyses.leaks import leaks
 from gputrace.analyses.memory_over_time import gpu_bytes
@@ -316,3 +317,22 @@ def test_rows_say_who_freed_each_allocation(tmp_path: Path) -> None:
     got = sorted(zip(r["pid"], r["size_bytes"], r["who"], strict=True))
     assert got == [(1, 1 * MiB, "program"), (1, 8 * MiB, "never"),
                    (2, 4 * MiB, "process exit")]
+
+
+# -------------------------------------------------------------- helpers.rm_objects
+def test_vid_heap_allocation_labelled_whatever_its_class_field(tmp_path: Path) -> None:
+    """rm_objects.rm_lifetimes: a RM_VID_HEAP_CONTROL allocation (function 2, 6 MiB) is
+    memory labelled 'vid heap' even with a class field that names no memory class
+    (0x80, a device); a vidmem object is labelled by its class."""
+    b = TraceBuilder(layers=("syscall",), duration_s=3.0)
+    b.process(5, "heap")
+    c = 0xC3300000
+    b.rm_alloc(0.1, 5, h_class=0x41, handle=c, client=c, parent=0)
+    b.ioctl(1.0, 5, "RM_VID_HEAP_CONTROL", cmd=0xC0B8464A, nr=0x4A, h_client=c, h_parent=c,
+            h_object=0xD0000001, h_class=0x80, ctrl_cmd=2, size_bytes=6 * MiB, flags=0,
+            attr=0)
+    b.rm_alloc(1.5, 5, size=2 * MiB, client=c, parent=c)
+    inp = inputs_from_trace(open_trace(b.build(tmp_path / "t")))
+    lt = rm_lifetimes(inp.scan("ioctls"), inp.scan("files")).collect()
+    got = sorted(zip(lt["layer"], lt["what"], lt["size_bytes"], strict=True))
+    assert got == [("rm", "vid heap", 6 * MiB), ("rm", "vidmem 0x40", 2 * MiB)]
