@@ -13,16 +13,20 @@ def pair(allocs: pl.LazyFrame, frees: pl.LazyFrame, by: list[str]) -> pl.LazyFra
     before it, and an allocation keeps the first free that matched it. With
     allocations and frees sorted together by (key, time, allocation first), that
     is: an allocation's free is the next row, when the next row is a free of the
-    same key. One sort, no join.
+    same key. Two sorts, no join.
     """
     f = frees.select(*by, "ts_ns").drop_nulls(by).with_columns(_free=pl.lit(True))
     both = pl.concat([allocs.with_columns(_free=pl.lit(False)), f], how="diagonal_relaxed")
-    # Sort on a 64-bit hash of the key and on time*2 + is_free: two columns sort
-    # much faster than the key's; `same` below still compares the real key.
-    both = both.sort(pl.struct(by).hash(), pl.col("ts_ns") * 2 + pl.col("_free").cast(pl.Int64))
+    # (key, time, allocation first) as two single-column sorts: by time*2 + is_free
+    # (cheap: rows come nearly in time order), then a stable sort by a 64-bit hash of
+    # the key. A multi-column sort, or one on expressions rather than columns, costs
+    # 2-3x more; `same` below still compares the real key.
+    both = (both.with_columns(_t=pl.col("ts_ns") * 2 + pl.col("_free").cast(pl.Int64))
+            .sort("_t").with_columns(_h=pl.struct(by).hash())
+            .sort("_h", maintain_order=True))
     same = pl.lit(True)
     for k in by:
         same = same & (pl.col(k) == pl.col(k).shift(-1)).fill_null(False)
     nxt = pl.col("_free").shift(-1).fill_null(False) & same
     return (both.with_columns(free_ts_ns=pl.when(nxt).then(pl.col("ts_ns").shift(-1)))
-            .filter(~pl.col("_free")).drop("_free"))
+            .filter(~pl.col("_free")).drop("_free", "_t", "_h"))
