@@ -35,9 +35,14 @@ def table_recorded(inp: Inputs, table: str) -> bool:
 
 
 def bucket_of(inp: Inputs, buckets: int) -> pl.Expr:
-    """Which of `buckets` equal buckets of the trace's span each row's `ts_ns` falls in."""
+    """Which of `buckets` equal buckets of the trace's span each row's `ts_ns` falls in.
+
+    Buckets are half-open, [start, end), as the fault-rate report's windows are: an
+    event exactly on a boundary belongs to the later bucket; one at the trace's very
+    end belongs to the last."""
     span = max(inp.end_ns - inp.start_ns, 1)
-    return ((pl.col("ts_ns") - inp.start_ns).clip(0, span) * buckets // (span + 1))
+    return ((pl.col("ts_ns") - inp.start_ns).clip(0, span) * buckets // span
+            ).clip(0, buckets - 1)
 
 
 def decimate(series: pl.LazyFrame, key: list[str], value: str, inp: Inputs,

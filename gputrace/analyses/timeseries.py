@@ -17,7 +17,7 @@ from gputrace.analyses.downsample import BUCKETS
 from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.latency import latency_histograms
 from gputrace.analyses.memory_over_time import gpu_bytes, live_bytes
-from gputrace.analyses.rates_over_time import fault_rates, rate_buckets
+from gputrace.analyses.rates_over_time import fault_rates, rate_cuts
 from gputrace.analyses.stacks_by_bytes import folded_stacks, icicle
 
 
@@ -29,7 +29,7 @@ def plot_series(inp: Inputs, doc: dict[str, Any], buckets: int = BUCKETS) -> dic
     fr = doc.get("fault_rate") or {}
     return {"buckets": buckets, "live_bytes": live_bytes(inp, buckets, flagged),
             "gpu_bytes": gpu_bytes(inp, buckets),
-            "fault_rates": fault_rates(inp, rate_buckets(inp, fr.get("window_s"), buckets)),
+            "fault_rates": fault_rates(inp, rate_cuts(inp, fr.get("window_s"), buckets)),
             "latency": latency_histograms(inp), "leak_stacks": rows[:200],
             "leak_tree": icicle(rows)}
 
