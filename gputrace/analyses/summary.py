@@ -34,7 +34,8 @@ def ioctl_stats(ioctls: pl.LazyFrame) -> pl.LazyFrame:
     round((n - 1) q), half away from zero) from a histogram of (group, latency)
     counts: the q-quantile is the least latency whose running count exceeds the
     rank. Latencies repeat, so the histogram is far smaller than the calls and
-    nothing holds every call's latency per group."""
+    nothing holds every call's latency per group. Calls, failures and the total
+    come from the same histogram: one pass over the table."""
     keys = ["device", "gpu_index", "name"]
     # gpu_index names the /dev/nvidiaN file; on nvidiactl rows it can hold the GPU a
     # device object was allocated for, which is no reason to split a command's row.
@@ -42,12 +43,18 @@ def ioctl_stats(ioctls: pl.LazyFrame) -> pl.LazyFrame:
         gpu_index=pl.when(pl.col("device") == "gpu").then("gpu_index"))
     failed = (pl.col("status").fill_null(0) != 0) | (pl.col("ret").fill_null(0) < 0)
     lat = pl.col("latency_ns")
-    stats = ioctls.group_by(keys).agg(
-        pl.len().alias("count"), failed.sum().alias("failed"), lat.sum().alias("total_ns"),
-        lat.mean().alias("mean_ns"))
-    # Collected apart: a plan reading the scan twice would cache the whole scan.
-    hist = (ioctls.filter(lat.is_not_null()).group_by(*keys, "latency_ns")
-            .agg(pl.len().alias("_c")).collect().lazy().sort("latency_ns")
+    # Collected apart: the two plans below both read it. Null latencies form their own
+    # bin: they count as calls, never as latencies.
+    hist = (ioctls.group_by(*keys, "latency_ns")
+            .agg(pl.len().alias("_c"), failed.sum().alias("_f")).collect().lazy())
+    timed = pl.col("_c").filter(lat.is_not_null()).sum()
+    stats = hist.group_by(keys).agg(
+        pl.col("_c").sum().alias("count"), pl.col("_f").sum().alias("failed"),
+        (lat * pl.col("_c")).sum().alias("total_ns"), timed.alias("_timed"))
+    # total / timed calls is lat.mean(): the total is exact (an integer far below 2**53)
+    stats = stats.with_columns(mean_ns=pl.when(pl.col("_timed") > 0).then(
+        pl.col("total_ns") / pl.col("_timed"))).drop("_timed")
+    hist = (hist.filter(lat.is_not_null()).sort("latency_ns")
             .with_columns(_cum=pl.col("_c").cum_sum().over(keys),
                           _n=pl.col("_c").sum().over(keys)))
 
