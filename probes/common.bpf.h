@@ -33,6 +33,8 @@ struct fdval {
 struct pending_open {
     u64 ts_ns;
     struct fdval v;
+    u8 libcuda;         /* a libcuda load for the API layer (GT_CUDA_SHARE), not a device */
+    u8 _pad[7];
 };
 struct mkey {
     u32 tgid;
@@ -207,7 +209,7 @@ static __always_inline void managed_clear_exit(long ret, int is_mmap);
 static __always_inline void managed_mmap_exit(struct pending_mmap *pp, long ret);
 static __always_inline void managed_forget(u32 tgid);
 /* the probes' bodies, attached in syscall_hooks.bpf.h */
-static __always_inline int open_enter(const char *filename);                /* syscalls.bpf.c */
+static __always_inline int open_enter(const char *filename, int at);       /* syscalls.bpf.c */
 static __always_inline int open_exit(long ret);
 static __always_inline int close_enter(s32 fd);                             /* nv_fds */
 static __always_inline int close_exit(long ret);

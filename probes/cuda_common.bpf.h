@@ -1,8 +1,9 @@
 /* gputrace API layer, part of cuda.bpf.c (inlined by gputrace/record/cuda.py):
  * the state the calls (cuda.bpf.c) and the library loads and fork/exit
  * following (cuda_load.bpf.h) share: ring buffer and stack sizes, the
- * per-thread pending call, the layer's maps, and the helpers that say whether
- * a process is traced and that pause it for the recorder.
+ * per-thread pending call, the layer's maps, and (cuda_shared.bpf.h, which the
+ * syscall layer's tp_btf dispatcher shares) the helpers that say whether a
+ * process is traced and that pause it for the recorder.
  */
 #ifndef GT_CUDA_RB_PAGES
 #define GT_CUDA_RB_PAGES 1024
@@ -10,8 +11,8 @@
 #ifndef GT_CUDA_STACKS
 #define GT_CUDA_STACKS 16384
 #endif
-#define GT_PATH_MAX 256
-#define GT_SIGSTOP 19
+/* cuda_config, cuda_targets, cuda_paused and their helpers */
+#include "cuda_shared.bpf.h"
 
 struct cuda_pending {
     u64 ts_ns, out, pitch_out, height;
@@ -38,12 +39,9 @@ struct cuda_path {
 
 BPF_RINGBUF_OUTPUT(cuda_events, GT_CUDA_RB_PAGES);
 BPF_PERCPU_ARRAY(cuda_drops, u64, 1);
-BPF_ARRAY(cuda_config, struct cuda_config, 1);
 BPF_STACK_TRACE(cuda_stacks, GT_CUDA_STACKS);
 BPF_TASK_STORAGE(cuda_pending, struct cuda_pending);
-BPF_HASH(cuda_targets, u32, u8, 65536);          /* traced tgids (filter mode) */
 BPF_HASH(cuda_seen, u32, u8, 65536);             /* tgids that made an API call */
-BPF_HASH(cuda_paused, u32, struct cuda_pause, 4096);
 BPF_HASH(cuda_opens, u32, struct cuda_open, 4096); /* tid -> openat of libcuda pending */
 BPF_PERCPU_ARRAY(cuda_path_scratch, struct cuda_path, 1);
 BPF_ARRAY(cuda_gen, u32, 1);
@@ -53,42 +51,4 @@ static __always_inline u32 cuda_generation(void)
     u32 zero = 0;
     u32 *g = cuda_gen.lookup(&zero);
     return g ? *g : 0;
-}
-
-static __always_inline struct cuda_config *cuda_cfg(void)
-{
-    u32 zero = 0;
-    return cuda_config.lookup(&zero);
-}
-
-static __always_inline int cuda_wanted(u32 tgid, struct cuda_config *cfg)
-{
-    if (tgid == cfg->self_tgid)
-        return 0;
-    if (!cfg->filter)
-        return 1;
-    if (cuda_targets.lookup(&tgid))
-        return 1;
-    return 0;
-}
-
-/* Record why `tgid` needs the recorder; stop it when pausing is on. */
-static __always_inline void cuda_pause_for(u32 tgid, u32 kind, s32 fd, struct cuda_config *cfg)
-{
-    struct cuda_pause p = {};
-    struct cuda_pause *old = cuda_paused.lookup(&tgid);
-    if (old)
-        p = *old;
-    else
-        p.fd = -1;
-    p.ts_ns = bpf_ktime_get_ns();
-    p.kinds |= kind;
-    if (kind == GT_PAUSE_LOAD)
-        p.fd = fd;
-    if (cfg->pause && !p.stopped) {
-        p.stopped = 1;
-        p.stop_boot_ns = bpf_ktime_get_boot_ns();
-        bpf_send_signal(GT_SIGSTOP);
-    }
-    cuda_paused.update(&tgid, &p);
 }

@@ -3,6 +3,7 @@
  * and targets followed across fork/exit.
  */
 /* ------------------------------------------------------------ library loads */
+#ifndef GT_CUDA_EXTERN /* else the syscall layer's tp_btf dispatcher sees them (syscalls.bpf.c) */
 TRACEPOINT_PROBE(syscalls, sys_enter_openat)
 {
     u32 zero = 0;
@@ -13,23 +14,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_openat)
     if (!cfg || !pb || !cuda_wanted(id >> 32, cfg))
         return 0;
     long n = bpf_probe_read_user_str(pb->s, GT_PATH_MAX, args->filename);
-    if (n < 12)
-        return 0;
-    /* "/libcuda.so" within the last 32 bytes of the path (unrolled: no
-     * data-dependent loop for the verifier to explore). */
-    u32 len = (u32)n - 1;
-    u32 start = len > 32 ? len - 32 : 0;
-    const char want[] = "/libcuda.so";
-    int found = 0;
-#pragma unroll
-    for (u32 k = 0; k < 22; k++) {
-        int ok = start + k + 11 <= len;
-#pragma unroll
-        for (u32 j = 0; j < 11; j++)
-            ok = ok && pb->s[(start + k + j) & (GT_PATH_MAX - 1)] == want[j];
-        found |= ok;
-    }
-    if (!found)
+    if (!cuda_lib_path(pb->s, n))
         return 0;
     struct cuda_open o = {.hit = 1};
     cuda_opens.update(&tid, &o);
@@ -50,6 +35,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_openat)
     cuda_pause_for(id >> 32, GT_PAUSE_LOAD, (s32)args->ret, cfg);
     return 0;
 }
+#endif
 
 /* ------------------------------------------------------------ targets */
 TRACEPOINT_PROBE(sched, sched_process_fork)

@@ -72,14 +72,14 @@ int gt_sys_enter(u64 *ctx)
     if (nr == GT_NR_CLOSE)
         return close_enter((s32)r->di);
     if (nr == GT_NR_OPENAT)
-        return open_enter((const char *)r->si);
+        return open_enter((const char *)r->si, 1);
 #ifdef GT_HAVE_SYS_ENTER_OPEN
     if (nr == GT_NR_OPEN)
-        return open_enter((const char *)r->di);
+        return open_enter((const char *)r->di, 0);
 #endif
 #ifdef GT_HAVE_SYS_ENTER_OPENAT2
     if (nr == GT_NR_OPENAT2)
-        return open_enter((const char *)r->si);
+        return open_enter((const char *)r->si, 0);
 #endif
 #ifdef GT_HAVE_SYS_ENTER_DUP
     if (nr == GT_NR_DUP)
@@ -192,14 +192,14 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap) { return munmap_enter(args->addr, a
 TRACEPOINT_PROBE(syscalls, sys_exit_munmap) { return munmap_exit(args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_close) { return close_enter((s32)args->fd); }
 TRACEPOINT_PROBE(syscalls, sys_exit_close) { return close_exit(args->ret); }
-TRACEPOINT_PROBE(syscalls, sys_enter_openat) { return open_enter(args->filename); }
+TRACEPOINT_PROBE(syscalls, sys_enter_openat) { return open_enter(args->filename, 1); }
 TRACEPOINT_PROBE(syscalls, sys_exit_openat) { return open_exit(args->ret); }
 #ifdef GT_HAVE_SYS_ENTER_OPEN
-TRACEPOINT_PROBE(syscalls, sys_enter_open) { return open_enter(args->filename); }
+TRACEPOINT_PROBE(syscalls, sys_enter_open) { return open_enter(args->filename, 0); }
 TRACEPOINT_PROBE(syscalls, sys_exit_open) { return open_exit(args->ret); }
 #endif
 #ifdef GT_HAVE_SYS_ENTER_OPENAT2
-TRACEPOINT_PROBE(syscalls, sys_enter_openat2) { return open_enter(args->filename); }
+TRACEPOINT_PROBE(syscalls, sys_enter_openat2) { return open_enter(args->filename, 0); }
 TRACEPOINT_PROBE(syscalls, sys_exit_openat2) { return open_exit(args->ret); }
 #endif
 #ifdef GT_HAVE_SYS_ENTER_DUP

@@ -7,22 +7,43 @@
  * attaches (tp_btf or tracepoints) in syscall_hooks.bpf.h.
  */
 #include "common.bpf.h"
+#ifdef GT_CUDA_SHARE
+#include "cuda_shared.bpf.h"
+#endif
 
 /* ------------------------------------------------------------ opens */
-static __always_inline int open_enter(const char *filename)
+/* `at`: an openat, where the API layer looks for libcuda loads (GT_CUDA_SHARE:
+ * the tp_btf dispatcher sees them in its place; cuda_shared.bpf.h). */
+static __always_inline int open_enter(const char *filename, int at)
 {
     u32 zero = 0;
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
     struct gt_config *cfg = config.lookup(&zero);
     struct path_buf *pb = path_scratch.lookup(&zero);
-    if (!cfg || !pb || !wanted(tgid, cfg))
+    if (!cfg || !pb)
         return 0;
-    u32 plen = cfg->prefix_len;
-    if (plen == 0 || plen > GT_PREFIX_MAX - 32)
+    int dev = wanted(tgid, cfg);
+    int lib = 0;
+#ifdef GT_CUDA_SHARE
+    struct cuda_config *cc = at ? cuda_cfg() : 0;
+    /* self_tgid 0: no API layer has configured the maps */
+    lib = cc && cc->self_tgid && cuda_wanted(tgid, cc);
+#endif
+    if (!dev && !lib)
         return 0;
     char *buf = pb->s;
     long n = bpf_probe_read_user_str(buf, GT_PREFIX_MAX, filename);
+#ifdef GT_CUDA_SHARE
+    if (lib && cuda_lib_path(buf, n)) {
+        struct pending_open lp = {.libcuda = 1};
+        pending_opens.update(&tid, &lp);
+        return 0;
+    }
+#endif
+    u32 plen = cfg->prefix_len;
+    if (!dev || plen == 0 || plen > GT_PREFIX_MAX - 32)
+        return 0;
     if (n <= (long)plen)
         return 0;
     u32 diff = 0; /* fixed trip count: the verifier sees every index */
@@ -82,6 +103,14 @@ static __always_inline int open_exit(long ret)
     pending_opens.delete(&tid);
     if (ret < 0)
         return 0;
+#ifdef GT_CUDA_SHARE
+    if (po.libcuda) {
+        struct cuda_config *cc = cuda_cfg();
+        if (cc)
+            cuda_pause_for(tgid, GT_PAUSE_LOAD, (s32)ret, cc);
+        return 0;
+    }
+#endif
     u64 k = fdkey(tgid, (s32)ret);
     mark_known(tgid, 1); /* before the fd exists: the filter never hides it */
     fds.update(&k, &po.v);

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from gputrace import schema
-from gputrace.errors import UsageError
+from gputrace.errors import GputraceError, UsageError
 from gputrace.record import decode, decode_cuda, elf, hooks, loader, procfs, watchdog
 from gputrace.record.symbolize import Symbolizer
 
@@ -31,6 +31,9 @@ MAIN = "cuda.bpf.c"
 BUFFER = "cuda_events"
 CUDA_RB_PAGES = 1024  # 4 MiB: ~40k calls between polls
 PAUSE_LOAD, PAUSE_FIRST = 1, 2
+# what sees libcuda loads (the manifest's api.library_loads)
+LOADS_TP_BTF = "tp_btf sys_enter/sys_exit (syscall layer)"
+LOADS_TRACEPOINT = "syscalls:sys_enter_openat/sys_exit_openat"
 _LIB_RE = re.compile(r"^libcuda\.so(\.[\w.]+)?$")
 
 
@@ -41,6 +44,23 @@ def probe_source(probes: Path = loader.PROBES) -> str:
 
 def cflags(probes: Path = loader.PROBES) -> list[str]:
     return [f"-I{probes}", f"-DGT_CUDA_RB_PAGES={CUDA_RB_PAGES}"]
+
+
+def load_program(bcc: Any, probes: Any = None) -> tuple[Any, str]:
+    """The API layer's compiled program, and what sees library loads. Beside a
+    syscall layer whose tp_btf program made the maps of probes/cuda_shared.bpf.h
+    (`probes.cuda_maps`), it uses those maps and attaches no syscalls:openat
+    tracepoint; alone, or if the maps it got are not those, it has its own."""
+    shared = tuple(getattr(probes, "cuda_maps", ()))
+    if shared:
+        with contextlib.suppress(GputraceError):
+            bpf = loader.load_bpf(bcc, probe_source(), [*cflags(), "-DGT_CUDA_EXTERN"],
+                                  "api-layer")  # fmt: skip
+            ours = [loader.map_id(bpf[n].map_fd) for n in shared]
+            if None not in ours and ours == [loader.map_id(probes.bpf[n].map_fd) for n in shared]:
+                return bpf, LOADS_TP_BTF
+            bpf.cleanup()
+    return loader.load_bpf(bcc, probe_source(), cflags(), "api-layer"), LOADS_TRACEPOINT
 
 
 def is_libcuda(path: str) -> bool:
@@ -95,10 +115,10 @@ def from_ldconfig() -> set[str]:
 class ApiLayer:
     """The loaded API program, its attachments and its stack symbolizer."""
 
-    def __init__(self, libcuda: str | None = None) -> None:
+    def __init__(self, libcuda: str | None = None, probes: Any = None) -> None:
         self.libcuda = libcuda
         bcc = loader.import_bcc()
-        self.bpf = loader.load_bpf(bcc, probe_source(), cflags(), "api-layer")
+        self.bpf, self.library_loads = load_program(bcc, probes)
         self.raw: list[bytes] = []
         self._cb = self._collector()
         self.bpf[BUFFER].open_ring_buffer(self._cb)
@@ -290,6 +310,7 @@ class ApiLayer:
             "unresolved_frames": self.sym.unresolved,
             "stack_errors": self.stack_errors,
             "pauses": self.pauses,
+            "library_loads": self.library_loads,
         }
 
     def decode_calls(self, data: bytes) -> tuple[pa.RecordBatch | None, int]:

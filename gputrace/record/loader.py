@@ -38,6 +38,10 @@ FAULT_STATS = ("untracked_blocks", "untracked_ranges")  # `fault_stats` slots, G
 # tp_btf programs of syscall_hooks.bpf.h: (function, kernel tracepoint, needs define)
 TP_BTF = (("gt_sys_enter", "sys_enter", None), ("gt_sys_exit", "sys_exit", None),
           ("gt_page_fault_user", "page_fault_user", "GT_HAVE_PAGE_FAULT_USER"))  # fmt: skip
+# -D defines of the tp_btf program: the dispatchers, and the API layer's library-load
+# check in their openat (probes/cuda_shared.bpf.h), whose maps it shares by name
+TP_BTF_FLAGS = ("-DGT_TP_BTF", "-DGT_CUDA_SHARE")
+CUDA_SHARED_MAPS = ("cuda_config", "cuda_targets", "cuda_paused")
 # tail programs of gt_sys_exit, in their exit_tails slot order (GT_TAIL_*)
 TP_BTF_TAILS = ("gt_exit_ioctl", "gt_exit_mmap", "gt_exit_munmap")
 # How the syscall probes attach: "tracepoint" (the default), "auto" (tp_btf, else
@@ -95,6 +99,18 @@ def tgid_words(pid_max_file: Path = Path("/proc/sys/kernel/pid_max")) -> int:
     return max(1, min(pid_max, 1 << 22) + 63) // 64
 
 
+def map_id(fd: int) -> int | None:
+    """The kernel's id of the BPF map behind `fd` (two fds, one map: same id)."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            for line in f:
+                if line.startswith("map_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def import_bcc() -> Any:
     """The bcc module, or a one-line error with the install hints."""
     try:
@@ -124,6 +140,9 @@ class Probes:
         self._fds: list[int] = []  # tp_btf programs and links (bcc does not know them)
         self._links = 0
         self._flags = list(flags)
+        # the API layer's maps this program made for it (cuda_shared.bpf.h): with
+        # tp_btf the dispatcher sees libcuda loads, so no syscalls:* tracepoint stays
+        self.cuda_maps: tuple[str, ...] = ()
         self.hooks = self._load(bcc, source, flags)
         self.raw: dict[str, list[bytes]] = {name: [] for name in BUFFERS}
         # (pid, uvm fd) of each UVM_INITIALIZE that succeeded, as the callback saw
@@ -144,7 +163,7 @@ class Probes:
             reason = "tp_btf programs read x86-64 syscall registers"
         elif want != "tracepoint":
             try:
-                bpf = load_bpf(bcc, source, [*flags, "-DGT_TP_BTF"], "syscall-layer")
+                bpf = load_bpf(bcc, source, [*flags, *TP_BTF_FLAGS], "syscall-layer")
             except GputraceError as e:
                 if want == "tp_btf":
                     raise
@@ -162,6 +181,7 @@ class Probes:
                         self._fds.append(attach_tp_btf(fd, tp))
                         self._links += 1
                 self.bpf = bpf
+                self.cuda_maps = CUDA_SHARED_MAPS
                 return {"mechanism": "tp_btf"}
             except GputraceError as e:
                 self._close_fds()

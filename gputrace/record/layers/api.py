@@ -52,7 +52,8 @@ class ApiLayer(Layer):
 
     @classmethod
     def build(cls, s: Session, prepared: Any) -> ApiLayer:
-        return cls(cuda.ApiLayer(s.opts.libcuda))
+        # the syscall layer (built first) may see library loads for it (tp_btf)
+        return cls(cuda.ApiLayer(s.opts.libcuda, s.probes))
 
     @property
     def hooks(self) -> int:
