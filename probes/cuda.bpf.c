@@ -97,7 +97,10 @@ int uretprobe_cuda(struct pt_regs *ctx)
     /* Built in place in the ring buffer: no copy from the stack. */
     struct cuda_event *e = cuda_events.ringbuf_reserve(sizeof(struct cuda_event));
     if (e) {
-        __builtin_memset(e, 0, sizeof(*e));
+        /* Every field is stored below (comm by the helper, which pads it): no
+         * memset of the whole record first (it cost ~25-100 ns a call). */
+        e->_pad0 = 0;
+        e->_pad1 = 0;
         e->ts_ns = p->ts_ns;
         e->latency_ns = now - p->ts_ns;
         e->pid = pid;

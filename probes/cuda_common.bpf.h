@@ -39,7 +39,16 @@ struct cuda_path {
 
 BPF_RINGBUF_OUTPUT(cuda_events, GT_CUDA_RB_PAGES);
 BPF_PERCPU_ARRAY(cuda_drops, u64, 1);
-BPF_STACK_TRACE(cuda_stacks, GT_CUDA_STACKS);
+/* The user stack of an allocation, at most GT_CUDA_STACK_DEPTH frames: the
+ * value size is what bounds bpf_get_stackid's frame-pointer walk (each frame
+ * costs a user read; `record --stack-depth` sets it, 1..127). */
+#ifndef GT_CUDA_STACK_DEPTH
+#define GT_CUDA_STACK_DEPTH 127
+#endif
+struct cuda_stack {
+    u64 ip[GT_CUDA_STACK_DEPTH];
+};
+BPF_TABLE("stacktrace", int, struct cuda_stack, cuda_stacks, GT_CUDA_STACKS);
 BPF_TASK_STORAGE(cuda_pending, struct cuda_pending);
 BPF_HASH(cuda_seen, u32, u8, 65536);             /* tgids that made an API call */
 BPF_HASH(cuda_opens, u32, struct cuda_open, 4096); /* tid -> openat of libcuda pending */

@@ -70,6 +70,13 @@ def register(app: typer.Typer) -> None:
                          help="How often GPU memory (heap free, largest free region) "
                               "is sampled from RM (default: 100ms)."),
         ] = None,
+        stack_depth: Annotated[
+            str | None,
+            typer.Option("--stack-depth", metavar="N",
+                         help="Frames kept of each allocation's user stack, 1 to 127 "
+                              "(default: 127). Each frame costs the probe a read of user "
+                              "memory on every allocation call."),
+        ] = None,
         uvm_queue_version: Annotated[
             str | None,
             typer.Option("--uvm-queue-version", metavar="1|2",
@@ -119,6 +126,10 @@ def register(app: typer.Typer) -> None:
             sample_ms = parse_duration_ns(sample_interval, "--sample-interval",
                                           minimum_ns=1_000_000,
                                           maximum_ns=3600 * 10**9) / 1e6  # fmt: skip
+        depth = Options.stack_depth
+        if stack_depth is not None:
+            depth = parse_count(stack_depth, "--stack-depth", minimum=1,
+                                maximum=Options.stack_depth)  # fmt: skip
         queue_version = None
         if uvm_queue_version is not None:
             queue_version = parse_count(uvm_queue_version, "--uvm-queue-version",
@@ -143,6 +154,7 @@ def register(app: typer.Typer) -> None:
             uvm_queue_entries=entries,
             sample_ms=sample_ms,
             uvm_queue_version=queue_version,
+            stack_depth=depth,
         )
         if ebpf:
             from gputrace.record import cuda
@@ -153,7 +165,7 @@ def register(app: typer.Typer) -> None:
             typer.echo("// cflags: " + " ".join(flags))
             typer.echo("// ---- API layer (one bcc program: uprobes on libcuda)")
             typer.echo(cuda.probe_source())
-            typer.echo("// cflags: " + " ".join(cuda.cflags()))
+            typer.echo("// cflags: " + " ".join(cuda.cflags(stack_depth=depth)))
             raise typer.Exit(0)
         from gputrace.live import LiveOptions, run
 

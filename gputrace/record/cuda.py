@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import re
 import shutil
@@ -31,6 +32,7 @@ MAIN = "cuda.bpf.c"
 BUFFER = "cuda_events"
 CUDA_RB_PAGES = 1024  # 4 MiB: ~40k calls between polls
 PAUSE_LOAD, PAUSE_FIRST = 1, 2
+STACK_DEPTH = 127  # frames per allocation stack (`record --stack-depth`); the kernel's most
 # what sees libcuda loads (the manifest's api.library_loads)
 LOADS_TP_BTF = "tp_btf sys_enter/sys_exit (syscall layer)"
 LOADS_TRACEPOINT = "syscalls:sys_enter_openat/sys_exit_openat"
@@ -42,25 +44,31 @@ def probe_source(probes: Path = loader.PROBES) -> str:
     return loader.probe_source(probes, MAIN)
 
 
-def cflags(probes: Path = loader.PROBES) -> list[str]:
-    return [f"-I{probes}", f"-DGT_CUDA_RB_PAGES={CUDA_RB_PAGES}"]
+def cflags(probes: Path = loader.PROBES, stack_depth: int = STACK_DEPTH) -> list[str]:
+    """The API program's compiler flags: its include folder, ring buffer size and
+    the most frames each allocation's stack walk reads (--stack-depth)."""
+    if not 1 <= stack_depth <= STACK_DEPTH:  # a number, never text, reaches the C source
+        raise UsageError(f"--stack-depth must be from 1 to {STACK_DEPTH}, not {stack_depth}")
+    return [f"-I{probes}", f"-DGT_CUDA_RB_PAGES={CUDA_RB_PAGES}",
+            f"-DGT_CUDA_STACK_DEPTH={int(stack_depth)}"]  # fmt: skip
 
 
-def load_program(bcc: Any, probes: Any = None) -> tuple[Any, str]:
+def load_program(bcc: Any, probes: Any = None, stack_depth: int = STACK_DEPTH) -> tuple[Any, str]:
     """The API layer's compiled program, and what sees library loads. Beside a
     syscall layer whose tp_btf program made the maps of probes/cuda_shared.bpf.h
     (`probes.cuda_maps`), it uses those maps and attaches no syscalls:openat
     tracepoint; alone, or if the maps it got are not those, it has its own."""
     shared = tuple(getattr(probes, "cuda_maps", ()))
+    flags = cflags(stack_depth=stack_depth)
     if shared:
         with contextlib.suppress(GputraceError):
-            bpf = loader.load_bpf(bcc, probe_source(), [*cflags(), "-DGT_CUDA_EXTERN"],
+            bpf = loader.load_bpf(bcc, probe_source(), [*flags, "-DGT_CUDA_EXTERN"],
                                   "api-layer")  # fmt: skip
             ours = [loader.map_id(bpf[n].map_fd) for n in shared]
             if None not in ours and ours == [loader.map_id(probes.bpf[n].map_fd) for n in shared]:
                 return bpf, LOADS_TP_BTF
             bpf.cleanup()
-    return loader.load_bpf(bcc, probe_source(), cflags(), "api-layer"), LOADS_TRACEPOINT
+    return loader.load_bpf(bcc, probe_source(), flags, "api-layer"), LOADS_TRACEPOINT
 
 
 def is_libcuda(path: str) -> bool:
@@ -115,10 +123,12 @@ def from_ldconfig() -> set[str]:
 class ApiLayer:
     """The loaded API program, its attachments and its stack symbolizer."""
 
-    def __init__(self, libcuda: str | None = None, probes: Any = None) -> None:
+    def __init__(self, libcuda: str | None = None, probes: Any = None,
+                 stack_depth: int = STACK_DEPTH) -> None:
         self.libcuda = libcuda
+        self.stack_depth = stack_depth
         bcc = loader.import_bcc()
-        self.bpf, self.library_loads = load_program(bcc, probes)
+        self.bpf, self.library_loads = load_program(bcc, probes, stack_depth)
         self.raw: list[bytes] = []
         self._cb = self._collector()
         self.bpf[BUFFER].open_ring_buffer(self._cb)
@@ -291,7 +301,9 @@ class ApiLayer:
                 continue
             self.stacks_done.add((pid, stack_id))
             try:
-                ips = [int(ip) for ip in tbl.walk(stack_id)]
+                # the leaf's own length (not bcc's walker, which assumes 127 frames):
+                # a stack cut at --stack-depth fills it without a 0 ending it
+                ips = [int(ip) for ip in itertools.takewhile(bool, tbl[tbl.Key(stack_id)].ip)]
             except Exception:
                 self.stack_errors += 1
                 continue
@@ -310,6 +322,7 @@ class ApiLayer:
             "unresolved_frames": self.sym.unresolved,
             "stack_errors": self.stack_errors,
             "pauses": self.pauses,
+            "stack_depth": self.stack_depth,
             "library_loads": self.library_loads,
         }
 

@@ -31,6 +31,7 @@ class Options:
     uvm_queue_entries: int = uvm_tools.DEFAULT_QUEUE_ENTRIES
     sample_ms: float = memory_sampler.DEFAULT_SAMPLE_MS  # --sample-interval
     uvm_queue_version: int | None = None  # --uvm-queue-version (tests)
+    stack_depth: int = 127  # --stack-depth: frames per allocation stack (API layer)
 
 
 def device_prefix(device_dir: str) -> str:

@@ -53,7 +53,7 @@ class ApiLayer(Layer):
     @classmethod
     def build(cls, s: Session, prepared: Any) -> ApiLayer:
         # the syscall layer (built first) may see library loads for it (tp_btf)
-        return cls(cuda.ApiLayer(s.opts.libcuda, s.probes))
+        return cls(cuda.ApiLayer(s.opts.libcuda, s.probes, stack_depth=s.opts.stack_depth))
 
     @property
     def hooks(self) -> int:
