@@ -50,6 +50,14 @@ def cpu_s(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MiB) points, in MiB per minute."""
+    mt = sum(t for t, _ in points) / len(points)
+    mr = sum(r for _, r in points) / len(points)
+    var = sum((t - mt) ** 2 for t, _ in points)
+    return 60 * sum((t - mt) * (r - mr) for t, r in points) / var if var else 0.0
+
+
 def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*.parquet") if p.is_file())
 
@@ -105,6 +113,12 @@ def main() -> int:
         print(f"RSS {ra / 1024:.1f} MiB at {ta:.0f} s -> {rb / 1024:.1f} MiB at {tb:.0f} s: "
               f"{(rb - ra) / 1024 / max((tb - ta) / 60, 1e-9):+.2f} MiB/min; "
               f"peak {max(r for _, r in samples) / 1024:.1f} MiB")  # fmt: skip
+        # Allocators settle for minutes; a leak shows as a slope that stays in the 2nd half.
+        half = [(t, r / 1024) for t, r in samples if t >= samples[-1][0] / 2]
+        if len(half) >= 3:
+            print(f"2nd half ({half[0][0]:.0f}-{half[-1][0]:.0f} s): least-squares slope "
+                  f"{slope(half):+.2f} MiB/min, RSS {min(r for _, r in half):.1f}-"
+                  f"{max(r for _, r in half):.1f} MiB")  # fmt: skip
     return 0 if rows == issued and drops == 0 else 1
 
 
