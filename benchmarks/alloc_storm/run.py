@@ -11,6 +11,9 @@ the storm thread's CPU ns per call (where the probes run; not inflated by
 time slices lost to other processes), best of --repeat. Printed: ns per call
 and what the floor and gputrace add, and the ratio each is judged by
 (allocations: gputrace added / floor added <= 1.5; frees: at the floor).
+--stack-depths 16,32 adds this tree under `record --stack-depth N` (a walk of
+at most N frames: fewer reads, and no fault where the walk would run off the
+last frame-pointer frame).
 """
 
 from __future__ import annotations
@@ -85,14 +88,15 @@ def floor(exe: Path, lib: Path, n: int, depth: int) -> Result:
         bpf.cleanup()
 
 
-def traced(exe: Path, n: int, tmp: Path, depth: int, tree: Path | None) -> dict[str, Any]:
+def traced(exe: Path, n: int, tmp: Path, depth: int, tree: Path | None,
+           *flags: str) -> dict[str, Any]:
     out = tmp / "trace"
     w = subprocess.Popen([str(exe), str(n), "--wait", str(depth)], text=True,
                          stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, env=env())  # fmt: skip
     assert w.stdout is not None and w.stdin is not None
     pid = int(w.stdout.readline().split()[1])
-    rec = start_recorder_from(tree, out, "-p", str(pid)).proc
+    rec = start_recorder_from(tree, out, "-p", str(pid), *flags).proc
     w.stdin.write("go\n")
     w.stdin.flush()
     per_call = parse(w.communicate()[0])
@@ -110,6 +114,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="best of N for each mode")
     ap.add_argument("--depth", type=int, default=60, help="frames of the deep-stack case")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--stack-depths", default="",
+                    help="also this tree with `record --stack-depth N`, e.g. 16,32")  # fmt: skip
     ap.add_argument(
         "--before", default="", help="also run the recorder of this revision (or tree directory)"
     )
@@ -138,6 +144,13 @@ def main() -> None:
                 "rows": [r["rows"] for r in runs], "expected_rows": runs[0]["expected_rows"],
                 "drops": [r["drops"] for r in runs], "stack_rows": runs[0]["stacks"],
             }  # fmt: skip
+            for sd in (int(x) for x in args.stack_depths.split(",") if x):
+                cut = [traced(exe, n, tmp, depth, after, "--stack-depth", str(sd))
+                       for _ in range(k)]  # fmt: skip
+                res[f"depth_{depth}"].setdefault("stack_depth_ns", {})[sd] = best(
+                    [r["cpu"] for r in cut])
+                res[f"depth_{depth}"].setdefault("stack_depth_stack_rows", {})[sd] = cut[0][
+                    "stacks"]
             if old:
                 res[f"depth_{depth}"]["before_ns"] = best([r["cpu"] for r in old])
                 res[f"depth_{depth}"]["before_rows"] = [r["rows"] for r in old]
@@ -158,6 +171,10 @@ def main() -> None:
                 b = r["before_ns"][i]
                 print(f"{'':<16}before {b:7.1f} (+{b - u:.0f})  added/floor-added "
                       f"{(b - u) / max(f - u, 1e-9):.2f}")  # fmt: skip
+            for sd, ns in r.get("stack_depth_ns", {}).items():
+                c = ns[i]
+                print(f"{'':<6}--stack-depth {sd:>3} {c:7.1f} (+{c - u:.0f})  added/floor-added "
+                      f"{(c - u) / max(f - u, 1e-9):.2f}")  # fmt: skip
         print(f"          rows {r['rows']} of {r['expected_rows']}, drops {r['drops']}, "
               f"stack frames {r['stack_rows']}"
               + (f", before rows {r['before_rows']}" if "before_rows" in r else ""))  # fmt: skip
