@@ -208,7 +208,8 @@ static __always_inline void managed_clear_enter(u64 addr, u64 len, u64 flags); /
 static __always_inline void managed_clear_exit(long ret, int is_mmap);
 static __always_inline void managed_mmap_exit(struct pending_mmap *pp, long ret);
 static __always_inline void managed_forget(u32 tgid);
-/* the probes' bodies, attached in syscall_hooks.bpf.h */
+/* the probes' bodies, attached in syscall_hooks.bpf.h; the exits of ioctl, mmap and
+ * munmap take the pid_tgid of a process that passed maybe_known there */
 static __always_inline int open_enter(const char *filename, int at);       /* syscalls.bpf.c */
 static __always_inline int open_exit(long ret);
 static __always_inline int close_enter(s32 fd);                             /* nv_fds */
@@ -217,13 +218,13 @@ static __always_inline int dup_enter(s32 oldfd, s32 newfd);
 static __always_inline int dup_exit(long ret);
 static __always_inline int fcntl_enter(s32 fd, u32 cmd);
 static __always_inline int ioctl_enter(s32 fd, u32 cmd, u64 arg);           /* nv_ioctl */
-static __always_inline int ioctl_exit(long ret);
+static __always_inline int ioctl_exit(long ret, u64 id);
 static __always_inline int fault_user(u64 addr, u64 ip, u64 error_code);   /* nv_faults */
 static __always_inline int mmap_enter(u64 addr, u64 len, u64 prot, u64 flags, s32 fd,
                                       u64 off);                             /* nv_lifecycle */
-static __always_inline int mmap_exit(long ret);
+static __always_inline int mmap_exit(long ret, u64 id);
 static __always_inline int munmap_enter(u64 addr, u64 len);
-static __always_inline int munmap_exit(long ret);
+static __always_inline int munmap_exit(long ret, u64 id);
 static __always_inline int exit_group_enter(long error_code);
 
 #endif /* GT_COMMON_BPF_H */

@@ -100,12 +100,9 @@ static __always_inline int ioctl_enter(s32 fd, u32 cmd, u64 arg)
     return 0;
 }
 
-static __always_inline int ioctl_exit(long ret)
+static __always_inline int ioctl_exit(long ret, u64 id)
 {
-    u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id, zero = 0;
-    if (!maybe_known(id >> 32))
-        return 0;
     struct pending_ioctl *pp = pending_ioctls.task_storage_get(
         (void *)bpf_get_current_task_btf(), 0, 0);
     if (!pp || !pp->active)

@@ -52,12 +52,9 @@ static __always_inline int mmap_enter(u64 addr, u64 len, u64 prot, u64 flags, s3
     return 0;
 }
 
-static __always_inline int mmap_exit(long ret)
+static __always_inline int mmap_exit(long ret, u64 id)
 {
-    u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
-    if (!maybe_known(id >> 32))
-        return 0;
     struct pending_mmap *pp = pending_mmaps.lookup(&tid);
     managed_mmap_exit(pp, ret); /* nv_faults.bpf.h: managed ranges */
     if (!pp)
@@ -93,12 +90,9 @@ static __always_inline int munmap_enter(u64 addr, u64 len)
     return 0;
 }
 
-static __always_inline int munmap_exit(long ret)
+static __always_inline int munmap_exit(long ret, u64 id)
 {
-    u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
-    if (!maybe_known(id >> 32))
-        return 0;
     managed_clear_exit(ret, 0);
     struct pending_mmap *pp = pending_mmaps.lookup(&tid);
     if (!pp)

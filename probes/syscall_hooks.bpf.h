@@ -28,16 +28,16 @@
 #define GT_NR_OPENAT2 437
 #define GT_USER_CS 0x33
 
-/* The exits that decode or edit managed ranges run as tail calls: one program
- * holding them all is past what the verifier walks. Slots: loader.TP_BTF_TAILS. */
-#define GT_TAIL_IOCTL 0
-#define GT_TAIL_MMAP 1
-#define GT_TAIL_MUNMAP 2
-BPF_PROG_ARRAY(exit_tails, 3);
+/* The exits that edit managed ranges run as tail calls: one program holding
+ * them all is past what the verifier walks. Slots: loader.TP_BTF_TAILS. The
+ * ioctl exit, the hot one, is inline (a tail call is an indirect jump: a
+ * retpoline on the machines measured). gt_sys_exit filtered (maybe_known). */
+#define GT_TAIL_MMAP 0
+#define GT_TAIL_MUNMAP 1
+BPF_PROG_ARRAY(exit_tails, 2);
 
-int gt_exit_ioctl(u64 *ctx) { return ioctl_exit((long)ctx[1]); }
-int gt_exit_mmap(u64 *ctx) { return mmap_exit((long)ctx[1]); }
-int gt_exit_munmap(u64 *ctx) { return munmap_exit((long)ctx[1]); }
+int gt_exit_mmap(u64 *ctx) { return mmap_exit((long)ctx[1], bpf_get_current_pid_tgid()); }
+int gt_exit_munmap(u64 *ctx) { return munmap_exit((long)ctx[1], bpf_get_current_pid_tgid()); }
 
 /* tp_btf/sys_enter (struct pt_regs *regs, long id): loader.Probes attaches it. */
 int gt_sys_enter(u64 *ctx)
@@ -128,12 +128,14 @@ int gt_sys_exit(u64 *ctx)
     }
     if (r->cs != GT_USER_CS)
         return 0;
-    /* the filter of the tail programs, here, so no other process pays a tail call */
-    if ((nr == GT_NR_IOCTL || nr == GT_NR_MMAP || nr == GT_NR_MUNMAP) &&
-        !maybe_known(bpf_get_current_pid_tgid() >> 32))
-        return 0;
-    if (nr == GT_NR_IOCTL)
-        exit_tails.call(ctx, GT_TAIL_IOCTL);
+    /* the first filter of these exits, here, so no other process pays a tail call */
+    if (nr == GT_NR_IOCTL || nr == GT_NR_MMAP || nr == GT_NR_MUNMAP) {
+        u64 id = bpf_get_current_pid_tgid();
+        if (!maybe_known(id >> 32))
+            return 0;
+        if (nr == GT_NR_IOCTL)
+            return ioctl_exit(ret, id);
+    }
     if (nr == GT_NR_MMAP)
         exit_tails.call(ctx, GT_TAIL_MMAP);
     if (nr == GT_NR_MUNMAP)
@@ -182,14 +184,32 @@ int gt_page_fault_user(u64 *ctx)
 #else /* the syscalls:* tracepoints */
 
 TRACEPOINT_PROBE(syscalls, sys_enter_ioctl) { return ioctl_enter((s32)args->fd, (u32)args->cmd, args->arg); }
-TRACEPOINT_PROBE(syscalls, sys_exit_ioctl) { return ioctl_exit(args->ret); }
+/* the first filter of these exits (the tp_btf dispatcher has its own) */
+static __always_inline u64 known_id(void)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    return maybe_known(id >> 32) ? id : 0; /* 0: the idle task, which makes no syscalls */
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_ioctl)
+{
+    u64 id = known_id();
+    return id ? ioctl_exit(args->ret, id) : 0;
+}
 TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
 {
     return mmap_enter(args->addr, args->len, args->prot, args->flags, (s32)args->fd, args->off);
 }
-TRACEPOINT_PROBE(syscalls, sys_exit_mmap) { return mmap_exit(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
+{
+    u64 id = known_id();
+    return id ? mmap_exit(args->ret, id) : 0;
+}
 TRACEPOINT_PROBE(syscalls, sys_enter_munmap) { return munmap_enter(args->addr, args->len); }
-TRACEPOINT_PROBE(syscalls, sys_exit_munmap) { return munmap_exit(args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_exit_munmap)
+{
+    u64 id = known_id();
+    return id ? munmap_exit(args->ret, id) : 0;
+}
 TRACEPOINT_PROBE(syscalls, sys_enter_close) { return close_enter((s32)args->fd); }
 TRACEPOINT_PROBE(syscalls, sys_exit_close) { return close_exit(args->ret); }
 TRACEPOINT_PROBE(syscalls, sys_enter_openat) { return open_enter(args->filename, 1); }

@@ -43,7 +43,7 @@ TP_BTF = (("gt_sys_enter", "sys_enter", None), ("gt_sys_exit", "sys_exit", None)
 TP_BTF_FLAGS = ("-DGT_TP_BTF", "-DGT_CUDA_SHARE")
 CUDA_SHARED_MAPS = ("cuda_config", "cuda_targets", "cuda_paused")
 # tail programs of gt_sys_exit, in their exit_tails slot order (GT_TAIL_*)
-TP_BTF_TAILS = ("gt_exit_ioctl", "gt_exit_mmap", "gt_exit_munmap")
+TP_BTF_TAILS = ("gt_exit_mmap", "gt_exit_munmap")
 # How the syscall probes attach: "tracepoint" (the default), "auto" (tp_btf, else
 # tracepoints) or "tp_btf" (or fail). tp_btf is not the default: on sys_enter and
 # sys_exit it runs for every syscall of the host, and on the 6.18 VM measured
