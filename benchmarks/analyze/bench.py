@@ -4,6 +4,12 @@ DuckDB SQL, on one trace. Each measurement runs in a fresh process, so its peak 
 
     python benchmarks/analyze/gen.py /tmp/t10m --events 10_000_000
     python benchmarks/analyze/bench.py /tmp/t10m
+    python benchmarks/analyze/bench.py /tmp/t10m polars_pairing,duckdb_pairing
+
+"M events/s" is events per wall second and "M ev/CPU s" per CPU second (ioctl rows
+for the pairing and ioctl-summary cases, every event otherwise). When a polars case
+and its DuckDB twin both ran, a ratio line (polars / DuckDB, wall and CPU) follows:
+issue 12 asks for at most 1.0.
 """
 
 from __future__ import annotations
@@ -100,17 +106,27 @@ def main() -> None:
     rows = {n: tr.rows(n) for n in ("ioctls", "cuda_calls", "faults", "migrations", "chunks")}
     total = sum(rows.values())
     print(f"trace {trace}: {total:,} events ({', '.join(f'{k} {v:,}' for k, v in rows.items())})")
-    print(f"{'case':<22}{'wall s':>9}{'cpu s':>8}{'peak RSS MiB':>14}{'M events/s':>12}  result")
+    print(f"{'case':<22}{'wall s':>9}{'cpu s':>8}{'peak RSS MiB':>14}{'M events/s':>12}"
+          f"{'M ev/CPU s':>12}  result")
     cases = sys.argv[2].split(",") if len(sys.argv) > 2 else all_cases()
+    done: dict[str, dict[str, Any]] = {}
     for case in cases:
         out = subprocess.run([sys.executable, __file__, "--one", case, trace],
                              capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         n = rows["ioctls"] if "pairing" in case or "ioctl" in case else total
         rate = n / r["wall_s"] / 1e6 if r["wall_s"] else float("inf")
+        cpu_rate = n / r["cpu_s"] / 1e6 if r["cpu_s"] else float("inf")
         print(f"{case:<22}{r['wall_s']:>9.2f}{r['cpu_s']:>8.2f}{r['peak_rss_mib']:>14,}"
-              f"{rate:>12.1f}  "
+              f"{rate:>12.1f}{cpu_rate:>12.1f}  "
               f"{r['result'] if r['result'] is not None else ''}", flush=True)
+        done[case] = r
+    for what in ("pairing", "ioctl_summary"):
+        p, d = done.get(f"polars_{what}"), done.get(f"duckdb_{what}")
+        if p and d and d["wall_s"] and d["cpu_s"]:
+            same = "same result" if p["result"] == d["result"] else "RESULTS DIFFER"
+            print(f"ratio polars/DuckDB {what}: wall {p['wall_s'] / d['wall_s']:.2f}, "
+                  f"cpu {p['cpu_s'] / d['cpu_s']:.2f} ({same})")
 
 
 if __name__ == "__main__":
