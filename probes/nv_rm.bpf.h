@@ -13,7 +13,7 @@
 /* Class-specific allocation parameters behind pAllocParms (§2.4). */
 static __always_inline void rm_alloc_params(struct ioctl_event *e, u32 cls, u64 ap)
 {
-    u32 w[22] = {};
+    u32 w[22]; /* not cleared: every field is read after a read covering it */
     if (!ap)
         return;
     if (cls == 0x3E || cls == 0x40 || cls == 0x50A0) { /* NV_MEMORY_ALLOCATION_PARAMS */
@@ -49,7 +49,7 @@ static __always_inline void rm_decode(struct ioctl_event *e, u32 cmd, u64 arg)
 {
     u32 nr = cmd & 0xff, size = (cmd >> 16) & 0x3fff;
     u64 p = arg;
-    u32 w[32] = {};
+    u32 w[32]; /* not cleared: every W32/W64 follows an RD() covering it */
     if (nr == 211) { /* NV_ESC_IOCTL_XFER_CMD {cmd, size, ptr} */
         if (size < 16 || bpf_probe_read_user(w, 16, (void *)arg))
             return;

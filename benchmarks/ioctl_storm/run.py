@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE.parent))
 from common import build_storm  # noqa: E402
 
 sys.path.insert(0, str(HERE.parent / "untraced"))
-from revision import start_recorder_from, tree_of, under_floor  # noqa: E402
+from revision import bpf_stats, other_tracers, start_recorder_from, tree_of, under_floor  # noqa: E402
 
 
 def parse_both(out: str) -> tuple[float, float]:
@@ -78,6 +78,7 @@ def traced(storm: Path, dev: Path, n: int, tmp: Path, procs: int = 1,
     rec = start_recorder_from(tree, out, "--device-dir", str(dev),
                               *[a for p in pids for a in ("-p", str(p))]).proc  # fmt: skip
     c0 = cpu_of(rec.pid)
+    seen = other_tracers() - 1  # less our own recorder
     t0 = time.monotonic()
     for w in ws:
         w.stdin.write("go\n")  # type: ignore[union-attr]
@@ -88,6 +89,7 @@ def traced(storm: Path, dev: Path, n: int, tmp: Path, procs: int = 1,
     _, status, ru = os.wait4(rec.pid, 0)
     rec.returncode = os.waitstatus_to_exitcode(status)
     total_wall = time.monotonic() - t0
+    seen = max(seen, other_tracers())
     cpu = ru.ru_utime + ru.ru_stime - c0
     from gputrace.tracedir import open_trace
 
@@ -107,6 +109,7 @@ def traced(storm: Path, dev: Path, n: int, tmp: Path, procs: int = 1,
         "recorder_cpu_ns_per_event": cpu / max(rows, 1) * 1e9,
         "parquet_bytes": size,
         "bytes_per_event": size / max(rows, 1),
+        "other_tracers": seen,
     }
 
 
@@ -194,7 +197,8 @@ def main() -> int:
         print(json.dumps(res, indent=2))
         return 0
     load = os.getloadavg()
-    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
+          f"kernel.bpf_stats_enabled={bpf_stats()}")
     print(f"untraced              {base:8.1f} ns/ioctl  cpu {base_cpu:.1f} ns")
     for m, (wall, cpu_ns) in fl.items():
         print(f"{'floor (' + m + ')':<21} {wall:8.1f} ns/ioctl  cpu {cpu_ns:.1f} ns: "
@@ -209,7 +213,8 @@ def main() -> int:
               f"events {r['events']}/{r['expected_events']}  "
               f"recorder {r['recorder_cores']:.2f} cores "
               f"({r['recorder_cpu_ns_per_event']:.0f} ns/event)  "
-              f"{r['bytes_per_event']:.2f} B/event on disk")  # fmt: skip
+              f"{r['bytes_per_event']:.2f} B/event on disk"
+              + (f"  [others: {r['other_tracers']}]" if r["other_tracers"] else ""))  # fmt: skip
     if st:
         print(
             f"strace -f             {st:8.1f} ns/ioctl  x{st / base:.1f}  ({a.strace_calls} calls)"

@@ -58,6 +58,45 @@ def start_recorder_from(tree: Path | None, out: Path, *args: str) -> RecorderPro
     return rec
 
 
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def other_tracers() -> int:
+    """`gputrace record` and floor.py processes on this host that this benchmark
+    did not start: their probes run in every process, so a column measured while
+    one runs is not comparable (a shared machine: printed, not prevented)."""
+    me, n = os.getpid(), 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not (b"gputrace.cli" in argv and b"record" in argv) and not any(
+            a.endswith(b"untraced/floor.py") for a in argv
+        ):
+            continue
+        pid = int(d.name)
+        while pid > 1 and pid != me:
+            pid = _ppid(pid)
+        n += pid != me
+    return n
+
+
+def bpf_stats() -> str:
+    """kernel.bpf_stats_enabled: when 1 every BPF program run also reads the clock
+    twice, which inflates each hook's cost (tp_btf's most: it runs on every syscall)."""
+    try:
+        return Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
+    except OSError:
+        return "?"
+
+
 def under_floor(mech: str, work: Callable[[], T]) -> T:
     """Run `work` while floor.py holds null programs on the hook points of `mech`."""
     script = Path(__file__).resolve().parent / "floor.py"

@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 from common import build_storm  # noqa: E402
 
 sys.path.insert(0, str(HERE))
-from revision import start_recorder_from, tree_of, under_floor  # noqa: E402
+from revision import bpf_stats, other_tracers, start_recorder_from, tree_of, under_floor  # noqa: E402
 
 KINDS = ("getpid", "null", "tty", "sock", "mmap", "fault")
 KNOWN = ("null", "fault")  # also run from a process with an NVIDIA fd open
@@ -85,6 +85,7 @@ def main() -> int:
     base: dict[str, list[float]] = {}
     rec: dict[str, dict[str, list[float]]] = {h: {} for h in hooks}
     ran: dict[str, str] = {}
+    others: dict[str, int] = {}  # column -> other tracers seen while it ran
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         dev, other = tmp / "dev", tmp / "other"
@@ -94,10 +95,12 @@ def main() -> int:
         os.mknod(other / "notnvidia", 0o666 | 0o020000, os.makedev(1, 3))
         exe = build_storm(HERE / "other.c", tmp)
 
-        def measure(into: dict[str, list[float]]) -> None:
+        def measure(into: dict[str, list[float]], col: str = "untraced") -> None:
             for _ in range(a.rounds):
+                seen = other_tracers()
                 for k, v in one_pass(exe, a.ops, other, dev).items():
                     into.setdefault(k, []).append(v)
+                others[col] = max(others.get(col, 0), seen, other_tracers())
 
         uses_before = any(h.startswith("before:") for h in hooks)
         before = tree_of(a.before, tmp / "before") if uses_before else None
@@ -106,7 +109,7 @@ def main() -> int:
         for h in hooks:
             kind, _, mech = h.rpartition(":")
             if kind == "floor":
-                under_floor(mech, partial(measure, rec[h]))
+                under_floor(mech, partial(measure, rec[h], h))
                 ran[h] = f"null programs ({mech})"
                 continue
             out = tmp / f"trace-{h.replace(':', '-')}"
@@ -114,7 +117,7 @@ def main() -> int:
             tree = before if kind == "before" else after
             recp = start_recorder_from(tree, out, "--device-dir", str(dev))  # host mode
             try:
-                measure(rec[h])
+                measure(rec[h], h)
             finally:
                 recp.proc.send_signal(signal.SIGINT)
                 recp.wait(120)
@@ -128,11 +131,16 @@ def main() -> int:
             for k in base}  # fmt: skip
     if a.json:
         print(json.dumps({"ops": a.ops, "rounds": a.rounds, "hooks_ran": ran,
-                          "loadavg": load, "kinds": rows}, indent=2))  # fmt: skip
+                          "loadavg": load, "bpf_stats_enabled": bpf_stats(),
+                          "other_tracers": others, "kinds": rows}, indent=2))  # fmt: skip
         return 0
     print(f"{a.ops} ops x {a.rounds} rounds, best of rounds; hooks that ran: "
           + ", ".join(f"{h} -> {m}" for h, m in ran.items())
-          + f"; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")  # fmt: skip
+          + f"; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+          + f"; kernel.bpf_stats_enabled={bpf_stats()}")  # fmt: skip
+    if any(others.values()):
+        print("warning: other tracers (gputrace record, floor.py) ran during: "
+              + ", ".join(f"{c} ({n})" for c, n in others.items() if n))  # fmt: skip
     head = "".join(f" {h + ' ns':>14} {'added':>7} {'ratio':>5}" for h in hooks)
     print(f"{'kind':<13} {'untraced ns':>11}{head}")
     for k, r in rows.items():
