@@ -78,7 +78,7 @@ def traced(storm: Path, dev: Path, n: int, tmp: Path, procs: int = 1,
     rec = start_recorder_from(tree, out, "--device-dir", str(dev),
                               *[a for p in pids for a in ("-p", str(p))]).proc  # fmt: skip
     c0 = cpu_of(rec.pid)
-    seen = other_tracers() - 1  # less our own recorder
+    seen = other_tracers()
     t0 = time.monotonic()
     for w in ws:
         w.stdin.write("go\n")  # type: ignore[union-attr]
