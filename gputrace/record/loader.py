@@ -45,10 +45,13 @@ CUDA_SHARED_MAPS = ("cuda_config", "cuda_targets", "cuda_paused")
 # tail programs of gt_sys_exit, in their exit_tails slot order (GT_TAIL_*)
 TP_BTF_TAILS = ("gt_exit_mmap", "gt_exit_munmap")
 # How the syscall probes attach: "tracepoint" (the default), "auto" (tp_btf, else
-# tracepoints) or "tp_btf" (or fail). tp_btf is not the default: on sys_enter and
-# sys_exit it runs for every syscall of the host, and on the 6.18 VM measured
-# (benchmarks/untraced) that added ~190 ns more to each unrelated syscall than
-# the per-syscall tracepoints, for ~7% less on a traced ioctl.
+# tracepoints) or "tp_btf" (or fail). tp_btf is not the default: the kernel runs
+# its sys_enter/sys_exit programs for every syscall of the host, and on the 6.18
+# VM measured (benchmarks/untraced, 2026-12-01, no syscalls:* tracepoint left
+# with tp_btf) getpid paid +146..236 ns against +78..122 with the per-syscall
+# tracepoints (null programs alone: +94..165 against +63..86), while tp_btf
+# saved ~100..190 ns per untraced ioctl and ~270 ns per traced one (+726 against
+# +997): most syscalls of a host are neither.
 HOOKS_ENV = "GPUTRACE_SYSCALL_HOOKS"
 HOOKS_DEFAULT = "tracepoint"
 _SYSTEM_DIST = "/usr/lib/python3/dist-packages"
