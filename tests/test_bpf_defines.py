@@ -56,6 +56,7 @@ def python_value(name: str) -> int | None:
         "GT_IOCTL_RB_PAGES": loader.IOCTL_RB_PAGES,
         "GT_FAULT_RB_PAGES": loader.FAULT_RB_PAGES,
         "GT_CUDA_RB_PAGES": cuda.CUDA_RB_PAGES,
+        "GT_CUDA_STACK_DEPTH": cuda.STACK_DEPTH,
         "GT_PAUSE_LOAD": cuda.PAUSE_LOAD,
         "GT_PAUSE_FIRST": cuda.PAUSE_FIRST,
         "GT_FV_RET": decode.FV_RET,
