@@ -1,7 +1,7 @@
 #!/bin/sh
 # Prepare a host for `gputrace record` (and its live tests): bcc's Python
 # bindings, kernel headers linked for the running kernel, FUSE and the C
-# toolchain for the test stand-ins, and strace/bpftrace for the benchmark.
+# toolchain for the test stand-ins, and strace/bpftrace/bpftool for the benchmarks.
 # Needs root. Idempotent. Ends by checking that the live tests' needs are met.
 set -eu
 
@@ -17,6 +17,8 @@ command -v fusermount3 >/dev/null 2>&1 || need="$need fuse3"
 [ -e /usr/include/fuse3/fuse.h ] || need="$need libfuse3-dev"
 command -v strace >/dev/null 2>&1 || need="$need strace"
 command -v bpftrace >/dev/null 2>&1 || need="$need bpftrace"
+# benchmarks/ioctl_storm/progstats.py reads each BPF program's run time through it.
+command -v bpftool >/dev/null 2>&1 || need="$need bpftool"
 # The live tests build and mount the FUSE stand-ins (tests/standin*/): their
 # toolchain check wants gcc, make, pkg-config (fuse3.pc), libc headers, binutils
 # (nm/objdump/readelf) and gdb; a host missing one would skip every live test.
@@ -35,7 +37,7 @@ if [ -n "$need" ]; then
         # shellcheck disable=SC2086
         apt-get install -y -qq $need
     elif command -v dnf >/dev/null 2>&1; then
-        echo "setup-record.sh: on RHEL/Fedora install: dnf install python3-bcc kernel-devel fuse3 fuse3-devel strace bpftrace gcc make pkgconf-pkg-config binutils gdb" >&2
+        echo "setup-record.sh: on RHEL/Fedora install: dnf install python3-bcc kernel-devel fuse3 fuse3-devel strace bpftrace bpftool gcc make pkgconf-pkg-config binutils gdb" >&2
         exit 1
     else
         echo "setup-record.sh: missing packages:$need" >&2
