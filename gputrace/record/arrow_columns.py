@@ -24,6 +24,22 @@ _ENUM_BYTES = {k: [v[i].encode() if i in v else None for i in range(256)]
 _ENUM_LEN = {k: np.array([len(b or b"") for b in v], np.int32) for k, v in _ENUM_BYTES.items()}
 
 
+def masked(values: npt.NDArray[Any], valid: npt.NDArray[np.bool_] | None) -> Any:
+    """`values` as an Arrow array, null where `valid` is False.
+
+    Numeric values are wrapped without a copy under a packed validity bitmap:
+    `pa.array(values, mask=...)` costs ~23 ns a value (it converts value by value), this
+    ~1, and a drain holds a million events of a dozen nullable columns."""
+    v = np.ascontiguousarray(values)
+    if valid is None or bool(valid.all()):
+        return pa.array(v)
+    if v.dtype.kind not in "iuf" or not v.dtype.isnative:
+        return pa.array(v, mask=~valid)
+    bitmap = np.packbits(valid, bitorder="little")
+    return pa.Array.from_buffers(pa.from_numpy_dtype(v.dtype), len(v),
+                                 [pa.py_buffer(bitmap.data), pa.py_buffer(v.data)])
+
+
 Col = Any
 """A column value for `build_table`: a numpy array, (array, null mask), or a pyarrow array."""
 
@@ -56,7 +72,7 @@ def _arrow(v: Col, typ: Any) -> Any:
     if (want is not None and v.dtype != want[0] and len(v)
             and want[1] <= int(v.min()) and int(v.max()) <= want[2]):
         v = v.astype(want[0])
-    arr = pa.array(np.ascontiguousarray(v), mask=null)
+    arr = masked(v, None if null is None else ~null)
     return arr if arr.type == typ else arr.cast(typ)
 
 

@@ -16,6 +16,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from gputrace import schema
+from gputrace.record.arrow_columns import masked
 from gputrace.record.driver import UVM_NAMES
 
 IOCTL_DTYPE = np.dtype(
@@ -207,7 +208,7 @@ def _uuid_strings(ev: npt.NDArray[np.void], order: Any, valid: npt.NDArray[np.bo
     for u in enc.dictionary.to_pylist():
         h = bytes(u).hex()
         names.append(f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}")
-    idx = pa.array(enc.indices.to_numpy(zero_copy_only=False), mask=~valid)
+    idx = masked(enc.indices.to_numpy(zero_copy_only=False), valid)
     return pa.DictionaryArray.from_arrays(idx, pa.array(names, pa.string()))
 
 
@@ -231,17 +232,13 @@ def _device(ev: npt.NDArray[np.void]) -> dict[str, Any]:
     return {
         "device_code": pa.array(dev),
         "device": _strings_from(dev, schema.DEVICE_KINDS),
-        "gpu_index": pa.array(gpu, mask=gpu < 0),
+        "gpu_index": masked(gpu, gpu >= 0),
     }
 
 
 def _col(ev: npt.NDArray[np.void], name: str, order: npt.NDArray[np.intp] | None) -> Any:
     a = ev[name]
     return np.ascontiguousarray(a) if order is None else a[order]
-
-
-def _masked(values: Any, ok: npt.NDArray[np.bool_]) -> Any:
-    return pa.array(values) if bool(ok.all()) else pa.array(values, mask=~ok)
 
 
 def ioctls_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
@@ -266,7 +263,7 @@ def ioctls_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
         "comm": _comm(col("comm"), tid),
         "device_code": pa.array(dev),
         "device": _strings_from(dev, _DEVICE_NAMES),
-        "gpu_index": _masked(gpu, gpu >= 0),
+        "gpu_index": masked(gpu, gpu >= 0),
         "fd": pa.array(col("fd")),
         "cmd": pa.array(col("cmd")),
         "nr": pa.array(nr),
@@ -281,7 +278,7 @@ def ioctls_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
         elif not ok.any():
             cols[name] = pa.nulls(len(ev), schema.IOCTLS.column(name).type)  # type: ignore[call-overload]
         else:
-            cols[name] = _masked(col(name), ok)
+            cols[name] = masked(col(name), ok)
     return _batch(schema.IOCTLS, cols)
 
 
@@ -302,11 +299,11 @@ def mappings_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
         "op": _strings_from(op, schema.MAPPING_OPS),
         **_device(ev),
         "fd": pa.array(ev["fd"]),
-        "addr": pa.array(ev["addr"], mask=is_mmap & ~ok),
+        "addr": masked(ev["addr"], ~(is_mmap & ~ok)),
         "length": pa.array(ev["length"]),
-        "offset": pa.array(ev["offset"], mask=~is_mmap),
-        "prot": pa.array(ev["prot"], mask=~is_mmap),
-        "flags": pa.array(ev["flags"], mask=~is_mmap),
+        "offset": masked(ev["offset"], is_mmap),
+        "prot": masked(ev["prot"], is_mmap),
+        "flags": masked(ev["flags"], is_mmap),
         "ret": pa.array(ret),
         "managed": pa.array(managed),
         "latency_ns": pa.array(ev["latency_ns"].astype(np.int64)),
@@ -337,8 +334,8 @@ def files_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
         "fd_op": _strings_from(op, schema.FD_OPS),
         **_device(ev),
         "fd": pa.array(ev["fd"]),
-        "new_fd": pa.array(ev["new_fd"], mask=op != FD_DUP),
-        "ret": pa.array(ev["ret"], mask=(ev["valid"] & FV_RET) == 0),
+        "new_fd": masked(ev["new_fd"], op == FD_DUP),
+        "ret": masked(ev["ret"], (ev["valid"] & FV_RET) != 0),
     }
     return _batch(schema.FILES, cols)
 
