@@ -84,11 +84,102 @@ static __always_inline int api_enter(struct pt_regs *ctx, u16 func, u8 shape)
     return 0;
 }
 
+/* ------------------------------------------------------------ stacks */
+static __always_inline u64 cuda_mix(u64 h, u64 v)
+{
+    h = (h ^ v) * 0x9e3779b97f4a7c15ULL;
+    return h ^ (h >> 29);
+}
+
+static __always_inline int cuda_same_stack(const struct cuda_stack *a, const struct cuda_stack *b)
+{
+    u32 n = a->n;
+    if (n != b->n || n > GT_CUDA_STACK_DEPTH)
+        return 0;
+    for (u32 i = 0; i < n; i++)
+        if (a->ip[i] != b->ip[i])
+            return 0;
+    return 1;
+}
+
+/* The user stack at a uretprobe, by frame pointers, as the kernel's walker
+ * (perf_callchain_user, what bpf_get_stackid runs) gives it on valid frames:
+ * frame 0 is the user ip (the return address in the caller: the callee's
+ * frame is gone), then the return address of each {saved rbp, return address}
+ * record up the rbp chain. Unlike the kernel's walker it stops before reading
+ * a frame pointer that cannot be one (not 8-byte aligned, below the user sp or
+ * the record before it, more than GT_CUDA_STACK_SPAN above the sp): glibc's
+ * __libc_start_call_main keeps no frame pointer, so every walk that reaches
+ * main would otherwise end in a page fault at a garbage address (~750 ns).
+ * Returns the stack's id (one per distinct stack, >= 0), or -errno. */
+static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task)
+{
+    struct cuda_stack_walk *w = cuda_stack_scratch.task_storage_get(
+        task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!w)
+        return -12;  /* ENOMEM */
+    struct cuda_stack *s = &w->s;
+    u64 sp = PT_REGS_SP(ctx), fp = PT_REGS_FP(ctx), low = sp;
+    u64 top = sp + GT_CUDA_STACK_SPAN;
+    /* base and end live in the map value, not in registers: the verifier then
+     * sees one state whether or not an iteration read a chunk (else the
+     * paths of a 127-frame walk multiply past its limit) */
+    w->base = w->end = 0;
+    u64 ip = PT_REGS_IP(ctx);
+    u64 h = cuda_mix(0, ip);
+    u32 n = 1;
+    s->ip[0] = ip;
+    for (u32 i = 1; i < GT_CUDA_STACK_DEPTH; i++) {
+        if ((fp & 7) || fp < low || fp >= top)
+            break;
+        if (fp < w->base || fp + 16 > w->end) {
+            /* to the end of fp's page (no fault past what the kernel's walker
+             * reads), or the 16-byte record itself where it spans two pages */
+            u64 len = 4096 - (fp & 4095);
+            if (len > GT_CUDA_STACK_CHUNK * 8)
+                len = GT_CUDA_STACK_CHUNK * 8;
+            if (len < 16)
+                len = 16;
+            if (bpf_probe_read_user(w->chunk, len, (void *)fp))
+                break;
+            w->base = fp, w->end = fp + len;
+        }
+        u64 off = (fp - w->base) >> 3;  /* < GT_CUDA_STACK_CHUNK - 1: fp + 16 <= end */
+        u64 ret = w->chunk[(off + 1) & (GT_CUDA_STACK_CHUNK - 1)];
+        s->ip[i] = ret;
+        h = cuda_mix(h, ret);
+        n = i + 1;
+        low = fp + 16;  /* callers' records lie above this one */
+        fp = w->chunk[off & (GT_CUDA_STACK_CHUNK - 1)];
+    }
+    s->n = n;
+    s->_pad = 0;
+    h = cuda_mix(h, n);
+    h ^= h >> 32;
+    for (u32 k = 0; k < GT_CUDA_STACK_PROBES; k++) {
+        u32 key = (u32)(h + k) & 0x7fffffff;
+        struct cuda_stack *v = cuda_stacks.lookup(&key);
+        if (!v) {
+            int err = cuda_stacks.insert(&key, s);
+            if (err == 0)
+                return key;
+            if (err != -17)  /* EEXIST: another thread stored this key meanwhile */
+                return err;
+            v = cuda_stacks.lookup(&key);
+            if (!v)
+                return -17;
+        }
+        if (cuda_same_stack(v, s))
+            return key;
+    }
+    return -17;  /* EEXIST: every key tried holds another stack */
+}
+
 int uretprobe_cuda(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
-    struct cuda_pending *p = cuda_pending.task_storage_get(
-        (void *)bpf_get_current_task_btf(), 0, 0);
+    void *task = (void *)bpf_get_current_task_btf();
+    struct cuda_pending *p = cuda_pending.task_storage_get(task, 0, 0);
     if (!p || !p->active)
         return 0;
     p->active = 0;
@@ -116,9 +207,9 @@ int uretprobe_cuda(struct pt_regs *ctx)
         e->stack_id = -1;
         if (p->out) {
             u64 v = 0;
-            /* Taken at return: the caller's frame is current again, so a
+            /* Taken at return: the caller's frame is current again, so the
              * frame-pointer walk starts in the caller on every kernel. */
-            e->stack_id = cuda_stacks.get_stackid(ctx, BPF_F_USER_STACK);
+            e->stack_id = cuda_stack_id(ctx, task);
             if (e->result == 0 && bpf_probe_read_user(&v, sizeof(v), (void *)p->out) == 0) {
                 if (p->shape == S_CREATE)
                     e->handle = v, e->valid |= GT_CV_HANDLE;

@@ -39,16 +39,38 @@ struct cuda_path {
 
 BPF_RINGBUF_OUTPUT(cuda_events, GT_CUDA_RB_PAGES);
 BPF_PERCPU_ARRAY(cuda_drops, u64, 1);
-/* The user stack of an allocation, at most GT_CUDA_STACK_DEPTH frames: the
- * value size is what bounds bpf_get_stackid's frame-pointer walk (each frame
- * costs a user read; `record --stack-depth` sets it, 1..127). */
+/* The user stack of an allocation, at most GT_CUDA_STACK_DEPTH frames
+ * (`record --stack-depth`, 1..127), walked by cuda_stack_id() in cuda.bpf.c.
+ * Each distinct stack is stored once in `cuda_stacks`; its key is its id: a
+ * 31-bit hash of its frames, or one of the GT_CUDA_STACK_PROBES - 1 keys after
+ * it when another stack holds that one (frames are compared, never only the
+ * hash). The walk is built in a per-thread buffer (a per-CPU one could be
+ * shared by two threads: uprobe programs run preemptible). */
 #ifndef GT_CUDA_STACK_DEPTH
 #define GT_CUDA_STACK_DEPTH 127
 #endif
+/* How far above the user sp a frame record may lie: the default stack limit
+ * (8 MiB); a frame pointer beyond it is not followed. */
+#ifndef GT_CUDA_STACK_SPAN
+#define GT_CUDA_STACK_SPAN (8ULL << 20)
+#endif
+#define GT_CUDA_STACK_PROBES 4
 struct cuda_stack {
+    u32 n;              /* frames in ip[] */
+    u32 _pad;
     u64 ip[GT_CUDA_STACK_DEPTH];
 };
-BPF_TABLE("stacktrace", int, struct cuda_stack, cuda_stacks, GT_CUDA_STACKS);
+/* The stack is read in chunks of up to GT_CUDA_STACK_CHUNK words, never past
+ * the end of the page the chunk starts in: one user read serves every frame
+ * record that lies in it (a deep stack's records are tens of bytes apart). */
+#define GT_CUDA_STACK_CHUNK 64
+struct cuda_stack_walk {
+    struct cuda_stack s;
+    u64 base, end;      /* the user bytes chunk[] holds: [base, end) */
+    u64 chunk[GT_CUDA_STACK_CHUNK];
+};
+BPF_HASH(cuda_stacks, u32, struct cuda_stack, GT_CUDA_STACKS);
+BPF_TASK_STORAGE(cuda_stack_scratch, struct cuda_stack_walk);
 BPF_TASK_STORAGE(cuda_pending, struct cuda_pending);
 BPF_HASH(cuda_seen, u32, u8, 65536);             /* tgids that made an API call */
 BPF_HASH(cuda_opens, u32, struct cuda_open, 4096); /* tid -> openat of libcuda pending */

@@ -301,9 +301,9 @@ class ApiLayer:
                 continue
             self.stacks_done.add((pid, stack_id))
             try:
-                # the leaf's own length (not bcc's walker, which assumes 127 frames):
-                # a stack cut at --stack-depth fills it without a 0 ending it
-                ips = [int(ip) for ip in itertools.takewhile(bool, tbl[tbl.Key(stack_id)].ip)]
+                st = tbl[tbl.Key(stack_id)]
+                # frames up to the first 0, as the kernel's stack map gave them
+                ips = [int(ip) for ip in itertools.takewhile(bool, st.ip[: st.n])]
             except Exception:
                 self.stack_errors += 1
                 continue
