@@ -112,6 +112,9 @@ C_ONLY = {
     "GT_USER_CS": "x86-64 __USER_CS: a native 64-bit syscall",
     "GT_FD_RB_PAGES": "fd_events ring buffer, sized in C only",
     "GT_CUDA_STACKS": "capacity of the API layer's stack map",
+    "GT_CUDA_STACK_SPAN": "how far above the user sp the stack walk follows frame pointers",
+    "GT_CUDA_STACK_PROBES": "keys tried when another stack holds a stack's hash",
+    "GT_CUDA_STACK_CHUNK": "words of user stack one read of the stack walk copies",
     "GT_PATH_MAX": "path buffer of the API layer's open probe",
 }
 
