@@ -4,6 +4,7 @@ deadline, while a thread keeps draining its stderr)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,17 @@ def build_storm(source: Path, tmp: Path) -> Path:
     exe = tmp / "storm"
     subprocess.run(["gcc", "-O2", "-o", str(exe), str(source)], check=True)
     return exe
+
+
+def device_dirs(tmp: Path) -> tuple[Path, Path]:
+    """tmp/dev holding `nvidiactl` and tmp/other holding `notnvidia`, both mknod copies of
+    /dev/null: the recorder's device folder and an ioctl target outside it."""
+    dev, other = tmp / "dev", tmp / "other"
+    dev.mkdir()
+    other.mkdir()
+    os.mknod(dev / "nvidiactl", 0o666 | 0o020000, os.makedev(1, 3))
+    os.mknod(other / "notnvidia", 0o666 | 0o020000, os.makedev(1, 3))
+    return dev, other
 
 
 def start_recorder(out: Path, *args: str) -> RecorderProc:

@@ -26,15 +26,9 @@ Frame = tuple[str | None, int | None]
 
 def _storm(tmp: Path) -> Path:
     """storm.c built against the stand-in libcuda (frame pointers kept)."""
-    from tests.standin_cuda.standin_cuda import HERE as STANDIN
-    from tests.standin_cuda.standin_cuda import build
+    from tests.standin_cuda.standin_cuda import link_program
 
-    lib = build().lib_dir
-    exe = tmp / "alloc_storm"
-    subprocess.run(["gcc", "-O2", "-fno-omit-frame-pointer", f"-I{STANDIN}", "-o", str(exe),
-                    str(STORM), f"-L{lib}", "-l:libcuda.so.1", f"-Wl,-rpath,{lib}"],
-                   check=True)  # fmt: skip
-    return exe
+    return link_program(STORM, tmp / "alloc_storm")
 
 
 def _return_addresses(exe: Path) -> dict[tuple[str, str], int]:

@@ -38,15 +38,11 @@ FLOOR = "int on_entry(void *ctx) { return 0; }\nint on_return(void *ctx) { retur
 
 
 def build(tmp: Path) -> tuple[Path, Path]:
-    from tests.standin_cuda.standin_cuda import HERE as STANDIN
     from tests.standin_cuda.standin_cuda import build as build_standin
+    from tests.standin_cuda.standin_cuda import link_program
 
-    lib = build_standin().lib_dir
-    exe = tmp / "alloc_storm"
-    subprocess.run(["gcc", "-O2", "-fno-omit-frame-pointer", f"-I{STANDIN}", "-o", str(exe),
-                    str(HERE / "storm.c"),
-                    f"-L{lib}", "-l:libcuda.so.1", f"-Wl,-rpath,{lib}"], check=True)  # fmt: skip
-    return exe, lib / "libcuda.so.1"
+    exe = link_program(HERE / "storm.c", tmp / "alloc_storm")
+    return exe, build_standin().libcuda
 
 
 Result = tuple[float, float]  # CPU ns per allocation, per free

@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "untraced"))
 
-from common import build_storm  # noqa: E402
+from common import build_storm, device_dirs  # noqa: E402
 from revision import start_recorder_from, tree_of  # noqa: E402
 
 _BPF_ENABLE_STATS = 32
@@ -72,11 +72,7 @@ def main() -> int:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        dev, other = tmp / "dev", tmp / "other"
-        dev.mkdir()
-        other.mkdir()
-        os.mknod(dev / "nvidiactl", 0o666 | 0o020000, os.makedev(1, 3))
-        os.mknod(other / "notnvidia", 0o666 | 0o020000, os.makedev(1, 3))
+        dev, other = device_dirs(tmp)
         storm = a.kind == "storm"
         (tmp / "s").mkdir()
         exe = build_storm(HERE / "storm.c" if storm else HERE.parent / "untraced" / "other.c",

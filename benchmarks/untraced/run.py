@@ -38,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from common import build_storm  # noqa: E402
+from common import build_storm, device_dirs  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 from revision import bpf_stats, other_tracers, start_recorder_from, tree_of, under_floor  # noqa: E402
@@ -95,11 +95,7 @@ def main() -> int:
     others: dict[str, int] = {}  # column -> other tracers seen while it ran
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        dev, other = tmp / "dev", tmp / "other"
-        dev.mkdir()
-        other.mkdir()
-        os.mknod(dev / "nvidiactl", 0o666 | 0o020000, os.makedev(1, 3))
-        os.mknod(other / "notnvidia", 0o666 | 0o020000, os.makedev(1, 3))
+        dev, other = device_dirs(tmp)
         exe = build_storm(HERE / "other.c", tmp)
 
         def measure(into: dict[str, list[float]], col: str = "untraced") -> None:

@@ -111,6 +111,16 @@ def build() -> Paths:
                  workload=BUILD_DIR / "cuda_workload")
 
 
+def link_program(source: Path, exe: Path) -> Path:
+    """gcc -O2 `source` (a C program calling cuMem*) against the stand-in libcuda, frame
+    pointers kept so stacks walk to main; returns `exe`."""
+    lib = build().lib_dir
+    subprocess.run(["gcc", "-O2", "-fno-omit-frame-pointer", f"-I{HERE}", "-o", str(exe),
+                    str(source), f"-L{lib}", "-l:libcuda.so.1", f"-Wl,-rpath,{lib}"],
+                   check=True)  # fmt: skip
+    return exe
+
+
 def workload_env(devdir: Path | str | None = None, log: bool = False,
                  extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for the workload: GPUTRACE_STANDIN_DEVDIR set or removed."""
