@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -33,24 +32,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "untraced"))
-from revision import start_recorder_from, tree_of  # noqa: E402
-
-SYMS = ("cuMemAlloc_v2", "cuMemFree_v2")
-FLOOR = "int on_entry(void *ctx) { return 0; }\nint on_return(void *ctx) { return 0; }\n"
-
-
-def build(tmp: Path) -> tuple[Path, Path]:
-    from tests.standin_cuda.standin_cuda import build as build_standin
-    from tests.standin_cuda.standin_cuda import link_program
-
-    exe = link_program(HERE / "loop.c", tmp / "alloc_loop")
-    return exe, build_standin().libcuda
-
-
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e.pop("GPUTRACE_STANDIN_DEVDIR", None)
-    return e
+from api_runs import build, under_uprobe_floor  # noqa: E402
+from api_runs import traced as run_traced  # noqa: E402
+from api_runs import untraced as run_untraced  # noqa: E402
+from revision import tree_of  # noqa: E402
 
 
 def parse(out: str) -> float:
@@ -75,43 +60,20 @@ class Loop:
         probe = 1_000_000
         def run(w: int) -> float:
             argv = self.argv(50, w)
-            return min(parse(subprocess.run(argv, capture_output=True, text=True, check=True,
-                                            env=env()).stdout) for _ in range(3))  # fmt: skip
+            return min(parse(run_untraced(argv)) for _ in range(3))
         bare, full = run(0), run(probe)
         per_unit = max(full - bare, 1.0) / probe
         self.work = max(0, int((iter_us * 1000 - bare) / per_unit))
 
     def untraced(self) -> float:
-        return parse(subprocess.run(self.argv(), capture_output=True, text=True, check=True,
-                                    env=env()).stdout)  # fmt: skip
+        return parse(run_untraced(self.argv()))
 
     def floor(self) -> float:
-        from gputrace.record import loader
-
-        bpf = loader.import_bcc().BPF(text=FLOOR)
-        try:
-            for sym in SYMS:
-                bpf.attach_uprobe(name=str(self.lib), sym=sym, fn_name="on_entry")
-                bpf.attach_uretprobe(name=str(self.lib), sym=sym, fn_name="on_return")
-            return self.untraced()
-        finally:
-            bpf.cleanup()
+        return under_uprobe_floor(self.lib, self.untraced)
 
     def traced(self, tmp: Path, tree: Path | None, *flags: str) -> dict[str, Any]:
-        out = tmp / "trace"
-        w = subprocess.Popen([*self.argv(), "--wait"], text=True, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, env=env())  # fmt: skip
-        assert w.stdout is not None and w.stdin is not None
-        pid = int(w.stdout.readline().split()[1])
-        rec = start_recorder_from(tree, out, "-p", str(pid), *flags).proc
-        w.stdin.write("go\n")
-        w.stdin.flush()
-        cpu = parse(w.communicate()[0])
-        rec.wait()
-        from gputrace.tracedir import open_trace
-
-        t = open_trace(out)
-        return {"cpu": cpu, "rows": t.rows("cuda_calls"), "drops": sum(t.drops.values()),
+        out, t = run_traced([*self.argv(), "--wait"], tree, tmp / "trace", *flags)
+        return {"cpu": parse(out), "rows": t.rows("cuda_calls"), "drops": sum(t.drops.values()),
                 "stacks": t.rows("stacks"),
                 "stack_depth": t.manifest.get("api", {}).get("stack_depth")}  # fmt: skip
 
@@ -136,7 +98,7 @@ def main() -> None:
     facts: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        exe, lib = build(tmp)
+        exe, lib = build(HERE / "loop.c", tmp / "alloc_loop")
         loop = Loop(exe, lib, args.iters, args.depth, args.pairs)
         loop.calibrate(args.iter_us)
         res["work_units"] = loop.work

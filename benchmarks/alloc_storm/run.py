@@ -12,8 +12,7 @@ time slices lost to other processes), best of --repeat. Printed: ns per call
 and what the floor and gputrace add, and the ratio each is judged by
 (allocations: gputrace added / floor added <= 1.5; frees: at the floor).
 --stack-depths 16,32 adds this tree under `record --stack-depth N` (a walk of
-at most N frames: fewer reads, and no fault where the walk would run off the
-last frame-pointer frame).
+at most N frames).
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,21 +27,11 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-
 sys.path.insert(0, str(HERE.parent / "untraced"))
-from revision import start_recorder_from, tree_of  # noqa: E402
-
-SYMS = ("cuMemAlloc_v2", "cuMemFree_v2")
-FLOOR = "int on_entry(void *ctx) { return 0; }\nint on_return(void *ctx) { return 0; }\n"
-
-
-def build(tmp: Path) -> tuple[Path, Path]:
-    from tests.standin_cuda.standin_cuda import build as build_standin
-    from tests.standin_cuda.standin_cuda import link_program
-
-    exe = link_program(HERE / "storm.c", tmp / "alloc_storm")
-    return exe, build_standin().libcuda
-
+from api_runs import build, under_uprobe_floor  # noqa: E402
+from api_runs import traced as run_traced  # noqa: E402
+from api_runs import untraced as run_untraced  # noqa: E402
+from revision import tree_of  # noqa: E402
 
 Result = tuple[float, float]  # CPU ns per allocation, per free
 
@@ -60,47 +48,18 @@ def best(runs: list[Result]) -> Result:
     return min(r[0] for r in runs), min(r[1] for r in runs)
 
 
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e.pop("GPUTRACE_STANDIN_DEVDIR", None)
-    return e
-
-
 def untraced(exe: Path, n: int, depth: int) -> Result:
-    return parse(subprocess.run([str(exe), str(n), "-", str(depth)], capture_output=True,
-                                text=True, check=True, env=env()).stdout)  # fmt: skip
+    return parse(run_untraced([str(exe), str(n), "-", str(depth)]))
 
 
 def floor(exe: Path, lib: Path, n: int, depth: int) -> Result:
-    from gputrace.record import loader
-
-    bpf = loader.import_bcc().BPF(text=FLOOR)
-    try:
-        for sym in SYMS:
-            bpf.attach_uprobe(name=str(lib), sym=sym, fn_name="on_entry")
-            bpf.attach_uretprobe(name=str(lib), sym=sym, fn_name="on_return")
-        return untraced(exe, n, depth)
-    finally:
-        bpf.cleanup()
+    return under_uprobe_floor(lib, lambda: untraced(exe, n, depth))
 
 
 def traced(exe: Path, n: int, tmp: Path, depth: int, tree: Path | None,
            *flags: str) -> dict[str, Any]:
-    out = tmp / "trace"
-    w = subprocess.Popen([str(exe), str(n), "--wait", str(depth)], text=True,
-                         stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, env=env())  # fmt: skip
-    assert w.stdout is not None and w.stdin is not None
-    pid = int(w.stdout.readline().split()[1])
-    rec = start_recorder_from(tree, out, "-p", str(pid), *flags).proc
-    w.stdin.write("go\n")
-    w.stdin.flush()
-    per_call = parse(w.communicate()[0])
-    rec.wait()
-    from gputrace.tracedir import open_trace
-
-    t = open_trace(out)
-    return {"cpu": per_call, "rows": t.rows("cuda_calls"), "expected_rows": 2 * n + 2,
+    out, t = run_traced([str(exe), str(n), "--wait", str(depth)], tree, tmp / "trace", *flags)
+    return {"cpu": parse(out), "rows": t.rows("cuda_calls"), "expected_rows": 2 * n + 2,
             "drops": sum(t.drops.values()), "stacks": t.rows("stacks")}  # fmt: skip
 
 
@@ -124,7 +83,7 @@ def main() -> None:
     res: dict[str, Any] = {"calls": 2 * args.iters, "loadavg": os.getloadavg()}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        exe, lib = build(tmp)
+        exe, lib = build(HERE / "storm.c", tmp / "alloc_storm")
         after = tree_of(args.after, tmp / "after")
         before = tree_of(args.before, tmp / "before") if args.before else None
         for depth in (0, args.depth):
