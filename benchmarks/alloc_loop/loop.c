@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include "cuda_standin.h"
+#include "../alloc_storm/api_program.h"
 
 #define MAX_PAIRS 256
 
@@ -24,13 +24,6 @@ static long iters, work, pairs;
 static int depth;
 static double cpu, wall;
 static volatile uint64_t sink;
-
-static double clock_ns(clockid_t c)
-{
-    struct timespec t;
-    clock_gettime(c, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
 
 /* CPU work that no compiler removes: an xorshift chain, `units` steps. */
 static void compute(long units)
@@ -94,19 +87,7 @@ int main(int argc, char **argv)
     pairs = atol(argv[4]);
     if (pairs < 1 || pairs > MAX_PAIRS || iters < 1 || work < 0 || depth < 0)
         return 2;
-    if (argc > 5 && strcmp(argv[5], "--wait") == 0) {
-        char line[16];
-        printf("READY %d\n", (int)getpid());
-        fflush(stdout);
-        if (!fgets(line, sizeof(line), stdin))
-            return 1;
-    }
-    CUdevice dev;
-    CUcontext ctx;
-    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuCtxCreate_v2(&ctx, 0, dev))
-        return 1;
-    CUdeviceptr p;
-    if (cuMemAlloc_v2(&p, 4096) || cuMemFree_v2(p)) /* warm-up (first-call pause) */
+    if (api_start(argc > 5 && strcmp(argv[5], "--wait") == 0))
         return 1;
     if (descend(depth))
         return 1;

@@ -13,16 +13,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include "cuda_standin.h"
+#include "api_program.h"
 
 #define BATCH 1000
-
-static double clock_ns(clockid_t c)
-{
-    struct timespec t;
-    clock_gettime(c, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
 
 static long n;
 static double wall, alloc_cpu, free_cpu;
@@ -61,19 +54,7 @@ int main(int argc, char **argv)
 {
     n = argc > 1 ? atol(argv[1]) : 200000;
     int depth = argc > 3 ? atoi(argv[3]) : 0;
-    if (argc > 2 && strcmp(argv[2], "--wait") == 0) {
-        char line[16];
-        printf("READY %d\n", (int)getpid());
-        fflush(stdout);
-        if (!fgets(line, sizeof(line), stdin))
-            return 1;
-    }
-    CUdevice dev;
-    CUcontext ctx;
-    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuCtxCreate_v2(&ctx, 0, dev))
-        return 1;
-    CUdeviceptr p;
-    if (cuMemAlloc_v2(&p, 4096) || cuMemFree_v2(p)) /* warm-up (first-call pause) */
+    if (api_start(argc > 2 && strcmp(argv[2], "--wait") == 0))
         return 1;
     if (descend(depth))
         return 1;
