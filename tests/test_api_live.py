@@ -138,12 +138,11 @@ def test_api_and_syscall_layers_exact(tmp_path: Path) -> None:
     assert ioctls["ts_ns"].min() < first_alloc < ioctls["ts_ns"].max()  # type: ignore[operator]
 
 
-def test_api_dlopen_after_start(tmp_path: Path) -> None:
-    """The twin dlopen()s libcuda after READY: the probe stops it at the open,
-    the recorder attaches, and no call is missed."""
+def record_dlopen_twin(out: Path) -> Any:
+    """`record -p` of the twin that dlopen()s libcuda only after the recorder is
+    ready (not mapped before); the trace, once both ended cleanly."""
     from tests.standin_cuda.standin_cuda import waiting_workload
 
-    out = tmp_path / "trace"
     with waiting_workload("--quiet", dlopen=True) as w:
         assert "libcuda" not in Path(f"/proc/{w.pid}/maps").read_text()
         rec = RecorderProc(record_cmd(out, "-p", str(w.pid)))
@@ -152,7 +151,13 @@ def test_api_dlopen_after_start(tmp_path: Path) -> None:
         assert rc == 0, err
         assert "LOADED" in stdout
     assert rec.wait() == 0, "".join(rec.stderr)
-    t = open_trace(out)
+    return open_trace(out)
+
+
+def test_api_dlopen_after_start(tmp_path: Path) -> None:
+    """The twin dlopen()s libcuda after READY: the probe stops it at the open,
+    the recorder attaches, and no call is missed."""
+    t = record_dlopen_twin(tmp_path / "trace")
     assert "api" in t.layers
     assert t.manifest["api"]["pauses"] >= 1
     calls = t.scan("cuda_calls").collect()

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from gputrace.tracedir import open_trace
-from tests.record_helpers import RecorderProc, live_skip_reason, record_cmd
+from tests.record_helpers import live_skip_reason
 
 pytestmark = [pytest.mark.live]
 _SKIP = live_skip_reason()
@@ -68,19 +67,10 @@ def test_dlopen_pause_per_mechanism(mech: str, tmp_path: Path,
     """The twin dlopen()s libcuda after the recorder is ready: whichever program
     sees the openat stops it, the recorder attaches, and every call is seen."""
     from gputrace.record import cuda
-    from tests.standin_cuda.standin_cuda import waiting_workload
-    from tests.test_api_live import _check_calls
+    from tests.test_api_live import _check_calls, record_dlopen_twin
 
     monkeypatch.setenv("GPUTRACE_SYSCALL_HOOKS", mech)
-    out = tmp_path / "trace"
-    with waiting_workload("--quiet", dlopen=True) as w:
-        rec = RecorderProc(record_cmd(out, "-p", str(w.pid)))
-        rec.wait_ready()
-        rc, stdout, err = w.go()
-        assert rc == 0, err
-        assert "LOADED" in stdout
-    assert rec.wait() == 0, "".join(rec.stderr)
-    t = open_trace(out)
+    t = record_dlopen_twin(tmp_path / "trace")
     assert t.manifest["syscall_hooks"]["mechanism"] == mech
     want = cuda.LOADS_TP_BTF if mech == "tp_btf" else cuda.LOADS_TRACEPOINT
     assert t.manifest["api"]["library_loads"] == want
