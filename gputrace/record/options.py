@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gputrace.errors import GputraceError, UsageError
-from gputrace.record import driver, hooks, loader, memory_sampler, uvm_tools
+from gputrace.record import cuda, driver, hooks, loader, memory_sampler, uvm_tools
 from gputrace.traceoutput import check_output
 
 MAX_DURATION_S = 10 * 365 * 86400.0
@@ -31,7 +31,7 @@ class Options:
     uvm_queue_entries: int = uvm_tools.DEFAULT_QUEUE_ENTRIES
     sample_ms: float = memory_sampler.DEFAULT_SAMPLE_MS  # --sample-interval
     uvm_queue_version: int | None = None  # --uvm-queue-version (tests)
-    stack_depth: int = 127  # --stack-depth: frames per allocation stack (API layer)
+    stack_depth: int = cuda.STACK_DEPTH  # --stack-depth: frames per allocation stack
 
 
 def device_prefix(device_dir: str) -> str:
