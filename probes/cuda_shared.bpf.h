@@ -17,19 +17,17 @@
 #define GT_PATH_MAX 256
 #define GT_SIGSTOP 19
 
+/* One list of the shared maps; how each is declared depends on the program. */
 #if defined(GT_CUDA_EXTERN)
-BPF_TABLE("extern", int, struct cuda_config, cuda_config, 1);
-BPF_TABLE("extern", u32, u8, cuda_targets, 65536);
-BPF_TABLE("extern", u32, struct cuda_pause, cuda_paused, 4096);
+#define GT_CUDA_TABLE(kind, k, v, name, n) BPF_TABLE("extern", k, v, name, n)
 #elif defined(GT_CUDA_SHARE)
-BPF_TABLE_SHARED("array", int, struct cuda_config, cuda_config, 1);
-BPF_TABLE_SHARED("hash", u32, u8, cuda_targets, 65536);          /* traced tgids (filter mode) */
-BPF_TABLE_SHARED("hash", u32, struct cuda_pause, cuda_paused, 4096);
+#define GT_CUDA_TABLE(kind, k, v, name, n) BPF_TABLE_SHARED(kind, k, v, name, n)
 #else
-BPF_ARRAY(cuda_config, struct cuda_config, 1);
-BPF_HASH(cuda_targets, u32, u8, 65536);          /* traced tgids (filter mode) */
-BPF_HASH(cuda_paused, u32, struct cuda_pause, 4096);
+#define GT_CUDA_TABLE(kind, k, v, name, n) BPF_TABLE(kind, k, v, name, n)
 #endif
+GT_CUDA_TABLE("array", int, struct cuda_config, cuda_config, 1);
+GT_CUDA_TABLE("hash", u32, u8, cuda_targets, 65536);          /* traced tgids (filter mode) */
+GT_CUDA_TABLE("hash", u32, struct cuda_pause, cuda_paused, 4096);
 
 static __always_inline struct cuda_config *cuda_cfg(void)
 {
