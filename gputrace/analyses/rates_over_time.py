@@ -33,14 +33,6 @@ def equal_cuts(inp: Inputs, buckets: int) -> Cuts:
                 [width] * buckets)
 
 
-def window_cuts(inp: Inputs, window_s: float) -> Cuts:
-    """The fault-rate report's own windows (fault_windows.windows: a short remainder
-    joins the last window), so a plotted rate is the table's rate for that window."""
-    w, k, last = windows(inp.start_ns, inp.end_ns, window_s)
-    return Cuts(window_of(inp.start_ns, w, k),
-                [float(b * w) for b in range(k)], [float(w)] * (k - 1) + [float(last)])
-
-
 def _rate(frame: pl.LazyFrame, by: str | None, cuts: Cuts) -> list[dict[str, Any]]:
     keys = ["_b"] if by is None else [by, "_b"]
     df = (frame.with_columns(_b=cuts.bucket).group_by(keys).agg(n=pl.len())
@@ -65,9 +57,12 @@ def rate_cuts(inp: Inputs, window_s: float | None, most: int = BUCKETS) -> Cuts:
     (so plot and table agree on every window, the busiest included), else `most`
     equal buckets."""
     if window_s:
-        _w, k, _last = windows(inp.start_ns, inp.end_ns, window_s)
+        # the report's own windows (fault_windows.windows: a short remainder joins the
+        # last one), so a plotted rate is the table's rate for that window
+        w, k, last = windows(inp.start_ns, inp.end_ns, window_s)
         if k <= most:
-            return window_cuts(inp, window_s)
+            return Cuts(window_of(inp.start_ns, w, k), [float(b * w) for b in range(k)],
+                        [float(w)] * (k - 1) + [float(last)])
     return equal_cuts(inp, most)
 
 
