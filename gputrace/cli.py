@@ -23,12 +23,13 @@ from gputrace.options import parse_rows
 from gputrace.render.safe import printable, printable_tree
 
 # one module per command in gputrace/commands/, each with register(app)
-COMMANDS = ("record", "analyze", "diff", "doctor", "export", "fleet", "top")
+COMMANDS = ("record", "convert", "analyze", "diff", "doctor", "export", "fleet", "top")
 _registered: set[str] = set()
 
 EPILOG = """\b
 Examples:
   gputrace record -o run1 -- python train.py   trace one job and its children
+  gputrace convert run1                        decode a `record --raw` trace
   gputrace info run1                           what the trace holds
   gputrace analyze run1 --only leaks           what is still allocated, and by whom
   gputrace dump run1 ioctls --limit 20         the raw events

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from gputrace import schema
 from gputrace.errors import TraceError
+from gputrace.rawparts import RAW_GLOB
 from gputrace.tracefiles import MANIFEST, PART_GLOB, STATUS_COMPLETE, read_manifest
 
 if TYPE_CHECKING:  # polars is imported where a scan needs it
@@ -193,9 +194,25 @@ def open_trace(path: str | os.PathLike[str], *, validate: bool = True) -> Trace:
         raise TraceError(f"{p} is not a gputrace trace (no {MANIFEST})")
     manifest = read_manifest(None, mpath, mpath)
     trace = Trace(p, manifest)
+    _refuse_raw(trace)
     if validate:
         trace.validate()
     return trace
+
+
+def _refuse_raw(trace: Trace) -> None:
+    """A trace recorded with `--raw` holds parts no reader decodes: say how to
+    convert them rather than report on the tables without them."""
+    held = {}
+    for name in schema.TABLES:
+        folder = trace.path / name
+        n = sum(1 for p in folder.glob(RAW_GLOB) if p.is_file()) if folder.is_dir() else 0
+        if n:
+            held[name] = n
+    if held:
+        what = ", ".join(f"{n} of {t}" for t, n in held.items())
+        raise TraceError(f"{trace.path} holds raw parts not decoded yet ({what}; recorded "
+                         f"with --raw): run `gputrace convert {trace.path}` first")  # fmt: skip
 
 
 # ---------------------------------------------------------------- integrity

@@ -10,6 +10,7 @@ creating or replacing the directory is `gputrace.traceoutput`'s job.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import sys
@@ -18,10 +19,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gputrace import schema
+from gputrace import rawparts, schema
 from gputrace.errors import TraceError
 from gputrace.tracefiles import (
     MANIFEST,
@@ -68,6 +70,11 @@ class TraceWriter:
         self.path = Path(path)
         self._note = note or _stderr_note
         self._fd = open_output(abs_trace_path(path), force, self._note)
+        try:  # a conversion (rawconvert) must not rewrite a trace being recorded
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise TraceError(f"{path} is being written by another gputrace right now") from None
         self._table_fds: dict[str, int] = {}
         self.rotate_rows = rotate_rows
         self.compression_level = compression_level
@@ -75,6 +82,14 @@ class TraceWriter:
         self._buffered_rows: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
         self._parts: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
         self._rows: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
+        # raw parts (rawparts.py): compressed frames buffered per table, their
+        # header, records buffered, and raw parts and records written
+        self._raw: dict[str, list[bytes]] = {n: [] for n in schema.TABLES}
+        self._raw_header: dict[str, bytes] = {}
+        self._raw_buffered: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
+        self._raw_bytes: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
+        self._raw_parts: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
+        self._raw_rows: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
         self.manifest: dict[str, Any] = {
             "format": schema.FORMAT_NAME,
             "format_version": schema.FORMAT_VERSION,
@@ -109,22 +124,41 @@ class TraceWriter:
             self._flush_table(table)
             self._write_manifest()
 
+    def append_raw(self, table: str, record: str, dtype: np.dtype[Any],
+                   data: bytes | memoryview) -> None:  # fmt: skip
+        """Buffer whole `record` structs of `dtype` for `table` undecoded: they are
+        compressed now and written as a raw part at the next rotation, for
+        `gputrace convert` to decode (rawparts.py)."""
+        if table not in schema.TABLES:
+            raise TraceError(f"unknown table {table!r}")
+        if len(data) % dtype.itemsize:
+            raise TraceError(f"table {table}: {len(data)} raw bytes are not whole "
+                             f"{dtype.itemsize}-byte {record} records")  # fmt: skip
+        if not len(data):
+            return
+        head = rawparts.header(table, record, dtype)
+        if self._raw_header.setdefault(table, head) != head:
+            raise TraceError(f"table {table}: raw records of two layouts in one trace")
+        f = rawparts.frame(data)
+        self._raw[table].append(f)
+        self._raw_buffered[table] += len(data) // dtype.itemsize
+        self._raw_bytes[table] += len(f)
+        if self._raw_bytes[table] >= RAW_ROTATE_BYTES:
+            self._flush_raw(table)
+            self._write_manifest()
+
     def update_manifest(self, **fields: Any) -> None:
         """Merge fields into the manifest; written at the next rotation or close."""
         self.manifest.update(fields)
 
     def rotate(self) -> None:
         """Write every buffered table as a new part, then the manifest."""
-        for name in schema.TABLES:
-            if self._buffered_rows[name]:
-                self._flush_table(name)
+        self._flush_all()
         self._write_manifest()
 
     def close(self, status: str = STATUS_COMPLETE) -> None:
         """Write what is buffered and the final manifest; release the directory."""
-        for name in schema.TABLES:
-            if self._buffered_rows[name]:
-                self._flush_table(name)
+        self._flush_all()
         self.manifest["status"] = status
         self._write_manifest()
         if self.relocated():
@@ -167,46 +201,81 @@ class TraceWriter:
         self._table_fds[name] = fd
         return fd
 
+    def _flush_all(self) -> None:
+        for name in schema.TABLES:
+            if self._buffered_rows[name]:
+                self._flush_table(name)
+            if self._raw_buffered[name]:
+                self._flush_raw(name)
+
     def _flush_table(self, name: str) -> None:
         t = schema.table(name)
         arrow = pa.Table.from_batches(self._buffers[name], schema=t.arrow_schema)
-        folder = self._table_dir(name)
-        final = part_name(self._parts[name] + 1)
-        tmp = final + ".tmp"
-        with os.fdopen(create_file(folder, tmp, self.path / name), "wb") as f:
-            # A file object, not a path: pyarrow never opens anything by name here.
-            pq.write_table(
-                arrow,
-                f,
-                compression="zstd",
-                compression_level=self.compression_level,
-                write_statistics=True,
-                **_encodings(arrow.schema.names),
-            )
-        # rename replaces a directory entry; it never writes through a link planted there
-        os.rename(tmp, final, src_dir_fd=folder, dst_dir_fd=folder)
+        n = self._parts[name] + self._raw_parts[name] + 1
+        write_part(self._table_dir(name), part_name(n), arrow, self.path / name,
+                   self.compression_level)  # fmt: skip
         self._parts[name] += 1
         self._rows[name] += arrow.num_rows
         self._buffers[name] = []
         self._buffered_rows[name] = 0
 
+    def _flush_raw(self, name: str) -> None:
+        n = self._parts[name] + self._raw_parts[name] + 1
+        chunks = [self._raw_header[name], *self._raw[name]]
+        write_file(self._table_dir(name), rawparts.raw_part_name(n), self.path / name,
+                   lambda f: f.writelines(chunks))  # fmt: skip
+        self._raw_parts[name] += 1
+        self._raw_rows[name] += self._raw_buffered[name]
+        self._raw[name] = []
+        self._raw_buffered[name] = 0
+        self._raw_bytes[name] = 0
+
     def _write_manifest(self) -> None:
-        self.manifest["tables"] = {
-            n: {"rows": self._rows[n], "parts": self._parts[n]}
-            for n in schema.TABLES
-            if self._parts[n]
-        }
-        data = json.dumps(self.manifest, indent=2, sort_keys=True).encode() + b"\n"
-        fd = create_file(self._fd, MANIFEST_TMP, self.path)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(MANIFEST_TMP, MANIFEST, src_dir_fd=self._fd, dst_dir_fd=self._fd)
-        os.fsync(self._fd)
+        tables: dict[str, Any] = {}
+        for n in schema.TABLES:
+            if self._parts[n] or self._raw_parts[n]:
+                tables[n] = {"rows": self._rows[n], "parts": self._parts[n]}
+            if self._raw_parts[n]:
+                tables[n].update(raw_parts=self._raw_parts[n], raw_records=self._raw_rows[n])
+        self.manifest["tables"] = tables
+        write_manifest(self._fd, self.manifest, self.path)
+
+
+RAW_ROTATE_BYTES = 256 << 20
+"""Compressed raw bytes a table buffers before a rotation is forced (~40 M events)."""
+
+
+def write_file(folder: int, final: str, where: Path, fill: Callable[[Any], object]) -> None:
+    """Create `final` in the directory `folder` by `fill(file)` on a new `.tmp` file,
+    then rename it into place (a reader never sees a part half written)."""
+    tmp = final + ".tmp"
+    with os.fdopen(create_file(folder, tmp, where), "wb") as f:
+        # A file object, not a path: nothing is ever opened by name here.
+        fill(f)
+    # rename replaces a directory entry; it never writes through a link planted there
+    os.rename(tmp, final, src_dir_fd=folder, dst_dir_fd=folder)
+
+
+def write_part(folder: int, final: str, arrow: pa.Table, where: Path, level: int = 3) -> None:
+    """One zstd Parquet part of a table (the recorder's and the converter's)."""
+    write_file(folder, final, where, lambda f: pq.write_table(
+        arrow, f, compression="zstd", compression_level=level, write_statistics=True,
+        **_encodings(arrow.schema.names)))  # fmt: skip
+
+
+def write_manifest(dir_fd: int, manifest: Mapping[str, Any], where: Path) -> None:
+    """Replace the manifest of the trace directory `dir_fd` atomically."""
+    data = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
+    fd = create_file(dir_fd, MANIFEST_TMP, where)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(MANIFEST_TMP, MANIFEST, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    os.fsync(dir_fd)
 
 
 def _conform(t: schema.Table, data: pa.RecordBatch | pa.Table) -> pa.RecordBatch:

@@ -15,6 +15,7 @@ from typing import Any
 import polars as pl
 import pytest
 
+from gputrace.errors import TraceError
 from gputrace.tracedir import open_trace
 from tests.record_helpers import (
     ROOT,
@@ -89,19 +90,47 @@ def _check_files(files: pl.DataFrame, ioctls: pl.DataFrame, exp: dict[str, Any],
     return dict(Counter(opens["device"].to_list()))
 
 
-def test_record_command_exact(tmp_path: Path) -> None:
+def _convert_raw(out: Path) -> None:
+    """A `record --raw` trace: readers refuse it until `gputrace convert` decoded
+    its raw ioctl parts, which leaves only Parquet parts and says so in the manifest."""
+    with pytest.raises(TraceError, match=r"raw parts not decoded yet .*gputrace convert"):
+        open_trace(out)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["raw_tables"] == {"ioctls": "ioctl_event"}
+    raws = sorted((out / "ioctls").glob("part-*.gtraw"))
+    assert raws and m["tables"]["ioctls"]["raw_parts"] == len(raws)
+    assert not list((out / "ioctls").glob("part-*.parquet"))
+    r = subprocess.run([sys.executable, "-m", "gputrace.cli", "convert", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=RUN_S)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = m["tables"]["ioctls"]["raw_records"]
+    assert f"{len(raws)} raw parts decoded into {rows} rows of ioctls" in r.stdout
+    assert not list((out / "ioctls").glob("part-*.gtraw"))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["tables"]["ioctls"] == {"rows": rows, "parts": len(raws)}
+    assert m["decode_errors"]["ioctl_events"] == 0 and "converted" in m
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["decoded", "raw"])
+def test_record_command_exact(tmp_path: Path, raw: bool) -> None:
+    """The stand-in workload's every ioctl, mapping, fd and process, exactly; with
+    --raw, the same after `gputrace convert`."""
     from tests.standin.standin import build, mounted_driver
 
     exp = _expected()
     wl = build().workload
     out = tmp_path / "trace"
+    extra = ["--raw"] if raw else []
     with mounted_driver(tmp_path, budget=1 << 30) as dev:
         r = subprocess.run(
-            record_cmd(out, "--device-dir", str(dev), *DRIVER, "--", str(wl), str(dev)),
+            record_cmd(out, "--device-dir", str(dev), *DRIVER, *extra, "--", str(wl), str(dev)),
             cwd=ROOT, capture_output=True, text=True, timeout=RUN_S,
         )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "DONE" in r.stdout
+    if raw:
+        assert "gputrace convert" in r.stderr
+        _convert_raw(out)
     t = open_trace(out)
     assert t.status == "complete"
     assert t.layers[0] == "syscall"  # + "cpu_faults" on x86-64 (issue 6)

@@ -83,6 +83,14 @@ def register(app: typer.Typer) -> None:
                          help="UVM tools queue record format (tests; default: the "
                               "driver's newest)."),
         ] = None,
+        raw: Annotated[
+            bool,
+            typer.Option("--raw",
+                         help="Write ioctl events undecoded (compressed as the probes "
+                              "staged them): ~10x less recorder CPU per event on busy "
+                              "hosts; `gputrace convert` decodes them later, anywhere. "
+                              "No --live, --metrics or --alert."),
+        ] = False,
         ebpf: Annotated[
             bool, typer.Option("--ebpf", help="Print the BPF program and cflags, then exit.")
         ] = False,
@@ -135,6 +143,9 @@ def register(app: typer.Typer) -> None:
             queue_version = parse_count(uvm_queue_version, "--uvm-queue-version",
                                         minimum=1, maximum=2)  # fmt: skip
 
+        if raw and (live or metrics is not None or alert):
+            raise UsageError("--raw leaves ioctl events undecoded until `gputrace convert`: "
+                             "it cannot be watched live (drop --live/--metrics/--alert)")
         command = list(ctx.args)
         if command and command[0] == "--":
             command = command[1:]
@@ -155,6 +166,7 @@ def register(app: typer.Typer) -> None:
             sample_ms=sample_ms,
             uvm_queue_version=queue_version,
             stack_depth=depth,
+            raw=raw,
         )
         if ebpf:
             from gputrace.record import cuda

@@ -8,8 +8,8 @@ No Python object is made per event: raw records are concatenated, viewed with
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -159,6 +159,35 @@ def ioctl_events(bodies: bytes) -> npt.NDArray[np.void]:
 def ioctl_events_from_batches(raw: bytes) -> npt.NDArray[np.void]:
     """Events from concatenated `struct ioctl_batch` records (each count-prefixed)."""
     return batched(raw, IOCTL_DTYPE, STAGE_EVENTS)[0]
+
+
+IOCTL_CODES = {"device": schema.DEVICE_KINDS}
+"""Code fields of `struct ioctl_event` and their names: a record with another code is skipped."""
+
+
+def ioctl_rows(ev: npt.NDArray[np.void]) -> tuple[pa.RecordBatch | None, int]:
+    """The `ioctls` rows of staged ioctl events (None when there are none) and how
+    many were skipped for an unknown code: the recorder's decode, and the converter's
+    of raw parts."""
+    ev, unknown = known(ev, IOCTL_CODES)
+    return (ioctls_batch(ev) if len(ev) else None), unknown
+
+
+class RawRecord(NamedTuple):
+    """A record kind a trace may hold undecoded in raw parts (`record --raw`)."""
+
+    record: str  # the C struct's name, without `struct `
+    table: str  # the table its rows go to
+    buffer: str  # the `decode_errors` key of records skipped
+    dtype: np.dtype[Any]  # its layout (the C struct's mirror)
+    decode: Callable[[npt.NDArray[np.void]], tuple[pa.RecordBatch | None, int]]
+
+
+RAW_RECORDS = {r.record: r for r in (
+    RawRecord("ioctl_event", "ioctls", "ioctl_events", IOCTL_DTYPE, ioctl_rows),
+)}  # fmt: skip
+"""Record kinds by name. A decoder here needs nothing but the records, since
+`gputrace convert` runs later and elsewhere."""
 
 
 def _strings_from(codes: npt.NDArray[np.integer], names: Mapping[int, str]) -> Any:

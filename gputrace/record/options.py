@@ -32,6 +32,7 @@ class Options:
     sample_ms: float = memory_sampler.DEFAULT_SAMPLE_MS  # --sample-interval
     uvm_queue_version: int | None = None  # --uvm-queue-version (tests)
     stack_depth: int = cuda.STACK_DEPTH  # --stack-depth: frames per allocation stack
+    raw: bool = False  # --raw: ioctl events written undecoded (rawparts.py)
 
 
 def device_prefix(device_dir: str) -> str:

@@ -299,6 +299,10 @@ class Recorder:
         self._merge_manifests(s)
         s.w.update_manifest(end_ts_ns=mono_ns())
         s.w.close(status)
+        if self.opts.raw:
+            print(f"gputrace: ioctl events were written undecoded (--raw): run "
+                  f"`gputrace convert {s.w.path}` before reading the trace",
+                  file=sys.stderr, flush=True)  # fmt: skip
         return ended
 
     def _target_exit(self) -> dict[str, Any] | None:

@@ -142,6 +142,25 @@ class Session:
                               f"{type(e).__name__}: {e}; counted, recording goes on",
                               file=sys.stderr, flush=True)  # fmt: skip
 
+    def append_raw(self, buffer: str, record: str, data: bytes) -> None:
+        """Append whole `record` structs undecoded (`record --raw`): only what the
+        recording itself needs is read of them (the latest time, the processes
+        seen), with numpy over their fields; `gputrace convert` decodes the rest."""
+        spec = decode.RAW_RECORDS[record]
+        table, dtype = spec.table, spec.dtype
+        n, rest = divmod(len(data), dtype.itemsize)
+        self.skip(buffer, int(rest > 0), "cut short")
+        if not n:
+            return
+        ev = np.frombuffer(data, dtype, n)
+        self.alive_ns = max(self.alive_ns, int(ev["ts_ns"].max()))
+        pids = ev["pid"]
+        # events come in per-CPU batches, runs of one pid: their starts hold every pid
+        self.note_pids(pids[np.r_[True, pids[1:] != pids[:-1]]])
+        self.w.append_raw(table, record, dtype, memoryview(data)[: n * dtype.itemsize])
+        with self._lock:
+            self.rows[table] = self.rows.get(table, 0) + n
+
     def skip(self, buffer: str, n: int, why: str) -> None:
         if n <= 0:
             return

@@ -16,17 +16,17 @@ from gputrace.record.session import Session
 DECODE_BYTES = 8 << 20  # hand ioctl events to the writer thread every ~50k
 PID_MAX = 1 << 22  # PID_MAX_LIMIT: no kernel hands out larger pids
 # code fields of each event struct and the names the decoders give them
-IOCTL_CODES = {"device": schema.DEVICE_KINDS}
 MAPPING_CODES = {"op": schema.MAPPING_OPS, "device": schema.DEVICE_KINDS}
 FD_CODES = {"op": schema.FD_OPS, "device": schema.DEVICE_KINDS}
 OWN = ("ioctl_events", "mapping_events", "fd_events", "proc_events")
+RAW_KIND = "raw_ioctls"  # --raw: ioctl records for the writer to store undecoded
 
 
 def _ioctls(_layer: Any, _s: Session, kind: str, data: bytes) -> Decoded:
     ev, bad = (decode.records(data, decode.IOCTL_DTYPE) if kind == "ioctl_events"
                else decode.batched(data, decode.IOCTL_DTYPE, decode.STAGE_EVENTS))  # fmt: skip
-    ev, unknown = decode.known(ev, IOCTL_CODES)
-    return (decode.ioctls_batch(ev) if len(ev) else None), bad + unknown
+    rows, unknown = decode.ioctl_rows(ev)
+    return rows, bad + unknown
 
 
 def _simple(dtype: np.dtype[Any], codes: dict[str, dict[int, str]], batch_fn: Any) -> Any:
@@ -113,14 +113,34 @@ class SyscallLayer(Layer):
             self.drops = self.p.drops()
         if due is Due.FINAL:
             items.append(("leftover", self.p.leftover_staging()))
+        if s.opts.raw:
+            items = [self._raw_item(s, kind, data) for kind, data in items]
         return items
+
+    @staticmethod
+    def _raw_item(s: Session, kind: str, data: bytes) -> tuple[str, bytes]:
+        """With --raw, ioctl events go to the writer as bare records (the staged
+        leftovers without their batch headers); other kinds are unchanged."""
+        if kind == "leftover":
+            ev, bad = decode.batched(data, decode.IOCTL_DTYPE, decode.STAGE_EVENTS)
+            s.skip("ioctl_events", bad, "cut short")
+            return RAW_KIND, ev.tobytes()
+        return (RAW_KIND, data) if kind == "ioctl_events" else (kind, data)
+
+    def write(self, s: Session, kind: str, data: Any) -> None:
+        if kind == RAW_KIND:
+            s.append_raw("ioctl_events", "ioctl_event", data)
 
     def housekeep(self, s: Session, gone: set[int]) -> None:
         self.p.forget_tgids(gone)
 
     def manifest(self, s: Session, m: dict[str, Any]) -> dict[str, Any]:
         hooks = getattr(self.probes, "hooks", {}) if self.probes is not None else {}
-        return {"layers": ["syscall"], "drops": dict(self.drops), "syscall_hooks": hooks}
+        frag: dict[str, Any] = {"layers": ["syscall"], "drops": dict(self.drops),
+                                "syscall_hooks": hooks}  # fmt: skip
+        if s.opts.raw:  # what was recorded undecoded (the tables' raw_parts say where)
+            frag["raw_tables"] = {"ioctls": "ioctl_event"}
+        return frag
 
     def close(self, s: Session) -> None:
         if self.probes is not None:

@@ -1,0 +1,29 @@
+"""`gputrace convert TRACE`: decode the raw parts of a `record --raw` trace into
+Parquet, in place (gputrace.rawconvert); any machine, no root."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def convert(
+        trace: Annotated[str, typer.Argument(help="Trace directory recorded with --raw.")],
+    ) -> None:
+        """Decode a trace's raw parts (record --raw) into Parquet parts, in place.
+
+        Safe to run again after an interruption; a trace without raw parts is left
+        as it is.
+        """
+        from gputrace.rawconvert import convert as run
+
+        done = run(trace)
+        if not done.tables:
+            typer.echo(f"{trace}: no raw parts; nothing to convert")
+            return
+        note = f", {done.skipped} records skipped as unreadable" if done.skipped else ""
+        typer.echo(f"{trace}: {done.parts} raw parts decoded into {done.rows} rows of "
+                   f"{', '.join(done.tables)}{note}")  # fmt: skip

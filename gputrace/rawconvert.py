@@ -1,0 +1,202 @@
+"""`gputrace convert`: decode the raw parts a `record --raw` trace holds into the
+Parquet parts every reader expects, in place, on any machine (no root, no bcc).
+
+Each raw part becomes the Parquet part of the same number, with the rows the
+recorder would have written had it decoded them itself (the same decoder,
+`decode.RAW_RECORDS`). A conversion cut short loses nothing and is resumed by
+running it again: the Parquet part is renamed into place before its raw part is
+removed, a raw part whose Parquet part exists is only removed, and the
+manifest's row counts are taken from the parts on disk first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gputrace import rawparts, schema
+from gputrace.errors import TraceError
+from gputrace.record import decode
+from gputrace.tracefiles import (
+    MANIFEST,
+    abs_trace_path,
+    open_dir_at,
+    part_name,
+    read_manifest,
+    reason,
+)
+from gputrace.tracewriter import write_manifest, write_part
+
+__all__ = ["Converted", "convert", "lock_trace"]
+
+_RAW_RE = re.compile(r"part-(\d{6})\.gtraw")
+_PARQUET_RE = re.compile(r"part-\d+\.parquet")
+CHUNK = 1 << 20  # records decoded at a time: bounds memory on big parts
+
+
+@dataclass
+class Converted:
+    """What one `convert` did."""
+
+    parts: int = 0  # raw parts decoded
+    rows: int = 0  # rows written
+    skipped: int = 0  # records skipped as unreadable (added to decode_errors)
+    tables: list[str] | None = None
+
+
+def lock_trace(fd: int, where: Path) -> None:
+    """Hold the trace directory `fd` exclusively (released when it is closed): a
+    recorder writing it and a conversion never run together."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise TraceError(f"{where} is being written by another gputrace right now "
+                         "(a recording or a conversion); try again when it ends") from None
+
+
+def convert(path: str | os.PathLike[str], *, level: int = 3) -> Converted:
+    """Decode every raw part of the trace at `path` into Parquet, in place."""
+    root = abs_trace_path(path)
+    if not root.is_dir():
+        raise TraceError(f"{root}: no such trace directory")
+    fd = open_dir_at(None, root, root)
+    try:
+        lock_trace(fd, root)
+        manifest = read_manifest(fd, MANIFEST, root / MANIFEST)
+        done = Converted(tables=[])
+        for table in schema.TABLES:
+            announced = manifest.get("tables", {}).get(table, {})
+            folder = _folder(fd, root, table)
+            if folder is None:
+                continue
+            try:
+                raws = _raw_parts(folder)
+                if not raws and "raw_parts" not in announced:
+                    continue
+                _convert_table(fd, folder, root, table, raws, manifest, done, level)
+            finally:
+                os.close(folder)
+        return done
+    finally:
+        os.close(fd)
+
+
+def _folder(fd: int, root: Path, table: str) -> int | None:
+    st = None
+    with contextlib.suppress(OSError):
+        st = os.stat(table, dir_fd=fd, follow_symlinks=False)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return None
+    return open_dir_at(fd, table, root / table)
+
+
+def _raw_parts(folder: int) -> list[tuple[int, str]]:
+    return sorted((int(m.group(1)), n) for n in os.listdir(folder)
+                  if (m := _RAW_RE.fullmatch(n)))  # fmt: skip
+
+
+def _convert_table(fd: int, folder: int, root: Path, table: str, raws: list[tuple[int, str]],
+                   manifest: dict[str, Any], done: Converted, level: int) -> None:  # fmt: skip
+    where = root / table
+    names = set(os.listdir(folder))
+    left = []
+    for n, name in raws:  # cut short after its Parquet part was renamed into place
+        if part_name(n) in names:
+            os.unlink(name, dir_fd=folder)
+        else:
+            left.append((n, name))
+    rows, parts = _count(folder, where)
+    tables = manifest.setdefault("tables", {})
+    errors = manifest.setdefault("decode_errors", {})
+    for i, (n, name) in enumerate(left):
+        meta, records = rawparts.read(_read(folder, name, where / name), str(where / name))
+        spec = _spec(meta, table, str(where / name))
+        batches, skipped = _decode(spec, records)
+        arrow = pa.Table.from_batches(batches, schema=schema.table(table).arrow_schema)
+        write_part(folder, part_name(n), arrow, where, level)
+        os.unlink(name, dir_fd=folder)
+        rows, parts = rows + arrow.num_rows, parts + 1
+        done.parts, done.rows, done.skipped = (done.parts + 1, done.rows + arrow.num_rows,
+                                               done.skipped + skipped)  # fmt: skip
+        errors[spec.buffer] = int(errors.get(spec.buffer, 0)) + skipped
+        tables[table] = {"rows": rows, "parts": parts}
+        if i + 1 < len(left):
+            tables[table].update(raw_parts=len(left) - i - 1)
+        write_manifest(fd, manifest, root)
+    if not left:  # only leftovers of a conversion cut short: counts from the parts
+        tables[table] = {"rows": rows, "parts": parts}
+    manifest["converted"] = {"gputrace_version": _version(), "unix_s": time.time()}
+    write_manifest(fd, manifest, root)
+    assert done.tables is not None
+    done.tables.append(table)
+
+
+def _spec(meta: dict[str, Any], table: str, where: str) -> decode.RawRecord:
+    spec = decode.RAW_RECORDS.get(str(meta.get("record")))
+    if spec is None or meta.get("table") != table or spec.table != table:
+        raise TraceError(f"{where}: raw {meta.get('record')!r} records of table "
+                         f"{meta.get('table')!r}, which this gputrace does not decode")  # fmt: skip
+    if meta.get("itemsize") != spec.dtype.itemsize or meta.get("fields") != rawparts.layout(
+        spec.dtype
+    ):
+        raise TraceError(f"{where}: {spec.record} records of another layout than this "
+                         "gputrace's; convert with the version that recorded it")  # fmt: skip
+    return spec
+
+
+def _decode(spec: decode.RawRecord, records: bytes) -> tuple[list[pa.RecordBatch], int]:
+    ev = np.frombuffer(records, spec.dtype)
+    # one part sorted by time as a whole (the recorder sorts each batch it decodes)
+    ev = ev[np.argsort(ev["ts_ns"], kind="stable")]
+    out: list[pa.RecordBatch] = []
+    skipped = 0
+    for i in range(0, len(ev), CHUNK):
+        batch, bad = spec.decode(ev[i : i + CHUNK])
+        skipped += bad
+        if batch is not None:
+            out.append(batch)
+    return out, skipped
+
+
+def _count(folder: int, where: Path) -> tuple[int, int]:
+    """Rows and Parquet parts a table folder holds (from the footers)."""
+    rows = parts = 0
+    for name in sorted(os.listdir(folder)):
+        if _PARQUET_RE.fullmatch(name):
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+            with os.fdopen(fd, "rb") as f:
+                try:
+                    rows += pq.read_metadata(f).num_rows
+                except (pa.ArrowException, OSError) as e:
+                    raise TraceError(f"{where / name}: unreadable part ({e})") from None
+            parts += 1
+    return rows, parts
+
+
+def _read(folder: int, name: str, where: Path) -> bytes:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=folder)  # fmt: skip
+    except OSError as e:
+        raise TraceError(f"{where}: unreadable raw part ({reason(e)})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TraceError(f"{where}: not a regular file")
+        return f.read()
+
+
+def _version() -> str:
+    from gputrace import __version__
+
+    return __version__
