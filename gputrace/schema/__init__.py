@@ -121,6 +121,14 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
     ("driver_layer.sample_interval_ms", "period of the gpu_memory and uvm_counters samples"),
     ("gpus", "GPUs: index (the trace GPU index every table uses), memory_bytes, name, uuid"),
     ("synthetic", "true for traces built by gputrace.builder, never recorded"),
+    ("tables.<table>.rows, .parts", "rows and Parquet parts written per table"),
+    ("tables.<table>.raw_parts, .raw_records",
+     "raw parts (`part-NNNNNN.gtraw`) and the records they hold, until `gputrace convert` "
+     "decodes them; readers refuse a trace holding raw parts"),
+    ("raw_tables", "tables recorded undecoded (`record --raw`) and their record kind, "
+     "e.g. {\"ioctls\": \"ioctl_event\"}; kept after conversion"),
+    ("converted", "{gputrace_version, unix_s} of the last `gputrace convert` that decoded "
+     "raw parts"),
 )
 """Manifest keys readers rely on, and what they mean (documented with the tables)."""
 

@@ -25,6 +25,14 @@ def render_markdown() -> str:
         "`gputrace.schema_version` in its key-value metadata. A table with no parts "
         "scans as an empty frame of the types below.",
         "",
+        "**Raw parts.** `gputrace record --raw` writes the `ioctls` table's events "
+        "undecoded: `<table>/part-NNNNNN.gtraw`, numbered in the Parquet parts' sequence, "
+        "holds the probes' `struct ioctl_event` records (probes/gputrace_events.h) as zstd "
+        "frames after an 8-byte magic and a JSON header naming the table, the record and "
+        "its layout (gputrace/rawparts.py). `gputrace convert TRACE` decodes each into "
+        "the Parquet part of the same number, in place; until then readers refuse the "
+        "trace with a line saying so.",
+        "",
     ]
     out += ["## Manifest", "", "`manifest.json` holds facts about the recording:", "",
             "| key | meaning |", "|---|---|"]
