@@ -147,6 +147,11 @@ class TraceWriter:
             self._flush_raw(table)
             self._write_manifest()
 
+    @property
+    def raw_parts_written(self) -> int:
+        """Raw parts written so far, all tables."""
+        return sum(self._raw_parts.values())
+
     def update_manifest(self, **fields: Any) -> None:
         """Merge fields into the manifest; written at the next rotation or close."""
         self.manifest.update(fields)

@@ -111,26 +111,34 @@ def _convert_raw(out: Path) -> None:
     assert m["decode_errors"]["ioctl_events"] == 0 and "converted" in m
 
 
-@pytest.mark.parametrize("raw", [False, True], ids=["decoded", "raw"])
-def test_record_command_exact(tmp_path: Path, raw: bool) -> None:
+@pytest.mark.parametrize("mode", ["decoded", "raw", "spilled"])
+def test_record_command_exact(tmp_path: Path, mode: str) -> None:
     """The stand-in workload's every ioctl, mapping, fd and process, exactly; with
-    --raw, the same after `gputrace convert`."""
+    --raw, the same after `gputrace convert`; spilled (the writer thread counted as
+    behind from the start, GPUTRACE_SPILL_MIB=0), the same as the recorder decodes
+    the spilled parts when the recording ends."""
     from tests.standin.standin import build, mounted_driver
 
     exp = _expected()
     wl = build().workload
     out = tmp_path / "trace"
-    extra = ["--raw"] if raw else []
+    extra = ["--raw"] if mode == "raw" else []
+    env = {**os.environ, "GPUTRACE_SPILL_MIB": "0"} if mode == "spilled" else None
     with mounted_driver(tmp_path, budget=1 << 30) as dev:
         r = subprocess.run(
             record_cmd(out, "--device-dir", str(dev), *DRIVER, *extra, "--", str(wl), str(dev)),
-            cwd=ROOT, capture_output=True, text=True, timeout=RUN_S,
+            cwd=ROOT, capture_output=True, text=True, timeout=RUN_S, env=env,
         )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "DONE" in r.stdout
-    if raw:
+    if mode == "raw":
         assert "gputrace convert" in r.stderr
         _convert_raw(out)
+    if mode == "spilled":
+        assert "parts written undecoded while the recorder was behind" in r.stderr
+        m = json.loads((out / "manifest.json").read_text())
+        assert m["spilled"]["ioctls"] >= 1 and m["raw_tables"] == {"ioctls": "ioctl_event"}
+        assert "converted" in m and not list((out / "ioctls").glob("part-*.gtraw"))
     t = open_trace(out)
     assert t.status == "complete"
     assert t.layers[0] == "syscall"  # + "cpu_faults" on x86-64 (issue 6)

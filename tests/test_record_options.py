@@ -151,3 +151,26 @@ def test_driver_layer_off_without_device_files(tmp_path: Path) -> None:
     assert layer is not None and layer.want_rm and layer.queue_entries == 1 << 16
     rec.opts.driver_layer = False  # --no-driver-layer
     assert rec._driver_layer(str(tmp_path) + "/") is None
+
+
+@pytest.mark.parametrize("value", ["-1", "x", "65537", "1.5", ""])
+def test_bad_spill_threshold_is_a_usage_error(tmp_path: Path, value: str) -> None:
+    """GPUTRACE_SPILL_MIB (the writer backlog past which ioctl events are written raw)
+    is checked before anything starts, as every option is."""
+    r = subprocess.run([sys.executable, "-m", "gputrace.cli", "record", "-o",
+                        str(tmp_path / "t"), "--", "true"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120,
+                       env={**os.environ, "GPUTRACE_SPILL_MIB": value})  # fmt: skip
+    _one_line_error(r, "GPUTRACE_SPILL_MIB=")
+    assert r.returncode == 2
+    assert not (tmp_path / "t").exists()
+
+
+def test_spill_threshold_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputrace.record.options import spill_bytes
+
+    monkeypatch.delenv("GPUTRACE_SPILL_MIB", raising=False)
+    assert spill_bytes() == 32 << 20
+    for text, want in (("0", 0), ("1", 1 << 20), ("65536", 65536 << 20)):
+        monkeypatch.setenv("GPUTRACE_SPILL_MIB", text)
+        assert spill_bytes() == want

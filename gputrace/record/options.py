@@ -35,6 +35,21 @@ class Options:
     raw: bool = False  # --raw: ioctl events written undecoded (rawparts.py)
 
 
+SPILL_ENV = "GPUTRACE_SPILL_MIB"
+SPILL_DEFAULT_MIB = 32
+
+
+def spill_bytes() -> int:
+    """The writer thread's backlog past which ioctl events are written raw (and
+    decoded when the recording ends): `GPUTRACE_SPILL_MIB`, 0 to 65536 (0: always)."""
+    text = os.environ.get(SPILL_ENV)
+    if text is None:
+        return SPILL_DEFAULT_MIB << 20
+    if not text.isdigit() or int(text) > 65536:
+        raise UsageError(f"{SPILL_ENV}={text!r}: a whole number of MiB from 0 to 65536")
+    return int(text) << 20
+
+
 def device_prefix(device_dir: str) -> str:
     p = os.path.abspath(device_dir)
     if not os.path.isdir(p):

@@ -20,12 +20,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gputrace.errors import UsageError
+from gputrace.errors import GputraceError, UsageError
 from gputrace.record import hooks, loader, procfs
 from gputrace.record.layers import LAYERS, Due, Layer
 from gputrace.record.layers.syscall import PID_MAX
 from gputrace.record.options import (
     MAX_DURATION_S,
+    SPILL_DEFAULT_MIB,
     Options,
     build_program,
     check_command,
@@ -33,6 +34,7 @@ from gputrace.record.options import (
     check_privileges,
     device_prefix,
     exit_status,
+    spill_bytes,
 )
 from gputrace.record.session import Observer, Session, Stats, merged
 from gputrace.tracefiles import STATUS_COMPLETE
@@ -60,6 +62,11 @@ SHIM = (
 )
 
 
+def _size(data: Any) -> int:
+    """Bytes of a work item (raw buffers; 0 for anything else)."""
+    return len(data) if isinstance(data, bytes | bytearray | memoryview) else 0
+
+
 def mono_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
@@ -82,6 +89,7 @@ class Recorder:
         self._release_fd = -1  # CMD's start gate
         self._child_info = procfs.ProcInfo(0)  # CMD's process facts, set by _spawn
         self.cmd_info: tuple[str | None, str | None, str | None] = (None, None, None)
+        self._spill = SPILL_DEFAULT_MIB << 20  # set by _validate
 
     # ------------------------------------------------------------ live consumers
     def add_observer(self, callback: Observer) -> None:
@@ -112,6 +120,7 @@ class Recorder:
         for pid in opts.pids:
             if not 0 < pid <= PID_MAX:
                 raise UsageError(f"-p {pid}: not a process id (1 to {PID_MAX})")
+        self._spill = spill_bytes()
         check_privileges()
         check_output_dir(opts.output, opts.force)
         for pid in opts.pids:
@@ -141,7 +150,8 @@ class Recorder:
             # sees is then inside [start_ts_ns, end_ts_ns].
             s = Session(self.opts, prefix, drv, attach, skipped, mono_ns(),
                         filtered=bool(self.opts.pids or self.opts.command),
-                        program=(source, flags), observers=self._observers)  # fmt: skip
+                        program=(source, flags), observers=self._observers,
+                        spill_bytes=self._spill)  # fmt: skip
             self.session = s
             try:
                 for cls in LAYERS:  # loads each layer's programs, in order
@@ -253,6 +263,7 @@ class Recorder:
         late = []
         for layer in self.layers:
             for kind, data in layer.drain(s, due):
+                s.backlog(_size(data))
                 buf = layer.BUFFERS.get(kind)
                 if buf is not None and buf.last:
                     late.append((layer, kind, data))
@@ -266,6 +277,7 @@ class Recorder:
     def _worker(self, work: queue.Queue[tuple[Layer | None, str, Any] | None], s: Session) -> None:
         """Writer thread: decode in bulk, append, rotate (Arrow and zstd release the GIL)."""
         while (item := work.get()) is not None:
+            s.backlog(-_size(item[2]))
             if self.error is not None:
                 continue
             try:
@@ -303,7 +315,23 @@ class Recorder:
             print(f"gputrace: ioctl events were written undecoded (--raw): run "
                   f"`gputrace convert {s.w.path}` before reading the trace",
                   file=sys.stderr, flush=True)  # fmt: skip
+        elif s.w.raw_parts_written:
+            self._convert_spilled(s)
         return ended
+
+    def _convert_spilled(self, s: Session) -> None:
+        """Decode what was written raw while the writer thread was behind (the
+        targets are done or no longer watched: this costs them nothing)."""
+        from gputrace.rawconvert import convert
+
+        n = s.w.raw_parts_written
+        print(f"gputrace: decoding {n} parts written undecoded while the recorder was "
+              "behind", file=sys.stderr, flush=True)  # fmt: skip
+        try:
+            convert(s.w.path)
+        except (GputraceError, OSError) as e:
+            print(f"gputrace: warning: {e}; the trace keeps them: run `gputrace convert "
+                  f"{s.w.path}`", file=sys.stderr, flush=True)  # fmt: skip
 
     def _target_exit(self) -> dict[str, Any] | None:
         """How CMD ended (manifest `target_exit`); None without a CMD."""

@@ -96,6 +96,9 @@ class Session:
     observers: list[Observer] = field(default_factory=list)
     observer_errors: int = 0
     rows: dict[str, int] = field(default_factory=dict)
+    backlog_bytes: int = 0  # raw bytes handed to the writer thread and not yet taken
+    spill_bytes: int = 32 << 20  # past this backlog, ioctl events are written raw
+    spilled: int = 0  # work items written raw because the writer was behind
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -141,6 +144,22 @@ class Session:
                         print(f"gputrace: warning: a live observer raised "
                               f"{type(e).__name__}: {e}; counted, recording goes on",
                               file=sys.stderr, flush=True)  # fmt: skip
+
+    def backlog(self, n: int) -> None:
+        """Raw bytes queued for (n > 0) or taken by (n < 0) the writer thread."""
+        if n:
+            with self._lock:
+                self.backlog_bytes += n
+
+    def behind(self) -> bool:
+        """Is the writer thread so far behind that ioctl events should be written raw
+        (`record --raw`: always; `spill_bytes` 0: always)? Then the recorder's CPU goes
+        to the ring buffers rather than to decoding, and nothing is dropped for want
+        of it; the recorder decodes those parts when the recording ends."""
+        if self.opts.raw:
+            return True
+        # live observers must see every row as it is recorded: they never spill
+        return not self.observers and self.backlog_bytes >= self.spill_bytes
 
     def append_raw(self, buffer: str, record: str, data: bytes) -> None:
         """Append whole `record` structs undecoded (`record --raw`): only what the

@@ -67,6 +67,7 @@ class SyscallLayer(Layer):
     def __init__(self, probes: loader.Probes | None = None) -> None:
         self.probes = probes
         self.drops = dict.fromkeys(loader.BUFFERS, 0)
+        self.spilled = 0  # ioctl work items written raw (--raw, or the writer behind)
 
     @classmethod
     def build(cls, s: Session, prepared: Any) -> SyscallLayer:
@@ -113,8 +114,10 @@ class SyscallLayer(Layer):
             self.drops = self.p.drops()
         if due is Due.FINAL:
             items.append(("leftover", self.p.leftover_staging()))
-        if s.opts.raw:
-            items = [self._raw_item(s, kind, data) for kind, data in items]
+        if s.behind():
+            undecoded = [self._raw_item(s, kind, data) for kind, data in items]
+            self.spilled += sum(k != u for (k, _), (u, _) in zip(items, undecoded, strict=True))
+            items = undecoded
         return items
 
     @staticmethod
@@ -138,8 +141,10 @@ class SyscallLayer(Layer):
         hooks = getattr(self.probes, "hooks", {}) if self.probes is not None else {}
         frag: dict[str, Any] = {"layers": ["syscall"], "drops": dict(self.drops),
                                 "syscall_hooks": hooks}  # fmt: skip
-        if s.opts.raw:  # what was recorded undecoded (the tables' raw_parts say where)
+        if s.opts.raw or self.spilled:  # recorded undecoded (tables' raw_parts say where)
             frag["raw_tables"] = {"ioctls": "ioctl_event"}
+        if self.spilled and not s.opts.raw:
+            frag["spilled"] = {"ioctls": self.spilled}
         return frag
 
     def close(self, s: Session) -> None:
