@@ -12,7 +12,6 @@ manifest's row counts are taken from the parts on disk first.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import stat
@@ -31,6 +30,7 @@ from gputrace.record import decode
 from gputrace.tracefiles import (
     MANIFEST,
     abs_trace_path,
+    lock_dir,
     open_dir_at,
     part_name,
     read_manifest,
@@ -38,7 +38,7 @@ from gputrace.tracefiles import (
 )
 from gputrace.tracewriter import write_manifest, write_part
 
-__all__ = ["Converted", "convert", "lock_trace"]
+__all__ = ["Converted", "convert"]
 
 _RAW_RE = re.compile(r"part-(\d{6})\.gtraw")
 _PARQUET_RE = re.compile(r"part-\d+\.parquet")
@@ -55,16 +55,6 @@ class Converted:
     tables: list[str] | None = None
 
 
-def lock_trace(fd: int, where: Path) -> None:
-    """Hold the trace directory `fd` exclusively (released when it is closed): a
-    recorder writing it and a conversion never run together."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise TraceError(f"{where} is being written by another gputrace right now "
-                         "(a recording or a conversion); try again when it ends") from None
-
-
 def convert(path: str | os.PathLike[str], *, level: int = 3) -> Converted:
     """Decode every raw part of the trace at `path` into Parquet, in place."""
     root = abs_trace_path(path)
@@ -72,7 +62,7 @@ def convert(path: str | os.PathLike[str], *, level: int = 3) -> Converted:
         raise TraceError(f"{root}: no such trace directory")
     fd = open_dir_at(None, root, root)
     try:
-        lock_trace(fd, root)
+        lock_dir(fd, root)
         manifest = read_manifest(fd, MANIFEST, root / MANIFEST)
         done = Converted(tables=[])
         for table in schema.TABLES:

@@ -14,7 +14,8 @@ sequence as the table's Parquet parts::
 
     MAGIC                     8 bytes
     u32 header length, header JSON: table, record, itemsize, fields, codec
-    frames: u32 raw length, u32 compressed length, compressed records ...
+    frames: u32 raw length, u32 compressed length, u32 CRC-32 of the compressed
+            bytes, the compressed records ...
 
 `fields` is the record's layout (numpy's descr): a converter
 refuses a part whose layout is not the one it decodes, rather than misread it.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import struct
+import zlib
 from typing import Any, Final
 
 import numpy as np
@@ -36,7 +38,7 @@ RAW_GLOB = "part-*.gtraw"
 CODEC: Final = "zstd"
 LEVEL = 1  # level 1: ~60 ns per 168-byte event, ~6 bytes an event on a storm (level 3: ~95)
 _U32 = struct.Struct("<I")
-_FRAME = struct.Struct("<II")
+_FRAME = struct.Struct("<III")
 FRAME_MAX = 1 << 30  # a frame's raw bytes (the recorder hands ~8 MiB at a time)
 HEADER_MAX = 1 << 20
 
@@ -67,7 +69,9 @@ def frame(records: bytes | memoryview) -> bytes:
     if n > FRAME_MAX:
         raise TraceError(f"a raw frame of {n} bytes is over {FRAME_MAX}")
     comp = pa.Codec(CODEC, LEVEL).compress(records, asbytes=True)
-    return _FRAME.pack(n, len(comp)) + comp
+    # zstd alone may decode a damaged frame into wrong records of the right length;
+    # the CRC is of the compressed bytes (~30x fewer than the records: ~5 ns an event)
+    return _FRAME.pack(n, len(comp), zlib.crc32(comp)) + comp
 
 
 def read(data: bytes, where: str) -> tuple[dict[str, Any], bytes]:
@@ -96,10 +100,12 @@ def read(data: bytes, where: str) -> tuple[dict[str, Any], bytes]:
     while pos < len(data):
         if len(data) < pos + _FRAME.size:
             raise TraceError(f"{where}: raw part cut short at byte {pos}")
-        n, c = _FRAME.unpack_from(data, pos)
+        n, c, crc = _FRAME.unpack_from(data, pos)
         pos += _FRAME.size
         if n > FRAME_MAX or n % itemsize or len(data) < pos + c:
             raise TraceError(f"{where}: raw part cut short or damaged at byte {pos}")
+        if zlib.crc32(data[pos : pos + c]) != crc:
+            raise TraceError(f"{where}: damaged raw frame at byte {pos} (CRC mismatch)")
         try:
             chunk = decoder.decompress(data[pos : pos + c], decompressed_size=n, asbytes=True)
         except (pa.ArrowException, OSError) as e:

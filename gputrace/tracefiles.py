@@ -36,7 +36,8 @@ from gputrace.errors import TraceError
 MANIFEST = "manifest.json"
 MANIFEST_TMP = MANIFEST + ".tmp"
 PART_GLOB = "part-*.parquet"
-PART_RE = re.compile(r"part-(\d+)\.parquet(\.tmp)?")
+PART_RE = re.compile(r"part-(\d+)\.(parquet|gtraw)(\.tmp)?")
+"""A part's file name: number, kind (Parquet, or raw: gputrace.rawparts), `.tmp` while written."""
 
 STATUS_RECORDING = "recording"
 STATUS_COMPLETE = "complete"
@@ -49,6 +50,18 @@ _CREATE_TRIES = 3
 def part_name(n: int) -> str:
     """The file name of a table's `n`-th part (1-based)."""
     return f"part-{n:06d}.parquet"
+
+
+def lock_dir(fd: int, where: Path) -> None:
+    """Hold the trace directory `fd` exclusively until it is closed: a recorder, a
+    `--force` replacing it and a conversion never write one trace together."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise TraceError(f"{where} is being written by another gputrace right now "
+                         "(a recording or a conversion); try again when it ends") from None
 
 
 def reason(e: OSError) -> str:

@@ -25,9 +25,9 @@ from gputrace.tracefiles import (
     STATUS_COMPLETE,
     abs_trace_path,
     check_private,
+    lock_dir,
     lstat_at,
     open_dir_at,
-    part_name,
     read_manifest,
     reason,
 )
@@ -105,6 +105,7 @@ def open_output(p: Path, force: bool, note: Callable[[str], None]) -> int:
                 raise TraceError(f"{p}: cannot create ({reason(e)})") from None
             fd = open_dir_at(parent_fd, p.name, p)
             try:
+                lock_dir(fd, p)
                 # swapped between mkdir and open (for someone else's directory, or one
                 # of ours with content): what we opened must be what we just made
                 check_private(fd, p)
@@ -117,6 +118,7 @@ def open_output(p: Path, force: bool, note: Callable[[str], None]) -> int:
         else:
             fd = _open_existing(parent_fd, p, st, force)
             try:
+                lock_dir(fd, p)  # before anything is deleted: it may be a recording
                 _remove(fd, p, _plan_removal(fd, p), note)
             except BaseException:
                 os.close(fd)
@@ -148,7 +150,9 @@ def _plan_removal(fd: int, p: Path) -> _Plan:
     except TraceError as e:
         raise TraceError(f"{p} exists and is not a trace we can replace ({e}); "
                          "refusing to overwrite") from None
-    listed: dict[str, int] = {t: int(v["parts"]) for t, v in raw.get("tables", {}).items()}
+    # Parquet and raw parts (`record --raw`) share one numbering per table
+    listed: dict[str, int] = {t: int(v["parts"]) + int(v.get("raw_parts", 0))
+                              for t, v in raw.get("tables", {}).items()}  # fmt: skip
     unknown = sorted(set(listed) - set(schema.TABLES))
     if unknown:
         raise TraceError(f"{p}: its manifest lists table {unknown[0]!r}, unknown to this "
@@ -174,12 +178,12 @@ def _plan_removal(fd: int, p: Path) -> _Plan:
                     sst = lstat_at(tfd, sub)
                     m = PART_RE.fullmatch(sub)
                     ours = (m is not None and sst is not None and stat.S_ISREG(sst.st_mode)
-                            and sub == part_name(int(m[1])) + (m[2] or "")
+                            and sub == f"part-{int(m[1]):06d}.{m[2]}{m[3] or ''}"
                             and 1 <= int(m[1]) <= last
-                            and (m[2] is None or (int(m[1]) == last and not finished)))
+                            and (m[3] is None or (int(m[1]) == last and not finished)))
                     if ours:
                         plan.remove.append((name, sub))
-                    elif m is not None or sub.endswith(".parquet"):
+                    elif m is not None or sub.endswith((".parquet", ".gtraw")):
                         refuse.append(f"{name}/{sub}")
                     else:
                         plan.kept.append(f"{name}/{sub}")

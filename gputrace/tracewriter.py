@@ -10,7 +10,6 @@ creating or replacing the directory is `gputrace.traceoutput`'s job.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import sys
@@ -70,11 +69,6 @@ class TraceWriter:
         self.path = Path(path)
         self._note = note or _stderr_note
         self._fd = open_output(abs_trace_path(path), force, self._note)
-        try:  # a conversion (rawconvert) must not rewrite a trace being recorded
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._fd)
-            raise TraceError(f"{path} is being written by another gputrace right now") from None
         self._table_fds: dict[str, int] = {}
         self.rotate_rows = rotate_rows
         self.compression_level = compression_level

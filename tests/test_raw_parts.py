@@ -191,17 +191,20 @@ def test_open_trace_and_readers_refuse_unconverted(
 
 
 # ---------------------------------------------------- truncated / damaged parts
+FH = 12  # a frame's header: u32 raw length, u32 compressed length, u32 CRC-32
+
+
 def _layout_offsets(data: bytes) -> dict[str, int]:
     m = len(rawparts.MAGIC)
     (hlen,) = struct.unpack_from("<I", data, m)
     f1 = m + 4 + hlen
     _n1, c1 = struct.unpack_from("<II", data, f1)
-    f2 = f1 + 8 + c1
+    f2 = f1 + FH + c1
     _n2, c2 = struct.unpack_from("<II", data, f2)
-    assert f2 + 8 + c2 == len(data)
+    assert f2 + FH + c2 == len(data)
     return {"magic": 3, "header length": m + 2, "header json": m + 4 + hlen // 2,
-            "frame header": f1 + 5, "frame body": f1 + 8 + c1 // 2,
-            "second frame header": f2 + 3, "second frame body": f2 + 8 + c2 - 1,
+            "frame header": f1 + 5, "frame body": f1 + FH + c1 // 2,
+            "second frame header": f2 + 3, "second frame body": f2 + FH + c2 - 1,
             "frame1 start": f1, "frame2 start": f2}  # fmt: skip
 
 
@@ -239,7 +242,7 @@ def test_truncated_raw_part_refused_and_kept(tmp_path: Path, where: str) -> None
 def test_corrupt_frame_magic_refused_and_kept(tmp_path: Path) -> None:
     p = tmp_path / "t"
     part, data = _two_frame_part(p)
-    off = _layout_offsets(data)["frame2 start"] + 8  # the zstd frame's own magic
+    off = _layout_offsets(data)["frame2 start"] + FH  # the zstd frame's own magic
     bad = bytearray(data)
     bad[off : off + 4] = b"\x00\x00\x00\x00"
     part.write_bytes(bytes(bad))
@@ -256,14 +259,11 @@ def test_frame_length_not_whole_records_refused(tmp_path: Path) -> None:
     _assert_refused_untouched(p, part, bytes(bad))
 
 
-@pytest.mark.xfail(strict=True, reason="raw frames carry no checksum (rawparts.frame uses "
-                   "pa.Codec('zstd') without content checksum): a flipped byte inside a "
-                   "compressed frame body decodes to different records without any error")
 def test_corrupt_frame_body_refused(tmp_path: Path) -> None:
     p = tmp_path / "t"
     part, data = _two_frame_part(p)
     offs = _layout_offsets(data)
-    mid = (offs["frame1 start"] + 8 + offs["frame2 start"]) // 2
+    mid = (offs["frame1 start"] + FH + offs["frame2 start"]) // 2
     bad = bytearray(data)
     bad[mid] ^= 0xFF
     part.write_bytes(bytes(bad))
@@ -413,10 +413,6 @@ def test_second_writer_refuses_while_first_open(tmp_path: Path) -> None:
     w.close()
 
 
-@pytest.mark.xfail(strict=True, reason="TraceWriter(force=True) empties the directory "
-                   "(traceoutput.open_output -> _remove) before it takes the flock "
-                   "(tracewriter.py TraceWriter.__init__), so it deletes a live "
-                   "recording's manifest, parts and table folders, then refuses")
 def test_second_writer_refusal_deletes_nothing(tmp_path: Path) -> None:
     p = tmp_path / "t"
     w = TraceWriter(p)
@@ -432,10 +428,6 @@ def test_second_writer_refusal_deletes_nothing(tmp_path: Path) -> None:
     assert tree() == before
 
 
-@pytest.mark.xfail(strict=True, reason="--force over an unconverted raw trace keeps its "
-                   "part-NNNNNN.gtraw files (traceoutput._plan_removal knows only PART_RE "
-                   "*.parquet names and tables.<t>.parts, not raw_parts): the new "
-                   "recording inherits the old one's raw parts")
 def test_force_over_raw_trace_leaves_no_stale_raw_parts(tmp_path: Path) -> None:
     p = _raw_trace(tmp_path / "t", [_events(10, 25), _events(10, 26, t0=5_000_000)])
     old = {n: (p / "ioctls" / n).read_bytes() for n in _files(p)}

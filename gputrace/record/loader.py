@@ -148,6 +148,7 @@ class Probes:
         self.cuda_maps: tuple[str, ...] = ()
         self.hooks = self._load(bcc, source, flags)
         self.raw: dict[str, list[bytes]] = {name: [] for name in BUFFERS}
+        self._received: dict[str, list[int]] = {name: [0] for name in BUFFERS}
         # (pid, uvm fd) of each UVM_INITIALIZE that succeeded, as the callback saw
         # it: the recorder attaches the driver layer's tracker before decoding
         self.uvm_inits: list[tuple[int, int]] = []
@@ -211,9 +212,11 @@ class Probes:
         sink = self.raw[name]
         string_at = ctypes.string_at
         skip = decode.BATCH_HEADER if name in STAGED else 0
+        seen = self._received[name]
 
         def cb(_ctx: Any, data: int, size: int) -> int:
             sink.append(string_at(data + skip, size - skip))
+            seen[0] += size
             return 0
 
         if name != "proc_events":
@@ -235,6 +238,10 @@ class Probes:
             return 0
 
         return proc_cb
+
+    def received(self, name: str) -> int:
+        """Bytes the ring buffer `name` has delivered since the start."""
+        return self._received[name][0]
 
     def pending_bytes(self, name: str) -> int:
         return sum(len(c) for c in self.raw[name])

@@ -327,8 +327,11 @@ class Recorder:
         n = s.w.raw_parts_written
         print(f"gputrace: decoding {n} parts written undecoded while the recorder was "
               "behind", file=sys.stderr, flush=True)  # fmt: skip
+        t0 = time.process_time()
         try:
-            convert(s.w.path)
+            done = convert(s.w.path)
+            print(f"gputrace: decoded {done.parts} parts ({done.rows} rows) in "
+                  f"{time.process_time() - t0:.2f} s of CPU", file=sys.stderr, flush=True)
         except (GputraceError, OSError) as e:
             print(f"gputrace: warning: {e}; the trace keeps them: run `gputrace convert "
                   f"{s.w.path}`", file=sys.stderr, flush=True)  # fmt: skip
