@@ -127,8 +127,11 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
      "decodes them; readers refuse a trace holding raw parts"),
     ("raw_tables", "tables recorded undecoded (`record --raw`) and their record kind, "
      "e.g. {\"ioctls\": \"ioctl_event\"}; kept after conversion"),
-    ("converted", "{gputrace_version, unix_s} of the last `gputrace convert` that decoded "
-     "raw parts"),
+    ("spilled", "work items of ioctl events written raw because they came too fast for "
+     "the recorder to decode (docs/record.md), e.g. {\"ioctls\": 37}; the recorder decodes "
+     "them when the recording ends"),
+    ("converted", "{gputrace_version, unix_s} of the last conversion of raw parts (the "
+     "recorder's own after spilling, or `gputrace convert`)"),
 )
 """Manifest keys readers rely on, and what they mean (documented with the tables)."""
 
