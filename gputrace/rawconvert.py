@@ -16,6 +16,7 @@ import os
 import re
 import stat
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,6 @@ __all__ = ["Converted", "convert"]
 
 _RAW_RE = re.compile(r"part-(\d{6})\.gtraw")
 _PARQUET_RE = re.compile(r"part-\d+\.parquet")
-CHUNK = 1 << 20  # records decoded at a time: bounds memory on big parts
 
 
 @dataclass
@@ -55,8 +55,9 @@ class Converted:
     tables: list[str] | None = None
 
 
-def convert(path: str | os.PathLike[str], *, level: int = 3) -> Converted:
-    """Decode every raw part of the trace at `path` into Parquet, in place."""
+def convert(path: str | os.PathLike[str], *, level: int = 3, jobs: int = 1) -> Converted:
+    """Decode every raw part of the trace at `path` into Parquet, in place, `jobs`
+    parts at a time."""
     root = abs_trace_path(path)
     if not root.is_dir():
         raise TraceError(f"{root}: no such trace directory")
@@ -74,7 +75,7 @@ def convert(path: str | os.PathLike[str], *, level: int = 3) -> Converted:
                 raws = _raw_parts(folder)
                 if not raws and "raw_parts" not in announced:
                     continue
-                _convert_table(fd, folder, root, table, raws, manifest, done, level)
+                _convert_table(fd, folder, root, table, raws, manifest, done, level, jobs)
             finally:
                 os.close(folder)
         return done
@@ -97,7 +98,8 @@ def _raw_parts(folder: int) -> list[tuple[int, str]]:
 
 
 def _convert_table(fd: int, folder: int, root: Path, table: str, raws: list[tuple[int, str]],
-                   manifest: dict[str, Any], done: Converted, level: int) -> None:  # fmt: skip
+                   manifest: dict[str, Any], done: Converted, level: int,
+                   jobs: int) -> None:  # fmt: skip
     where = root / table
     names = set(os.listdir(folder))
     left = []
@@ -109,21 +111,27 @@ def _convert_table(fd: int, folder: int, root: Path, table: str, raws: list[tupl
     rows, parts = _count(folder, where)
     tables = manifest.setdefault("tables", {})
     errors = manifest.setdefault("decode_errors", {})
-    for i, (n, name) in enumerate(left):
-        meta, records = rawparts.read(_read(folder, name, where / name), str(where / name))
-        spec = _spec(meta, table, str(where / name))
-        batches, skipped = _decode(spec, records)
-        arrow = pa.Table.from_batches(batches, schema=schema.table(table).arrow_schema)
-        write_part(folder, part_name(n), arrow, where, level)
-        os.unlink(name, dir_fd=folder)
-        rows, parts = rows + arrow.num_rows, parts + 1
-        done.parts, done.rows, done.skipped = (done.parts + 1, done.rows + arrow.num_rows,
-                                               done.skipped + skipped)  # fmt: skip
-        errors[spec.buffer] = int(errors.get(spec.buffer, 0)) + skipped
-        tables[table] = {"rows": rows, "parts": parts}
-        if i + 1 < len(left):
-            tables[table].update(raw_parts=len(left) - i - 1)
-        write_manifest(fd, manifest, root)
+    # parts are decoded and written side by side (numpy, Arrow, zstd and Parquet
+    # release the GIL); each is then recorded in order: its raw part removed, the
+    # manifest rewritten, so an interruption leaves a trace `convert` resumes
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        futures = [pool.submit(_part, folder, n, name, where, table, level)
+                   for n, name in left]  # fmt: skip
+        try:
+            for i, ((_n, name), fut) in enumerate(zip(left, futures, strict=True)):
+                got, skipped, buffer = fut.result()
+                os.unlink(name, dir_fd=folder)
+                rows, parts = rows + got, parts + 1
+                done.parts, done.rows, done.skipped = (done.parts + 1, done.rows + got,
+                                                       done.skipped + skipped)  # fmt: skip
+                errors[buffer] = int(errors.get(buffer, 0)) + skipped
+                tables[table] = {"rows": rows, "parts": parts}
+                if i + 1 < len(left):
+                    tables[table].update(raw_parts=len(left) - i - 1)
+                write_manifest(fd, manifest, root)
+        finally:
+            for fut in futures:
+                fut.cancel()
     if not left:  # only leftovers of a conversion cut short: counts from the parts
         tables[table] = {"rows": rows, "parts": parts}
     manifest["converted"] = {"gputrace_version": _version(), "unix_s": time.time()}
@@ -145,18 +153,23 @@ def _spec(meta: dict[str, Any], table: str, where: str) -> decode.RawRecord:
     return spec
 
 
-def _decode(spec: decode.RawRecord, records: bytes) -> tuple[list[pa.RecordBatch], int]:
-    ev = np.frombuffer(records, spec.dtype)
-    # one part sorted by time as a whole (the recorder sorts each batch it decodes)
-    ev = ev[np.argsort(ev["ts_ns"], kind="stable")]
-    out: list[pa.RecordBatch] = []
+def _part(folder: int, n: int, name: str, where: Path, table: str,
+          level: int) -> tuple[int, int, str]:  # fmt: skip
+    """Decode raw part `name` and write it as Parquet part `n`: (rows, skipped, the
+    decode_errors key). Each frame is decoded as the recorder would have decoded
+    that work item (sorted by time within it)."""
+    meta, frames = rawparts.read(_read(folder, name, where / name), str(where / name))
+    spec = _spec(meta, table, str(where / name))
+    batches: list[pa.RecordBatch] = []
     skipped = 0
-    for i in range(0, len(ev), CHUNK):
-        batch, bad = spec.decode(ev[i : i + CHUNK])
+    for records in frames:
+        batch, bad = spec.decode(np.frombuffer(records, spec.dtype))
         skipped += bad
         if batch is not None:
-            out.append(batch)
-    return out, skipped
+            batches.append(batch)
+    arrow = pa.Table.from_batches(batches, schema=schema.table(table).arrow_schema)
+    write_part(folder, part_name(n), arrow, where, level)
+    return arrow.num_rows, skipped, spec.buffer
 
 
 def _count(folder: int, where: Path) -> tuple[int, int]:

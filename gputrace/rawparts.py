@@ -74,9 +74,10 @@ def frame(records: bytes | memoryview) -> bytes:
     return _FRAME.pack(n, len(comp), zlib.crc32(comp)) + comp
 
 
-def read(data: bytes, where: str) -> tuple[dict[str, Any], bytes]:
-    """The header and the concatenated records of a raw part's bytes; TraceError
-    naming `where` when they are cut short or not a raw part."""
+def read(data: bytes, where: str) -> tuple[dict[str, Any], list[bytes]]:
+    """The header and the frames' records of a raw part's bytes (each frame as the
+    recorder handed it over: whole records); TraceError naming `where` when they
+    are cut short, damaged or not a raw part."""
     if not data.startswith(MAGIC):
         raise TraceError(f"{where}: not a gputrace raw part")
     pos = len(MAGIC)
@@ -114,4 +115,4 @@ def read(data: bytes, where: str) -> tuple[dict[str, Any], bytes]:
             raise TraceError(f"{where}: damaged raw frame at byte {pos}")
         out.append(chunk)
         pos += c
-    return meta, b"".join(out)
+    return meta, out

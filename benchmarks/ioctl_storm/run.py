@@ -197,6 +197,7 @@ def main() -> int:
               for m in ("tracepoint", "tp_btf")}  # fmt: skip
         old = {m: traced(storm, dev, a.calls, tmp, 1, m, before)
                for m in (("tracepoint", "tp_btf") if before else ())}  # fmt: skip
+        old2 = traced(storm, dev, a.calls, tmp, 2, "tracepoint", before) if before else None
         rec1 = traced(storm, dev, a.calls, tmp, 1, "tp_btf", after)
         rec1tp = traced(storm, dev, a.calls, tmp, 1, "tracepoint", after)
         rec2 = traced(storm, dev, a.calls, tmp, 2, "tracepoint", after)
@@ -217,6 +218,7 @@ def main() -> int:
         "gputrace_raw_2_storms": raw2,
         "floor_cpu_ns_per_call": {m: v[1] for m, v in fl.items()},
         "before": old,
+        "before_2_storms": old2,
         "gputrace_slowdown": rec1["ns_per_call"] / base,
         "gputrace_added_ns_per_call": rec1["ns_per_call"] - base,
         "strace_ns_per_call": st,
@@ -235,6 +237,7 @@ def main() -> int:
         print(f"{'floor (' + m + ')':<21} {wall:8.1f} ns/ioctl  cpu {cpu_ns:.1f} ns: "
               f"+{cpu_ns - base_cpu:.0f} ns (null programs on the same hooks)")  # fmt: skip
     rows = [("before", old[m]) for m in old]
+    rows += [("before, 2 storms", old2)] if old2 is not None else []
     rows += [("gputrace record", rec1), ("  (tracepoints)", rec1tp), ("gputrace, 2 storms", rec2),
              ("record --raw", raw1), ("--raw, 2 storms", raw2)]
     for label, r in rows:

@@ -12,15 +12,25 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def convert(
         trace: Annotated[str, typer.Argument(help="Trace directory recorded with --raw.")],
+        jobs: Annotated[
+            str | None,
+            typer.Option("--jobs", "-j", metavar="N",
+                         help="Parts decoded at a time (default: the CPUs this may use)."),
+        ] = None,
     ) -> None:
         """Decode a trace's raw parts (record --raw) into Parquet parts, in place.
 
         Safe to run again after an interruption; a trace without raw parts is left
         as it is.
         """
+        import os
+
+        from gputrace.options import parse_count
         from gputrace.rawconvert import convert as run
 
-        done = run(trace)
+        n = (parse_count(jobs, "--jobs", minimum=1, maximum=1024) if jobs is not None
+             else len(os.sched_getaffinity(0)))  # fmt: skip
+        done = run(trace, jobs=n)
         if not done.tables:
             typer.echo(f"{trace}: no raw parts; nothing to convert")
             return
