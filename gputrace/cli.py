@@ -70,7 +70,7 @@ def info(
     from gputrace.commands.info import render_info, trace_info
     from gputrace.tracedir import open_trace
 
-    t = open_trace(trace)
+    t = open_trace(trace, raw_ok=True)
     facts = trace_info(t)
     # Text goes to a terminal: hostnames, commands and hook notes come from the
     # traced host, so their control characters are shown escaped; JSON keeps them.

@@ -182,8 +182,11 @@ def _null_counts(meta: pq.FileMetaData, path: Path, columns: list[str]) -> dict[
     return counts
 
 
-def open_trace(path: str | os.PathLike[str], *, validate: bool = True) -> Trace:
-    """Open a trace directory; raises `TraceError` with a one-line reason."""
+def open_trace(path: str | os.PathLike[str], *, validate: bool = True,
+               raw_ok: bool = False) -> Trace:  # fmt: skip
+    """Open a trace directory; raises `TraceError` with a one-line reason. A trace
+    holding raw parts (`record --raw`) is refused unless `raw_ok` (`gputrace info`:
+    it reads the manifest, not the rows)."""
     p = Path(path)
     if not p.exists():
         raise TraceError(f"{p}: no such trace directory")
@@ -194,25 +197,35 @@ def open_trace(path: str | os.PathLike[str], *, validate: bool = True) -> Trace:
         raise TraceError(f"{p} is not a gputrace trace (no {MANIFEST})")
     manifest = read_manifest(None, mpath, mpath)
     trace = Trace(p, manifest)
-    _refuse_raw(trace)
+    if not raw_ok:
+        _refuse_raw(trace)
     if validate:
         trace.validate()
     return trace
 
 
-def _refuse_raw(trace: Trace) -> None:
-    """A trace recorded with `--raw` holds parts no reader decodes: say how to
-    convert them rather than report on the tables without them."""
+def raw_parts_held(trace: Trace) -> str | None:
+    """What raw parts (`record --raw`, or spilled by a recorder killed before it
+    decoded them) the trace holds, and how to decode them; None when none."""
     held = {}
     for name in schema.TABLES:
         folder = trace.path / name
         n = sum(1 for p in folder.glob(RAW_GLOB) if p.is_file()) if folder.is_dir() else 0
         if n:
             held[name] = n
-    if held:
-        what = ", ".join(f"{n} of {t}" for t, n in held.items())
-        raise TraceError(f"{trace.path} holds raw parts not decoded yet ({what}; recorded "
-                         f"with --raw): run `gputrace convert {trace.path}` first")  # fmt: skip
+    if not held:
+        return None
+    what = ", ".join(f"{n} of {t}" for t, n in held.items())
+    return (f"{trace.path} holds raw parts not decoded yet ({what}, written undecoded by the "
+            f"recorder): run `gputrace convert {trace.path}` first")  # fmt: skip
+
+
+def _refuse_raw(trace: Trace) -> None:
+    """Raw parts are rows no reader decodes: say how to convert them rather than
+    report on the tables without them."""
+    held = raw_parts_held(trace)
+    if held is not None:
+        raise TraceError(held)
 
 
 # ---------------------------------------------------------------- integrity

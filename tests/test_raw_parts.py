@@ -180,14 +180,26 @@ def test_open_trace_and_readers_refuse_unconverted(
     p = _raw_trace(tmp_path / "t", [_events(10, 6)])
     with pytest.raises(TraceError, match="gputrace convert"):
         open_trace(p)
-    for args in (["analyze", str(p)], ["info", str(p)], ["dump", str(p), "ioctls"]):
+    for args in (["analyze", str(p)], ["dump", str(p), "ioctls"],
+                 ["export", str(p), "--to", str(tmp_path / "ds")]):  # fmt: skip
         rc, _out, err = _cli(capsys, *args)
         assert rc != 0, args
         line = _one_error_line(err)
         assert "gputrace convert" in line, args
-    rawconvert.convert(p)
-    rc, _out, err = _cli(capsys, "info", str(p))
+    # info reads the manifest: it says what the raw parts hold and how to decode them
+    rc, out, err = _cli(capsys, "info", str(p), "--json")
     assert rc == 0, err
+    facts = json.loads(out)
+    assert facts["rows"]["ioctls"] == 0
+    held = [w for w in facts["warnings"] if "raw parts not decoded yet" in w]
+    assert len(held) == 1 and "1 of ioctls" in held[0] and "10 ioctls records" in held[0]
+    assert f"gputrace convert {p}" in held[0]
+    rawconvert.convert(p)
+    rc, out, err = _cli(capsys, "info", str(p), "--json")
+    assert rc == 0, err
+    facts = json.loads(out)
+    assert facts["rows"]["ioctls"] == 10
+    assert not [w for w in facts["warnings"] if "raw parts" in w]
 
 
 # ---------------------------------------------------- truncated / damaged parts

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gputrace import schema
-from gputrace.tracedir import Trace, trace_warnings
+from gputrace.tracedir import Trace, raw_parts_held, trace_warnings
 from gputrace.tracefiles import STATUS_COMPLETE
 
 
@@ -43,6 +43,12 @@ def trace_info(trace: Trace) -> dict[str, Any]:
         warnings.append(str(dl["error"]))
     if m.get("synthetic"):
         warnings.append("synthetic trace: built by gputrace.builder, not recorded")
+    held = raw_parts_held(trace)
+    if held is not None:  # its rows are not counted above; reports refuse it
+        raws = {t: v["raw_records"] for t, v in (m.get("tables") or {}).items()
+                if v.get("raw_records")}  # fmt: skip
+        warnings.append(held + (" (" + ", ".join(f"{n} {t} records" for t, n in raws.items())
+                                + " announced)" if raws else ""))
     warnings += trace_warnings(trace)
     start, end = m.get("start_ts_ns"), m.get("end_ts_ns")
     return {
