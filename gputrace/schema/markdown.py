@@ -30,7 +30,8 @@ def render_markdown() -> str:
         "holds the probes' `struct ioctl_event` records (probes/gputrace_events.h) as zstd "
         "frames after an 8-byte magic and a JSON header naming the table, the record and "
         "its layout (gputrace/rawparts.py). `gputrace convert TRACE` decodes each into "
-        "the Parquet part of the same number, in place; until then readers refuse the "
+        "the Parquet part of the same number, in place; until then readers (but "
+        "`gputrace info`) refuse the "
         "trace with a line saying so.",
         "",
     ]
