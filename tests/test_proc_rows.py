@@ -285,3 +285,25 @@ def test_facts_read_ahead_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     s.watch_procs()  # nothing new since: nothing read twice
     s.procs_taken()
     assert len(s.early) == 3
+
+
+def test_late_events_of_an_exited_process_start_no_row() -> None:
+    """An exit can be read before its process's last ioctls (another ring; a per-CPU
+    batch flushed later): events no later than the exit belong to that process and
+    start no second row; a later event of the pid is a new process (pid reused)."""
+    pid = 2_000_000_000  # no such process: /proc reads give nothing
+    s, sink, _probes = session()
+    s.proc_events(events((decode.PROC_SEEN, pid, 100), (decode.PROC_EXIT, pid, 500)))
+    assert len(sink.rows) == 1 and sink.rows[0]["exit_ts_ns"] == 500
+    # late ioctls, as records (raw path: pids of run starts with their first times)
+    s.note_pids(np.array([pid, pid], np.uint32), np.array([450, 499], np.uint64))
+    s.note_pids(np.array([pid], np.int32), np.array([500], np.int64))  # the exit's own time
+    assert pid not in s.procs
+    s.finish_processes()
+    assert len(sink.rows) == 1
+    # the pid again, after the exit: a new instance, a new row
+    s.note_pids(np.array([pid, pid], np.int32), np.array([900, 501], np.int64))
+    assert pid in s.procs and pid not in s.gone
+    s.finish_processes()
+    assert [r["pid"] for r in sink.rows] == [pid, pid]
+    assert sink.rows[1]["exit_ts_ns"] is None

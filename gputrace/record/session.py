@@ -88,6 +88,7 @@ class Session:
         time.CLOCK_BOOTTIME) - time.clock_gettime_ns(time.CLOCK_MONOTONIC))  # fmt: skip
     _proc_cursor: int = 0  # chunks of the raw proc_events watch_procs has read
     exited: set[int] = field(default_factory=set)  # exits since the last housekeeping
+    gone: dict[int, int] = field(default_factory=dict)  # pid -> exit ts of its last row
     tracked: set[int] = field(default_factory=set)  # pids whose CPU faults the tools stream has
     uvm_inits: list[tuple[int, int]] = field(default_factory=list)  # (pid, fd) to attach
     names: dict[int, str] = field(default_factory=dict)  # comm of tracked pids after exit
@@ -125,7 +126,12 @@ class Session:
                 top = pc.max(batch.column("ts_ns")).as_py()
                 self.alive_ns = max(self.alive_ns, int(top or 0))
             if "pid" in batch.schema.names:
-                self.note_pids(batch.column("pid").drop_null().to_numpy(zero_copy_only=False))
+                pids = batch.column("pid")
+                ts = batch.column("ts_ns") if "ts_ns" in batch.schema.names else None
+                ok = pc.is_valid(pids)
+                self.note_pids(pids.filter(ok).to_numpy(zero_copy_only=False),
+                               None if ts is None else ts.filter(ok).to_numpy(
+                                   zero_copy_only=False))  # fmt: skip
             self.append(buf.table, batch)
 
     def append(self, table: str, batch: Batch) -> None:
@@ -174,8 +180,10 @@ class Session:
         ev = np.frombuffer(data, dtype, n)
         self.alive_ns = max(self.alive_ns, int(ev["ts_ns"].max()))
         pids = ev["pid"]
-        # events come in per-CPU batches, runs of one pid: their starts hold every pid
-        self.note_pids(pids[np.r_[True, pids[1:] != pids[:-1]]])
+        # events come in per-CPU batches, time-ordered runs of one pid: the runs'
+        # starts hold every pid, and its first event
+        starts = np.r_[True, pids[1:] != pids[:-1]]
+        self.note_pids(pids[starts], ev["ts_ns"][starts])
         self.w.append_raw(table, record, dtype, memoryview(data)[: n * dtype.itemsize])
         with self._lock:
             self.rows[table] = self.rows.get(table, 0) + n
@@ -221,10 +229,26 @@ class Session:
         info = self.procs.get(pid)
         return (info.comm if info is not None else None) or self.names.get(pid)
 
-    def note_pids(self, pids: np.ndarray[Any, Any]) -> None:
-        for pid in np.unique(pids).tolist():
-            if pid not in self.procs:
-                self.new_proc(int(pid))
+    def note_pids(self, pids: np.ndarray[Any, Any], ts: np.ndarray[Any, Any] | None = None) -> None:
+        """Make the processes of these events known. An event of a pid whose process
+        exited, no later than that exit, is a late event of that process (events
+        reach the recorder through several rings and per-CPU batches, so an exit can
+        be read before its process's last events): it starts no new row."""
+        if ts is None:
+            for pid in np.unique(pids).tolist():
+                if pid not in self.procs:
+                    self.new_proc(int(pid))
+            return
+        order = np.argsort(ts, kind="stable")
+        uniq, first = np.unique(pids[order], return_index=True)
+        for pid, t in zip(uniq.tolist(), ts[order][first].tolist(), strict=True):
+            if pid in self.procs:
+                continue
+            gone = self.gone.get(pid)
+            if gone is not None and t <= gone:
+                continue
+            self.gone.pop(pid, None)
+            self.new_proc(int(pid))
 
     def new_proc(self, pid: int, ts_ns: int | None = None,
                  exact: bool = False) -> procfs.ProcInfo:  # fmt: skip
@@ -360,6 +384,9 @@ class Session:
                     info.exit_code = rc << 8 if rc >= 0 else -rc
                 self.write_procs([info])
                 del self.procs[pid]
+                self.gone[pid] = ts
+                if len(self.gone) > EARLY_MAX:  # the oldest exits: their late events are long in
+                    del self.gone[min(self.gone, key=self.gone.__getitem__)]
                 self._take_early(pid, ts)  # facts of this instance never used
                 self.exited.add(pid)
             else:
