@@ -16,6 +16,7 @@ import os
 import re
 import stat
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ from gputrace.tracefiles import (
     read_manifest,
     reason,
 )
-from gputrace.tracewriter import write_manifest, write_part
+from gputrace.tracewriter import stream_part, write_manifest
 
 __all__ = ["Converted", "convert"]
 
@@ -157,19 +158,23 @@ def _part(folder: int, n: int, name: str, where: Path, table: str,
           level: int) -> tuple[int, int, str]:  # fmt: skip
     """Decode raw part `name` and write it as Parquet part `n`: (rows, skipped, the
     decode_errors key). Each frame is decoded as the recorder would have decoded
-    that work item (sorted by time within it)."""
-    meta, frames = rawparts.read(_read(folder, name, where / name), str(where / name))
-    spec = _spec(meta, table, str(where / name))
-    batches: list[pa.RecordBatch] = []
+    that work item (sorted by time within it), one frame at a time."""
+    at = str(where / name)
+    meta, frames = rawparts.read(_read(folder, name, where / name), at)
+    spec = _spec(meta, table, at)
     skipped = 0
-    for records in frames:
-        batch, bad = spec.decode(np.frombuffer(records, spec.dtype))
-        skipped += bad
-        if batch is not None:
-            batches.append(batch)
-    arrow = pa.Table.from_batches(batches, schema=schema.table(table).arrow_schema)
-    write_part(folder, part_name(n), arrow, where, level)
-    return arrow.num_rows, skipped, spec.buffer
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        nonlocal skipped
+        for frame in frames:
+            batch, bad = spec.decode(np.frombuffer(rawparts.records(frame, at), spec.dtype))
+            skipped += bad
+            if batch is not None:
+                yield batch
+
+    rows = stream_part(folder, part_name(n), where, schema.table(table).arrow_schema,
+                       batches(), level)  # fmt: skip
+    return rows, skipped, spec.buffer
 
 
 def _count(folder: int, where: Path) -> tuple[int, int]:

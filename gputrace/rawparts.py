@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -74,10 +74,19 @@ def frame(records: bytes | memoryview) -> bytes:
     return _FRAME.pack(n, len(comp), zlib.crc32(comp)) + comp
 
 
-def read(data: bytes, where: str) -> tuple[dict[str, Any], list[bytes]]:
-    """The header and the frames' records of a raw part's bytes (each frame as the
-    recorder handed it over: whole records); TraceError naming `where` when they
-    are cut short, damaged or not a raw part."""
+class Frame(NamedTuple):
+    """One frame of a raw part, checked but still compressed."""
+
+    at: int  # its offset in the part (for messages)
+    size: int  # bytes of records once decompressed
+    data: memoryview  # the compressed bytes
+
+
+def read(data: bytes, where: str) -> tuple[dict[str, Any], list[Frame]]:
+    """The header and the frames of a raw part's bytes, every frame's length and
+    CRC checked (decompress each with `records`: one at a time, a part's records
+    never need to be in memory together); TraceError naming `where` when they are
+    cut short, damaged or not a raw part."""
     if not data.startswith(MAGIC):
         raise TraceError(f"{where}: not a gputrace raw part")
     pos = len(MAGIC)
@@ -96,8 +105,8 @@ def read(data: bytes, where: str) -> tuple[dict[str, Any], list[bytes]]:
     if not isinstance(meta, dict) or itemsize <= 0 or codec != CODEC:
         raise TraceError(f"{where}: unreadable raw part header")
     pos += hlen
-    out: list[bytes] = []
-    decoder = pa.Codec(CODEC)
+    view = memoryview(data)
+    out: list[Frame] = []
     while pos < len(data):
         if len(data) < pos + _FRAME.size:
             raise TraceError(f"{where}: raw part cut short at byte {pos}")
@@ -105,14 +114,21 @@ def read(data: bytes, where: str) -> tuple[dict[str, Any], list[bytes]]:
         pos += _FRAME.size
         if n > FRAME_MAX or n % itemsize or len(data) < pos + c:
             raise TraceError(f"{where}: raw part cut short or damaged at byte {pos}")
-        if zlib.crc32(data[pos : pos + c]) != crc:
+        body = view[pos : pos + c]
+        if zlib.crc32(body) != crc:
             raise TraceError(f"{where}: damaged raw frame at byte {pos} (CRC mismatch)")
-        try:
-            chunk = decoder.decompress(data[pos : pos + c], decompressed_size=n, asbytes=True)
-        except (pa.ArrowException, OSError) as e:
-            raise TraceError(f"{where}: damaged raw frame at byte {pos} ({e})") from None
-        if len(chunk) != n:
-            raise TraceError(f"{where}: damaged raw frame at byte {pos}")
-        out.append(chunk)
+        out.append(Frame(pos, n, body))
         pos += c
     return meta, out
+
+
+def records(frame: Frame, where: str) -> bytes:
+    """A frame's records, decompressed."""
+    try:
+        chunk = pa.Codec(CODEC).decompress(frame.data, decompressed_size=frame.size,
+                                           asbytes=True)  # fmt: skip
+    except (pa.ArrowException, OSError) as e:
+        raise TraceError(f"{where}: damaged raw frame at byte {frame.at} ({e})") from None
+    if len(chunk) != frame.size:
+        raise TraceError(f"{where}: damaged raw frame at byte {frame.at}")
+    return bytes(chunk)

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +260,37 @@ def write_part(folder: int, final: str, arrow: pa.Table, where: Path, level: int
     write_file(folder, final, where, lambda f: pq.write_table(
         arrow, f, compression="zstd", compression_level=level, write_statistics=True,
         **_encodings(arrow.schema.names)))  # fmt: skip
+
+
+ROW_GROUP_ROWS = 1 << 20
+"""Rows per row group (pyarrow's default, which `write_part` keeps)."""
+
+
+def stream_part(folder: int, final: str, where: Path, schema_: pa.Schema,
+                batches: Iterable[pa.RecordBatch], level: int = 3) -> int:  # fmt: skip
+    """One zstd Parquet part from batches made one after another (`gputrace convert`):
+    encoded as `write_part` encodes, a row group at a time, so at most ROW_GROUP_ROWS
+    rows are held at once; returns the rows written."""
+    rows = 0
+
+    def fill(f: Any) -> None:
+        nonlocal rows
+        with pq.ParquetWriter(f, schema_, compression="zstd", compression_level=level,
+                              write_statistics=True, **_encodings(schema_.names)) as w:
+            held: list[pa.RecordBatch] = []
+            n = 0
+            for b in batches:
+                held.append(b)
+                n += b.num_rows
+                if n >= ROW_GROUP_ROWS:
+                    w.write_table(pa.Table.from_batches(held, schema=schema_), ROW_GROUP_ROWS)
+                    rows, held, n = rows + n, [], 0
+            if n:
+                w.write_table(pa.Table.from_batches(held, schema=schema_), ROW_GROUP_ROWS)
+                rows += n
+
+    write_file(folder, final, where, fill)
+    return rows
 
 
 def write_manifest(dir_fd: int, manifest: Mapping[str, Any], where: Path) -> None:
