@@ -136,8 +136,12 @@ static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task)
             /* to the end of fp's page (no fault past what the kernel's walker
              * reads), or the 16-byte record itself where it spans two pages */
             u64 len = 4096 - (fp & 4095);
-            if (len > GT_CUDA_STACK_CHUNK * 8)
-                len = GT_CUDA_STACK_CHUNK * 8;
+            /* the first read of a walk is short (a shallow stack needs no more);
+             * a walk that goes on reads to the page's end: deep stacks of big
+             * frames (Python, libtorch) cost a read per page, not per 512 bytes */
+            u64 cap = w->end ? GT_CUDA_STACK_CHUNK * 8 : GT_CUDA_STACK_FIRST * 8;
+            if (len > cap)
+                len = cap;
             if (len < 16)
                 len = 16;
             if (bpf_probe_read_user(w->chunk, len, (void *)fp))

@@ -60,10 +60,13 @@ struct cuda_stack {
     u32 _pad;
     u64 ip[GT_CUDA_STACK_DEPTH];
 };
-/* The stack is read in chunks of up to GT_CUDA_STACK_CHUNK words, never past
- * the end of the page the chunk starts in: one user read serves every frame
- * record that lies in it (a deep stack's records are tens of bytes apart). */
-#define GT_CUDA_STACK_CHUNK 64
+/* The stack is read in chunks, never past the end of the page the chunk starts
+ * in: one user read serves every frame record that lies in it. A walk's first
+ * read copies at most GT_CUDA_STACK_FIRST words (a shallow stack's records lie
+ * within it), the next ones up to GT_CUDA_STACK_CHUNK (a page: a deep stack of
+ * big frames costs a read per page). */
+#define GT_CUDA_STACK_CHUNK 512
+#define GT_CUDA_STACK_FIRST 64  /* words of a walk's first read */
 struct cuda_stack_walk {
     struct cuda_stack s;
     u64 base, end;      /* the user bytes chunk[] holds: [base, end) */

@@ -115,6 +115,7 @@ C_ONLY = {
     "GT_CUDA_STACK_SPAN": "how far above the user sp the stack walk follows frame pointers",
     "GT_CUDA_STACK_PROBES": "keys tried when another stack holds a stack's hash",
     "GT_CUDA_STACK_CHUNK": "words of user stack one read of the stack walk copies",
+    "GT_CUDA_STACK_FIRST": "words the first read of a stack walk copies",
     "GT_PATH_MAX": "path buffer of the API layer's open probe",
 }
 

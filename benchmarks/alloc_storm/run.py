@@ -48,15 +48,15 @@ def best(runs: list[Result]) -> Result:
     return min(r[0] for r in runs), min(r[1] for r in runs)
 
 
-def untraced(exe: Path, n: int, depth: int) -> Result:
+def untraced(exe: Path, n: int, depth: int | str) -> Result:
     return parse(run_untraced([str(exe), str(n), "-", str(depth)]))
 
 
-def floor(exe: Path, lib: Path, n: int, depth: int) -> Result:
+def floor(exe: Path, lib: Path, n: int, depth: int | str) -> Result:
     return under_uprobe_floor(lib, lambda: untraced(exe, n, depth))
 
 
-def traced(exe: Path, n: int, tmp: Path, depth: int, tree: Path | None,
+def traced(exe: Path, n: int, tmp: Path, depth: int | str, tree: Path | None,
            *flags: str) -> dict[str, Any]:
     out, t = run_traced([str(exe), str(n), "--wait", str(depth)], tree, tmp / "trace", *flags)
     return {"cpu": parse(out), "rows": t.rows("cuda_calls"), "expected_rows": 2 * n + 2,
@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=200_000, help="allocations (and frees)")
     ap.add_argument("--repeat", type=int, default=3, help="best of N for each mode")
     ap.add_argument("--depth", type=int, default=60, help="frames of the deep-stack case")
+    ap.add_argument("--big-frames", action="store_true",
+                    help="deep-stack frames of 256 bytes each (C++/CPython-like)")  # fmt: skip
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--stack-depths", default="",
                     help="also this tree with `record --stack-depth N`, e.g. 16,32")  # fmt: skip
@@ -86,7 +88,7 @@ def main() -> None:
         exe, lib = build(HERE / "storm.c", tmp / "alloc_storm")
         after = tree_of(args.after, tmp / "after")
         before = tree_of(args.before, tmp / "before") if args.before else None
-        for depth in (0, args.depth):
+        for depth in (0, f"{args.depth}b" if args.big_frames else args.depth):
             n, k = args.iters, args.repeat
             base = best([untraced(exe, n, depth) for _ in range(k)])
             bare = best([floor(exe, lib, n, depth) for _ in range(k)])
@@ -109,19 +111,20 @@ def main() -> None:
             if old:
                 res[f"depth_{depth}"]["before_ns"] = best([r["cpu"] for r in old])
                 res[f"depth_{depth}"]["before_rows"] = [r["rows"] for r in old]
+                res[f"depth_{depth}"]["before_drops"] = [r["drops"] for r in old]
     if args.json:
         print(json.dumps(res, indent=2))
         return
     la = res["loadavg"]
     print(f"{res['calls']} calls per run, CPU ns per call, best of {args.repeat}; "
           f"load average {la[0]:.1f} {la[1]:.1f} {la[2]:.1f}")  # fmt: skip
-    for depth in (0, args.depth):
+    for depth in (0, f"{args.depth}b" if args.big_frames else args.depth):
         r = res[f"depth_{depth}"]
         for i, call in enumerate(("alloc", "free")):
             u, f, g = r["untraced_ns"][i], r["floor_ns"][i], r["gputrace_ns"][i]
-            print(f"{call:<5} depth {depth:>3}: untraced {u:7.1f}  floor {f:7.1f} (+{f - u:.0f})  "
-                  f"gputrace {g:7.1f} (+{g - u:.0f})  added/floor-added "
-                  f"{(g - u) / max(f - u, 1e-9):.2f}")  # fmt: skip
+            print(f"{call:<5} depth {depth!s:>3}: untraced {u:7.1f}  "
+                  f"floor {f:7.1f} (+{f - u:.0f})  gputrace {g:7.1f} (+{g - u:.0f})  "
+                  f"added/floor-added {(g - u) / max(f - u, 1e-9):.2f}")  # fmt: skip
             if "before_ns" in r:
                 b = r["before_ns"][i]
                 print(f"{'':<16}before {b:7.1f} (+{b - u:.0f})  added/floor-added "
@@ -132,7 +135,8 @@ def main() -> None:
                       f"{(c - u) / max(f - u, 1e-9):.2f}")  # fmt: skip
         print(f"          rows {r['rows']} of {r['expected_rows']}, drops {r['drops']}, "
               f"stack frames {r['stack_rows']}"
-              + (f", before rows {r['before_rows']}" if "before_rows" in r else ""))  # fmt: skip
+              + (f", before rows {r['before_rows']} drops {r['before_drops']}"
+                 if "before_rows" in r else ""))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
  * device dir): N x cuMemAlloc_v2 (4 KiB) and N x cuMemFree_v2, in batches of
  * 1000 allocations then their 1000 frees, called DEPTH frames below main
  * (frame pointers kept: the API probe walks them on every allocation).
- * Usage: alloc_storm N [--wait] [DEPTH]. Prints
+ * Usage: alloc_storm N [--wait] [DEPTH[b]] (DEPTHb: frames of 256 bytes of
+ * locals each, as a C++ or CPython frame: a walk then reads a page every ~15
+ * frames, not every ~120). Prints
  * "calls <2n> ns <total> ns_per_call <x> alloc_cpu_ns <a> free_cpu_ns <f>":
  * wall ns per call over both, then this thread's CPU ns per allocation and per
  * free (user + system, where the probes run; time slices lost to other
@@ -50,13 +52,23 @@ __attribute__((noinline)) static int descend(int depth)
     return r + (keep - depth);
 }
 
+/* The same with a big frame each. */
+__attribute__((noinline)) static int descend_big(int depth)
+{
+    volatile char pad[256];
+    pad[0] = (char)depth;
+    int r = depth > 0 ? descend_big(depth - 1) : storm();
+    return r + (pad[0] - (char)depth);
+}
+
 int main(int argc, char **argv)
 {
     n = argc > 1 ? atol(argv[1]) : 200000;
     int depth = argc > 3 ? atoi(argv[3]) : 0;
+    int big = argc > 3 && strchr(argv[3], 'b') != NULL;
     if (api_start(argc > 2 && strcmp(argv[2], "--wait") == 0))
         return 1;
-    if (descend(depth))
+    if (big ? descend_big(depth) : descend(depth))
         return 1;
     printf("calls %ld ns %.0f ns_per_call %.1f alloc_cpu_ns %.1f free_cpu_ns %.1f\n", 2 * n,
            wall, wall / (2.0 * n), alloc_cpu / n, free_cpu / n);
