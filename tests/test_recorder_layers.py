@@ -82,7 +82,7 @@ def test_observers_see_each_appended_table_and_never_end_the_recording(
 def test_decoder_errors_and_skips_count_in_stats() -> None:
     s, _ = _session()
     buf = layers.Buffer("files", "fd_events", np.dtype("u8"), lambda *_: (_files(2), 3))
-    s.note_pids = lambda pids: None  # type: ignore[method-assign]  # no /proc reads
+    s.note_pids = lambda pids, ts=None: None  # type: ignore[method-assign]  # no /proc reads
     s.decode(None, buf, "fd_events", b"")
     assert s.stats().decode_errors == {"fd_events": 3} and s.stats().rows == {"files": 2}
 
