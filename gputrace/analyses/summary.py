@@ -22,6 +22,7 @@ from gputrace.analyses.helpers.gpus import gpu_table, pmm_gpus, replay_steps
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS
 from gputrace.analyses.helpers.partition import Slice, per_slice
+from gputrace.analyses.helpers.scans import few_row_groups_ahead
 from gputrace.analyses.report import Report, not_recorded
 
 QUESTION = "Which driver calls cost what, and who holds how much GPU memory, on which GPU?"
@@ -35,7 +36,8 @@ def ioctl_stats(ioctls: pl.LazyFrame) -> pl.LazyFrame:
     counts: the q-quantile is the least latency whose running count exceeds the
     rank. Latencies repeat, so the histogram is far smaller than the calls and
     nothing holds every call's latency per group. Calls, failures and the total
-    come from the same histogram: one pass over the table."""
+    come from the same histogram: one pass over the table, read with few row
+    groups decoded ahead (`few_row_groups_ahead`), then one group_by of the histogram."""
     keys = ["device", "gpu_index", "name"]
     # gpu_index names the /dev/nvidiaN file; on nvidiactl rows it can hold the GPU a
     # device object was allocated for, which is no reason to split a command's row.
@@ -43,30 +45,28 @@ def ioctl_stats(ioctls: pl.LazyFrame) -> pl.LazyFrame:
         gpu_index=pl.when(pl.col("device") == "gpu").then("gpu_index"))
     failed = (pl.col("status").fill_null(0) != 0) | (pl.col("ret").fill_null(0) < 0)
     lat = pl.col("latency_ns")
-    # Collected apart: the two plans below both read it. Null latencies form their own
-    # bin: they count as calls, never as latencies.
-    hist = (ioctls.group_by(*keys, "latency_ns")
-            .agg(pl.len().alias("_c"), failed.sum().alias("_f")).collect().lazy())
-    timed = pl.col("_c").filter(lat.is_not_null()).sum()
-    stats = hist.group_by(keys).agg(
-        pl.col("_c").sum().alias("count"), pl.col("_f").sum().alias("failed"),
-        (lat * pl.col("_c")).sum().alias("total_ns"), timed.alias("_timed"))
-    # total / timed calls is lat.mean(): the total is exact (an integer far below 2**53)
-    stats = stats.with_columns(mean_ns=pl.when(pl.col("_timed") > 0).then(
-        pl.col("total_ns") / pl.col("_timed"))).drop("_timed")
-    hist = (hist.filter(lat.is_not_null()).sort("latency_ns")
-            .with_columns(_cum=pl.col("_c").cum_sum().over(keys),
-                          _n=pl.col("_c").sum().over(keys)))
+    # Collected apart (the scan setting holds while it runs). Null latencies form their
+    # own bin: they count as calls, never as latencies.
+    with few_row_groups_ahead():
+        hist = (ioctls.group_by(*keys, "latency_ns")
+                .agg(pl.len().alias("_c"), failed.sum().alias("_f")).collect())
+    # Within a group rows keep the histogram's order: by latency, null bins last, so the
+    # running count at a timed bin counts timed calls only.
+    c, timed = pl.col("_c"), lat.is_not_null()
+    n = c.filter(timed).sum()
+    total = (lat * c).sum()
 
     def q(p: float, name: str) -> pl.Expr:
-        rank = ((pl.col("_n") - 1).cast(pl.Float64) * p).round(0, "half_away_from_zero")
-        return lat.filter(pl.col("_cum") > rank).min().cast(pl.Float64).alias(name)
+        rank = ((n - 1).cast(pl.Float64) * p).round(0, "half_away_from_zero")
+        return lat.filter(timed & (c.cum_sum() > rank)).min().cast(pl.Float64).alias(name)
 
-    qs = hist.group_by(keys).agg(q(0.5, "latency_ns_p50"), q(0.9, "latency_ns_p90"),
-                                 q(0.99, "latency_ns_p99"), lat.max().alias("latency_ns_max"))
-    return (stats.join(qs, on=keys, how="left", nulls_equal=True)
-            .sort("total_ns", "device", "name", descending=[True, False, False],
-                  nulls_last=True))
+    # total / timed calls is lat.mean(): the total is exact (an integer far below 2**53)
+    return (hist.lazy().sort("latency_ns", nulls_last=True).group_by(keys).agg(
+        c.sum().alias("count"), pl.col("_f").sum().alias("failed"), total.alias("total_ns"),
+        pl.when(n > 0).then(total / n).alias("mean_ns"),
+        q(0.5, "latency_ns_p50"), q(0.9, "latency_ns_p90"), q(0.99, "latency_ns_p99"),
+        lat.max().alias("latency_ns_max"))
+        .sort("total_ns", "device", "name", descending=[True, False, False], nulls_last=True))
 
 
 def process_memory(lt: pl.LazyFrame, processes: pl.LazyFrame) -> pl.LazyFrame:
