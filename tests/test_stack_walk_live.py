@@ -51,7 +51,7 @@ def _return_addresses(exe: Path) -> dict[tuple[str, str], int]:
     return out
 
 
-def _record(tmp: Path, exe: Path, depth: int) -> tuple[list[list[Frame]], int]:
+def _record(tmp: Path, exe: Path, depth: int | str) -> tuple[list[list[Frame]], int]:
     """Each allocation's stack as (module, offset) frames, innermost first, and
     the number of distinct stack ids the stacks table holds."""
     out = tmp / f"trace{depth}"
@@ -77,8 +77,10 @@ def _record(tmp: Path, exe: Path, depth: int) -> tuple[list[list[Frame]], int]:
 
 @pytest.mark.live
 @pytest.mark.skipif(live_skip_reason() is not None, reason=str(live_skip_reason()))
-@pytest.mark.parametrize("depth", [0, 40])
-def test_stack_walk_records_the_kernel_walkers_frames(tmp_path: Path, depth: int) -> None:
+@pytest.mark.parametrize("depth", [0, 40, "40b"])
+def test_stack_walk_records_the_kernel_walkers_frames(tmp_path: Path, depth: int | str) -> None:
+    """40b: frames of 256 bytes of locals (descend_big), so the walk reads across
+    several pages, each from its first record to the page's end."""
     exe = _storm(tmp_path)
     ret = _return_addresses(exe)
     stacks, distinct = _record(tmp_path, exe, depth)
@@ -89,8 +91,13 @@ def test_stack_walk_records_the_kernel_walkers_frames(tmp_path: Path, depth: int
     assert libc[0] is not None and os.path.basename(libc[0]).startswith("libc.so")
     warm_up = [(me, ret[("main", "cuMemAlloc_v2")]), libc]
     # storm() is inlined into descend(): its call site, DEPTH recursive calls, main's call
-    storm = ([(me, ret[("descend", "cuMemAlloc_v2")])]
-             + [(me, ret[("descend", "descend")])] * depth
-             + [(me, ret[("main", "descend")]), libc])  # fmt: skip
+    if isinstance(depth, int):
+        storm = ([(me, ret[("descend", "cuMemAlloc_v2")])]
+                 + [(me, ret[("descend", "descend")])] * depth
+                 + [(me, ret[("main", "descend")]), libc])  # fmt: skip
+    else:  # descend_big DEPTH times, then descend(0)
+        storm = ([(me, ret[("descend", "cuMemAlloc_v2")]), (me, ret[("descend_big", "descend")])]
+                 + [(me, ret[("descend_big", "descend_big")])] * int(depth[:-1])
+                 + [(me, ret[("main", "descend_big")]), libc])  # fmt: skip
     assert stacks == [warm_up] + [storm] * CALLS
     assert distinct == 2  # one id per distinct stack, not one per event
