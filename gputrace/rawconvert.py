@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from gputrace.errors import TraceError
 from gputrace.record import decode
 from gputrace.tracefiles import (
     MANIFEST,
+    PART_RE,
     abs_trace_path,
     lock_dir,
     open_dir_at,
@@ -42,8 +42,6 @@ from gputrace.tracewriter import stream_part, write_manifest
 
 __all__ = ["Converted", "convert"]
 
-_RAW_RE = re.compile(r"part-(\d{6})\.gtraw")
-_PARQUET_RE = re.compile(r"part-\d+\.parquet")
 
 
 @dataclass
@@ -53,7 +51,7 @@ class Converted:
     parts: int = 0  # raw parts decoded
     rows: int = 0  # rows written
     skipped: int = 0  # records skipped as unreadable (added to decode_errors)
-    tables: list[str] | None = None
+    tables: list[str] = field(default_factory=list)  # tables that held raw parts
 
 
 def convert(path: str | os.PathLike[str], *, level: int = 3, jobs: int = 1) -> Converted:
@@ -66,7 +64,7 @@ def convert(path: str | os.PathLike[str], *, level: int = 3, jobs: int = 1) -> C
     try:
         lock_dir(fd, root)
         manifest = read_manifest(fd, MANIFEST, root / MANIFEST)
-        done = Converted(tables=[])
+        done = Converted()
         for table in schema.TABLES:
             announced = manifest.get("tables", {}).get(table, {})
             folder = _folder(fd, root, table)
@@ -94,8 +92,8 @@ def _folder(fd: int, root: Path, table: str) -> int | None:
 
 
 def _raw_parts(folder: int) -> list[tuple[int, str]]:
-    return sorted((int(m.group(1)), n) for n in os.listdir(folder)
-                  if (m := _RAW_RE.fullmatch(n)))  # fmt: skip
+    return sorted((int(m[1]), n) for n in os.listdir(folder)
+                  if (m := PART_RE.fullmatch(n)) and m[2] == "gtraw" and not m[3])  # fmt: skip
 
 
 def _convert_table(fd: int, folder: int, root: Path, table: str, raws: list[tuple[int, str]],
@@ -137,7 +135,6 @@ def _convert_table(fd: int, folder: int, root: Path, table: str, raws: list[tupl
         tables[table] = {"rows": rows, "parts": parts}
     manifest["converted"] = {"gputrace_version": _version(), "unix_s": time.time()}
     write_manifest(fd, manifest, root)
-    assert done.tables is not None
     done.tables.append(table)
 
 
@@ -181,7 +178,7 @@ def _count(folder: int, where: Path) -> tuple[int, int]:
     """Rows and Parquet parts a table folder holds (from the footers)."""
     rows = parts = 0
     for name in sorted(os.listdir(folder)):
-        if _PARQUET_RE.fullmatch(name):
+        if (m := PART_RE.fullmatch(name)) and m[2] == "parquet" and not m[3]:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
             with os.fdopen(fd, "rb") as f:
                 try:

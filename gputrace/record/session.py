@@ -99,7 +99,6 @@ class Session:
     rows: dict[str, int] = field(default_factory=dict)
     backlog_bytes: int = 0  # raw bytes handed to the writer thread and not yet taken
     spill_bytes: int = 32 << 20  # past this backlog, ioctl events are written raw
-    spilled: int = 0  # work items written raw because the writer was behind
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -167,14 +166,14 @@ class Session:
         # live observers must see every row as it is recorded: they never spill
         return not self.observers and self.backlog_bytes >= self.spill_bytes
 
-    def append_raw(self, buffer: str, record: str, data: bytes) -> None:
+    def append_raw(self, record: str, data: bytes) -> None:
         """Append whole `record` structs undecoded (`record --raw`): only what the
         recording itself needs is read of them (the latest time, the processes
         seen), with numpy over their fields; `gputrace convert` decodes the rest."""
         spec = decode.RAW_RECORDS[record]
         table, dtype = spec.table, spec.dtype
         n, rest = divmod(len(data), dtype.itemsize)
-        self.skip(buffer, int(rest > 0), "cut short")
+        self.skip(spec.buffer, int(rest > 0), "cut short")
         if not n:
             return
         ev = np.frombuffer(data, dtype, n)

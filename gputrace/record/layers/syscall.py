@@ -148,7 +148,7 @@ class SyscallLayer(Layer):
 
     def write(self, s: Session, kind: str, data: Any) -> None:
         if kind == RAW_KIND:
-            s.append_raw("ioctl_events", "ioctl_event", data)
+            s.append_raw("ioctl_event", data)
 
     def housekeep(self, s: Session, gone: set[int]) -> None:
         self.p.forget_tgids(gone)
