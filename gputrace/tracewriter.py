@@ -256,10 +256,9 @@ def write_file(folder: int, final: str, where: Path, fill: Callable[[Any], objec
 
 
 def write_part(folder: int, final: str, arrow: pa.Table, where: Path, level: int = 3) -> None:
-    """One zstd Parquet part of a table (the recorder's and the converter's)."""
-    write_file(folder, final, where, lambda f: pq.write_table(
-        arrow, f, compression="zstd", compression_level=level, write_statistics=True,
-        **_encodings(arrow.schema.names)))  # fmt: skip
+    """One zstd Parquet part of a table, written whole (the recorder's)."""
+    write_file(folder, final, where,
+               lambda f: pq.write_table(arrow, f, **_part_options(arrow.schema, level)))
 
 
 ROW_GROUP_ROWS = 1 << 20
@@ -275,8 +274,7 @@ def stream_part(folder: int, final: str, where: Path, schema_: pa.Schema,
 
     def fill(f: Any) -> None:
         nonlocal rows
-        with pq.ParquetWriter(f, schema_, compression="zstd", compression_level=level,
-                              write_statistics=True, **_encodings(schema_.names)) as w:
+        with pq.ParquetWriter(f, schema_, **_part_options(schema_, level)) as w:
             held: list[pa.RecordBatch] = []
             n = 0
             for b in batches:
@@ -327,6 +325,12 @@ def _version() -> str:
     from gputrace import __version__
 
     return __version__
+
+
+def _part_options(schema_: pa.Schema, level: int) -> dict[str, Any]:
+    """How every Parquet part is written: zstd at `level`, statistics, `_encodings`."""
+    return {"compression": "zstd", "compression_level": level, "write_statistics": True,
+            **_encodings(schema_.names)}
 
 
 def _encodings(columns: list[str]) -> dict[str, Any]:
