@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from gputrace.errors import TraceError
+from gputrace.tracefiles import part_name
 
 MAGIC = b"GTRAW\x00\x01\n"
 RAW_GLOB = "part-*.gtraw"
@@ -45,7 +46,7 @@ HEADER_MAX = 1 << 20
 
 def raw_part_name(n: int) -> str:
     """The file name of a table's `n`-th part (1-based) when it is raw."""
-    return f"part-{n:06d}.gtraw"
+    return part_name(n, "gtraw")
 
 
 def layout(dtype: np.dtype[Any]) -> list[Any]:
@@ -131,4 +132,4 @@ def records(frame: Frame, where: str) -> bytes:
         raise TraceError(f"{where}: damaged raw frame at byte {frame.at} ({e})") from None
     if len(chunk) != frame.size:
         raise TraceError(f"{where}: damaged raw frame at byte {frame.at}")
-    return bytes(chunk)
+    return chunk

@@ -47,9 +47,9 @@ _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CREATE_TRIES = 3
 
 
-def part_name(n: int) -> str:
-    """The file name of a table's `n`-th part (1-based)."""
-    return f"part-{n:06d}.parquet"
+def part_name(n: int, kind: str = "parquet") -> str:
+    """The file name of a table's `n`-th part (1-based); `kind` "gtraw" for a raw part."""
+    return f"part-{n:06d}.{kind}"
 
 
 def lock_dir(fd: int, where: Path) -> None:
