@@ -13,6 +13,7 @@
 #define GT_COMMON_BPF_H
 #include <uapi/linux/ptrace.h>
 #include "gputrace_events.h"
+#include "comm_cache.bpf.h"
 
 #ifndef GT_FD_SCAN
 #define GT_FD_SCAN 1024 /* fds copied on fork / dropped on exit, per process */
@@ -169,6 +170,7 @@ struct pending_ioctl {
     struct fdval v;
     u8 active;          /* set at entry, cleared at exit */
     u8 _pad[7];
+    struct gt_comm comm; /* the thread's name (comm_cache.bpf.h) */
 };
 /* Per thread, in the task itself: cheaper than a hash keyed by tid, and gone
  * with the thread (a hash entry of a thread killed inside its ioctl stays). */

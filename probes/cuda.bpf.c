@@ -226,7 +226,12 @@ int uretprobe_cuda(struct pt_regs *ctx)
                     e->size_bytes = pitch * p->height, e->valid |= GT_CV_SIZE;
             }
         }
-        bpf_get_current_comm(&e->comm, sizeof(e->comm));
+        if (!gt_comm_get(&p->comm, e->comm, now)) {
+            bpf_get_current_comm(&e->comm, sizeof(e->comm));
+            struct cuda_config *cfg = cuda_cfg();
+            if (cfg && cfg->comm_cache)
+                gt_comm_keep(&p->comm, e->comm, now);
+        }
         cuda_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
     } else {
         u32 zero = 0;

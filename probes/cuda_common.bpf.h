@@ -13,6 +13,7 @@
 #endif
 /* cuda_config, cuda_targets, cuda_paused and their helpers */
 #include "cuda_shared.bpf.h"
+#include "comm_cache.bpf.h"
 
 struct cuda_pending {
     u64 ts_ns, out, pitch_out, height;
@@ -23,6 +24,7 @@ struct cuda_pending {
     u8 _pad[2];
     u32 gen;            /* cuda_gen when `known` was set */
     u32 _pad1;
+    struct gt_comm comm; /* the thread's name (comm_cache.bpf.h) */
 };
 /* A thread remembers that its process is traced and already seen, so its later
  * calls skip the cuda_targets and cuda_seen lookups. Both maps only lose a tgid

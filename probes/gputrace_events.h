@@ -158,7 +158,7 @@ struct gt_config {
     u32 self_tgid;      /* the recorder: its flush trigger is honoured */
     u32 filter;         /* 0 = whole host, 1 = only tgids in `targets` */
     u32 prefix_len;     /* length of prefix, including the trailing '/' */
-    u32 _pad0;
+    u32 comm_cache;     /* 1 = threads keep their name (gt_task_rename attached) */
     char prefix[GT_PREFIX_MAX];  /* device dir, absolute, ending in '/' */
 };
 
@@ -266,7 +266,7 @@ struct cuda_config {
     u32 self_tgid;
     u32 filter;         /* 0 = whole host, 1 = only tgids in `cuda_targets` */
     u32 pause;          /* 1 = stop processes at libcuda load and first call */
-    u32 _pad0;
+    u32 comm_cache;     /* 1 = threads keep their name (cuda_task_rename attached) */
 };
 
 /* ---------------------------------------------------------------------------

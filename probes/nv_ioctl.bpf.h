@@ -122,8 +122,9 @@ static __always_inline int ioctl_exit(long ret, u64 id)
      * earlier contents never reach the trace. */
     struct ioctl_event *e = &st->ev[n];
     e->valid = 0;
+    u64 now = bpf_ktime_get_ns();
     e->ts_ns = p.ts_ns;
-    e->latency_ns = bpf_ktime_get_ns() - p.ts_ns;
+    e->latency_ns = now - p.ts_ns;
     e->ret = ret;
     e->pid = id >> 32;
     e->tid = tid;
@@ -132,7 +133,12 @@ static __always_inline int ioctl_exit(long ret, u64 id)
     e->nr = p.cmd;
     e->device = p.v.kind;
     e->gpu_index = p.v.gpu;
-    bpf_get_current_comm(&e->comm, sizeof(e->comm));
+    if (!gt_comm_get(&pp->comm, e->comm, now)) {
+        bpf_get_current_comm(&e->comm, sizeof(e->comm));
+        struct gt_config *cfg = config.lookup(&zero);
+        if (cfg && cfg->comm_cache)
+            gt_comm_keep(&pp->comm, e->comm, now);
+    }
     if (p.v.kind == GT_DEV_UVM || p.v.kind == GT_DEV_UVM_TOOLS)
         uvm_decode(e, p.cmd, p.arg);
     else

@@ -249,3 +249,14 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
 #endif
 
 #endif /* GT_TP_BTF */
+
+/* tp_btf/task_rename (struct task_struct *task, const char *comm), in both
+ * modes: keeps the name a thread's traced ioctls copy (comm_cache.bpf.h).
+ * loader.COMM_RENAME loads it; config.comm_cache says it runs. */
+int gt_task_rename(u64 *ctx)
+{
+    struct pending_ioctl *p = pending_ioctls.task_storage_get((void *)ctx[0], 0, 0);
+    if (p)
+        gt_comm_renamed(&p->comm, (const char *)ctx[1]);
+    return 0;
+}

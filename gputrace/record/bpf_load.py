@@ -92,6 +92,30 @@ def attach_tp_btf(fd: int, tracepoint: str) -> int:
     return link
 
 
+RENAME_TRACEPOINT = "task_rename"
+
+
+def keep_names(bpf: Any, func: str) -> tuple[list[int], str | None]:
+    """Load and attach `func` on tp_btf/task_rename, which keeps the names
+    threads hold in a layer's per-thread storage (probes/comm_cache.bpf.h).
+    Returns its program and link fds and None, or no fds and why not: the
+    layer then reads the thread's name at every event, as it did before."""
+    try:
+        fd = load_tp_btf(bpf, func, RENAME_TRACEPOINT)
+    except GputraceError as e:
+        return [], str(e)
+    try:
+        return [fd, attach_tp_btf(fd, RENAME_TRACEPOINT)], None
+    except GputraceError as e:
+        os.close(fd)
+        return [], str(e)
+
+
+def comm_cache_note(reason: str | None) -> str:
+    """The manifest's word on the name cache: on, or off and why."""
+    return f"tp_btf {RENAME_TRACEPOINT}" if reason is None else f"off: {reason}"
+
+
 def check_headers() -> None:
     """bcc compiles against the running kernel's headers; say so clearly if absent."""
     rel = os.uname().release

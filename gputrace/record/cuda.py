@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
-from gputrace.record import decode, decode_cuda, elf, hooks, loader, procfs, watchdog
+from gputrace.record import bpf_load, decode, decode_cuda, elf, hooks, loader, procfs, watchdog
 from gputrace.record.symbolize import Symbolizer
 
 MAIN = "cuda.bpf.c"
@@ -129,6 +129,8 @@ class ApiLayer:
         self.stack_depth = stack_depth
         bcc = loader.import_bcc()
         self.bpf, self.library_loads = load_program(bcc, probes, stack_depth)
+        self._fds, why_not = bpf_load.keep_names(self.bpf, "cuda_task_rename")
+        self.comm_cache = bpf_load.comm_cache_note(why_not)
         self.raw: list[bytes] = []
         self._cb = self._collector()
         self.bpf[BUFFER].open_ring_buffer(self._cb)
@@ -160,6 +162,7 @@ class ApiLayer:
         leaf.self_tgid = self_tgid
         leaf.filter = 1 if filter_targets else 0
         leaf.pause = 1 if pause else 0
+        leaf.comm_cache = 1 if self._fds else 0
         tbl[ctypes.c_int(0)] = leaf
 
     def add_targets(self, pids: list[int]) -> None:
@@ -324,6 +327,7 @@ class ApiLayer:
             "pauses": self.pauses,
             "stack_depth": self.stack_depth,
             "library_loads": self.library_loads,
+            "comm_cache": self.comm_cache,
         }
 
     def decode_calls(self, data: bytes) -> tuple[pa.RecordBatch | None, int]:
@@ -355,4 +359,8 @@ class ApiLayer:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.resume_all()
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds = []
         self.bpf.cleanup()

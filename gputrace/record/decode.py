@@ -57,7 +57,7 @@ PROC_START_DTYPE = np.dtype(
 """`struct proc_start`, the `proc_starts` map's value: how a process began."""
 
 CONFIG_DTYPE = np.dtype(
-    [("self_tgid", "<u4"), ("filter", "<u4"), ("prefix_len", "<u4"), ("_pad0", "<u4"),
+    [("self_tgid", "<u4"), ("filter", "<u4"), ("prefix_len", "<u4"), ("comm_cache", "<u4"),
      ("prefix", "S256")]
 )  # fmt: skip
 UVM_LAYOUT_DTYPE = np.dtype(

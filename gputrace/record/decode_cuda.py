@@ -27,7 +27,7 @@ CUDA_PAUSE_DTYPE = np.dtype(
      ("stop_boot_ns", "<u8")]
 )  # fmt: skip
 CUDA_CONFIG_DTYPE = np.dtype(
-    [("self_tgid", "<u4"), ("filter", "<u4"), ("pause", "<u4"), ("_pad0", "<u4")]
+    [("self_tgid", "<u4"), ("filter", "<u4"), ("pause", "<u4"), ("comm_cache", "<u4")]
 )
 # GT_CV_* bits of cuda_event.valid, by column
 CUDA_VALID_BITS: dict[str, int] = {"size_bytes": 0, "ptr": 1, "handle": 2, "flags": 3, "stream": 4}
