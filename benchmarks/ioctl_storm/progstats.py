@@ -7,8 +7,11 @@ Run as root from the repository root:
 
     python3 benchmarks/ioctl_storm/progstats.py                 # traced ioctl storm
     python3 benchmarks/ioctl_storm/progstats.py --kind mmap     # untraced work (other.c)
+    python3 benchmarks/ioctl_storm/progstats.py --kind alloc --hooks tracepoint  # API layer
 
-`--kind storm` records the storm with -p (every ioctl traced); the other kinds
+`--kind storm` records the storm with -p (every ioctl traced); `--kind alloc` records
+benchmarks/alloc_storm/storm.c with -p (OPS allocations and frees on the stand-in
+libcuda, `--depth` frames below main; CPU ns/op is an allocation's); the other kinds
 (benchmarks/untraced/other.c: getpid, null, tty, sock, mmap, fault) run in host
 mode, the recorder tracing nothing they do. Needs bpftool.
 """
@@ -32,6 +35,8 @@ sys.path.insert(0, str(HERE.parent / "untraced"))
 
 from common import build_storm, device_dirs  # noqa: E402
 from revision import start_recorder_from, tree_of  # noqa: E402
+
+ALLOC_STORM = HERE.parent / "alloc_storm" / "storm.c"
 
 _BPF_ENABLE_STATS = 32
 
@@ -69,16 +74,23 @@ def main() -> int:
     ap.add_argument("--ops", type=int, default=1_000_000)
     ap.add_argument("--hooks", default="tp_btf,tracepoint")
     ap.add_argument("--tree", default="", help="recorder revision or tree (default: here)")
+    ap.add_argument("--depth", default="0", help="--kind alloc: frames below main (60, 60b)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         dev, other = device_dirs(tmp)
-        storm = a.kind == "storm"
+        storm, alloc = a.kind == "storm", a.kind == "alloc"
         (tmp / "s").mkdir()
-        exe = build_storm(HERE / "storm.c" if storm else HERE.parent / "untraced" / "other.c",
-                          tmp / "s")  # fmt: skip
+        if alloc:
+            from api_runs import build as build_api
+
+            exe = build_api(ALLOC_STORM, tmp / "s" / "alloc_storm")[0]
+        else:
+            exe = build_storm(HERE / "storm.c" if storm else HERE.parent / "untraced" / "other.c",
+                              tmp / "s")  # fmt: skip
         tree = tree_of(a.tree, tmp / "tree")
-        argv = [str(exe), str(dev), str(a.ops)] if storm else [str(exe), a.kind, str(a.ops)]
+        argv = ([str(exe), str(dev), str(a.ops)] if storm else
+                [str(exe), str(a.ops), "-", a.depth] if alloc else [str(exe), a.kind, str(a.ops)])
         env = {**os.environ, "OTHER_DIR": str(other)}
         base = cpu_ns_per_op(subprocess.run(argv, capture_output=True, text=True, env=env,
                                             check=True).stdout)  # fmt: skip
@@ -87,8 +99,9 @@ def main() -> int:
         for mech in a.hooks.split(","):
             os.environ["GPUTRACE_SYSCALL_HOOKS"] = mech
             out = tmp / f"trace-{mech}"
-            if storm:
-                w = subprocess.Popen([*argv, "--wait"], text=True, stdin=subprocess.PIPE,
+            if storm or alloc:
+                wait = [*argv[:2], "--wait", *argv[3:]] if alloc else [*argv, "--wait"]
+                w = subprocess.Popen(wait, text=True, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE)  # fmt: skip
                 assert w.stdin is not None and w.stdout is not None
                 pid = w.stdout.readline().split()[1]
@@ -98,7 +111,7 @@ def main() -> int:
             fd = enable_stats()
             try:
                 s0 = snapshot()
-                if storm:
+                if storm or alloc:
                     res, _ = w.communicate("go\n")
                 else:
                     res = subprocess.run(argv, capture_output=True, text=True, env=env,
@@ -106,7 +119,7 @@ def main() -> int:
                 s1 = snapshot()
             finally:
                 os.close(fd)
-                if not storm:
+                if not (storm or alloc):
                     rec.proc.send_signal(signal.SIGINT)
                 rec.wait(120)
             cpu = cpu_ns_per_op(res)
