@@ -117,6 +117,7 @@ C_ONLY = {
     "GT_CUDA_STACK_CHUNK": "words of user stack one read of the stack walk copies",
     "GT_CUDA_STACK_FIRST": "words the first read of a stack walk copies",
     "GT_PATH_MAX": "path buffer of the API layer's open probe",
+    "GT_COMM_TTL_NS": "how long a thread's kept name serves before it is read again",
 }
 
 
