@@ -55,6 +55,10 @@ BPF_RINGBUF_OUTPUT(proc_events, 64);
 BPF_PERCPU_ARRAY(drops, u64, GT_NBUF);
 BPF_ARRAY(config, struct gt_config, 1);
 BPF_ARRAY(uvm_layouts, struct uvm_layout, GT_UVM_SLOTS);
+struct uvm_span {
+    u8 b[GT_UVM_SPAN + 16];  /* + the widest field (a UUID) past the last offset */
+};
+BPF_PERCPU_ARRAY(uvm_span_scratch, struct uvm_span, 1);
 BPF_PERCPU_ARRAY(ioctl_staging, struct ioctl_batch, 1);
 BPF_HASH(fds, u64, struct fdval, 65536);          /* tgid<<32 | fd */
 BPF_HASH(targets, u32, u8, 65536);                /* traced tgids (filter mode) */

@@ -25,7 +25,29 @@ static __always_inline void stage_submit(struct ioctl_batch *st)
 
 #include "nv_rm.bpf.h"
 
-/* UVM commands carry no size: offsets come from `uvm_layouts` (driver.py). */
+/* Field `off` (`n` bytes: 1, 4, 8 or 16) of a UVM command's parameters at `b`:
+ * from the span `w` holds (read in one go from b + lo, `len` bytes) when it lies
+ * inside, else read alone. 0 on success, as bpf_probe_read_user. */
+static __always_inline int uvm_get(void *dst, u32 n, u8 *b, u32 off, struct uvm_span *w,
+                                   u32 lo, u32 len)
+{
+    if (w && off >= lo && off + n <= lo + len) {
+        u8 *s = &w->b[(off - lo) & (GT_UVM_SPAN - 1)];
+        if (n == 1)
+            *(u8 *)dst = *s;
+        else if (n == 4)
+            *(u32 *)dst = *(u32 *)s;
+        else if (n == 8)
+            *(u64 *)dst = *(u64 *)s;
+        else
+            ((u64 *)dst)[0] = ((u64 *)s)[0], ((u64 *)dst)[1] = ((u64 *)s)[1];
+        return 0;
+    }
+    return bpf_probe_read_user(dst, n, b + off);
+}
+
+/* UVM commands carry no size: offsets come from `uvm_layouts` (driver.py), with
+ * the span of them one read takes (driver.UvmLayout.span). */
 static __always_inline void uvm_decode(struct ioctl_event *e, u32 cmd, u64 p)
 {
     u32 slot = cmd;
@@ -40,30 +62,38 @@ static __always_inline void uvm_decode(struct ioctl_event *e, u32 cmd, u64 p)
         return;
     u64 v = 0;
     u8 *b = (u8 *)p;
-    if (l->status != GT_NOFF && !bpf_probe_read_user(&v, 4, b + l->status))
+    u32 lo = l->span_lo, len = l->span_len, zero = 0;
+    struct uvm_span *w = 0;
+    if (len && len <= GT_UVM_SPAN) {
+        w = uvm_span_scratch.lookup(&zero);
+        /* len again, in a form whose bounds the verifier sees at the call */
+        if (w && bpf_probe_read_user(w->b, ((len - 1) & (GT_UVM_SPAN - 1)) + 1, b + lo))
+            w = 0;  /* some byte of the span is unreadable: each field alone */
+    }
+    if (l->status != GT_NOFF && !uvm_get(&v, 4, b, l->status, w, lo, len))
         SET(status, GT_V_STATUS, (u32)v);
-    if (l->base != GT_NOFF && !bpf_probe_read_user(&v, 8, b + l->base))
+    if (l->base != GT_NOFF && !uvm_get(&v, 8, b, l->base, w, lo, len))
         SET(va_base, GT_V_VA_BASE, v);
-    if (l->length != GT_NOFF && !bpf_probe_read_user(&v, 8, b + l->length))
+    if (l->length != GT_NOFF && !uvm_get(&v, 8, b, l->length, w, lo, len))
         SET(va_length, GT_V_VA_LENGTH, v);
-    if (l->offset != GT_NOFF && !bpf_probe_read_user(&v, 8, b + l->offset))
+    if (l->offset != GT_NOFF && !uvm_get(&v, 8, b, l->offset, w, lo, len))
         SET(offset, GT_V_OFFSET, v);
     v = 0;
-    if (l->ref_fd != GT_NOFF && !bpf_probe_read_user(&v, 4, b + l->ref_fd))
+    if (l->ref_fd != GT_NOFF && !uvm_get(&v, 4, b, l->ref_fd, w, lo, len))
         SET(ref_fd, GT_V_REF_FD, (s32)v);
-    if (l->h_client != GT_NOFF && !bpf_probe_read_user(&v, 4, b + l->h_client))
+    if (l->h_client != GT_NOFF && !uvm_get(&v, 4, b, l->h_client, w, lo, len))
         SET(h_client, GT_V_H_CLIENT, (u32)v);
-    if (l->h_object != GT_NOFF && !bpf_probe_read_user(&v, 4, b + l->h_object))
+    if (l->h_object != GT_NOFF && !uvm_get(&v, 4, b, l->h_object, w, lo, len))
         SET(h_object, GT_V_H_OBJECT, (u32)v);
     v = 0;
     if (l->flags != GT_NOFF) {
-        int r = l->flags_size == 1   ? bpf_probe_read_user(&v, 1, b + l->flags)
-                : l->flags_size == 8 ? bpf_probe_read_user(&v, 8, b + l->flags)
-                                     : bpf_probe_read_user(&v, 4, b + l->flags);
+        int r = l->flags_size == 1   ? uvm_get(&v, 1, b, l->flags, w, lo, len)
+                : l->flags_size == 8 ? uvm_get(&v, 8, b, l->flags, w, lo, len)
+                                     : uvm_get(&v, 4, b, l->flags, w, lo, len);
         if (!r)
             SET(flags, GT_V_FLAGS, (u32)v);
     }
-    if (l->uuid != GT_NOFF && !bpf_probe_read_user(e->uuid, 16, b + l->uuid))
+    if (l->uuid != GT_NOFF && !uvm_get(e->uuid, 16, b, l->uuid, w, lo, len))
         e->valid |= GT_V_UUID;
 }
 

@@ -52,6 +52,7 @@ def python_value(name: str) -> int | None:
         "GT_NOFF": driver.NOFF,
         "GT_UVM_SLOT_INITIALIZE": driver.SLOT_INITIALIZE,
         "GT_UVM_SLOT_DEINITIALIZE": driver.SLOT_DEINITIALIZE,
+        "GT_UVM_SPAN": driver.SPAN_MAX,
         "GT_FLUSH_CMD": loader.FLUSH_CMD,
         "GT_IOCTL_RB_PAGES": loader.IOCTL_RB_PAGES,
         "GT_FAULT_RB_PAGES": loader.FAULT_RB_PAGES,

@@ -152,8 +152,35 @@ def test_layout_tuple_fills_the_bpf_struct_in_order() -> None:
     rec = np.array([lay.as_tuple()], dtype=decode.UVM_LAYOUT_DTYPE)[0]
     assert {n: int(rec[n]) for n in decode.UVM_LAYOUT_DTYPE.names or ()} == {
         "status": 72, "base": 0, "length": 8, "offset": NOFF, "uuid": 16, "ref_fd": NOFF,
-        "h_client": NOFF, "h_object": NOFF, "flags": 32, "flags_size": 4, "known": 1}
+        "h_client": NOFF, "h_object": NOFF, "flags": 32, "flags_size": 4, "known": 1,
+        "span_lo": 0, "span_len": 76}
     assert driver.slot(driver.UVM_INITIALIZE) == 126 and driver.slot(51) == 51
+
+
+@pytest.mark.parametrize(("fields", "span"), [
+    # every field within one window: from the first byte of the first to the last of the last
+    ({"status": 72, "base": 0, "length": 8, "uuid": 16, "flags": 32}, (0, 76)),
+    ({"status": 24, "base": 8, "length": 16}, (8, 20)),
+    # MAP_EXTERNAL_ALLOCATION (550+): base/length/offset at 0..24, the handles and the
+    # status 9 KiB on: the window holds the four at the end, the three others alone
+    ({"status": 9260, "base": 0, "length": 8, "offset": 16, "ref_fd": 9248,
+      "h_client": 9252, "h_object": 9256}, (9248, 16)),
+    # a tie of two windows of two fields: the shorter one
+    ({"status": 400, "base": 0, "length": 8, "h_client": 200, "h_object": 204}, (200, 8)),
+    # one field, or fields farther apart than SPAN_MAX: each read alone
+    ({"status": 8}, (0, 0)),
+    ({"status": 200, "base": 0}, (0, 0)),
+    # a field that would end past the window is not inside it
+    ({"status": 0, "uuid": 120}, (0, 0)),
+    ({"status": 0, "uuid": 112}, (0, 128)),
+    ({"status": 4, "flags": 0, "flags_size": 1}, (0, 8)),
+])  # fmt: skip
+def test_layout_span_takes_the_most_fields_in_one_read(fields: dict[str, int],
+                                                       span: tuple[int, int]) -> None:  # fmt: skip
+    """UvmLayout.span: the probe's one read (GT_UVM_SPAN bytes at most) covers the
+    window holding the most fields, the shortest on a tie."""
+    assert driver.SPAN_MAX == 128
+    assert UvmLayout(51, **fields).span() == span
 
 
 @pytest.mark.parametrize(("version", "nvos21", "nvos64_40"), [

@@ -63,7 +63,7 @@ CONFIG_DTYPE = np.dtype(
 UVM_LAYOUT_DTYPE = np.dtype(
     [(n, "<u2") for n in ("status", "base", "length", "offset", "uuid", "ref_fd",
                           "h_client", "h_object", "flags")]
-    + [("flags_size", "u1"), ("known", "u1")]
+    + [("flags_size", "u1"), ("known", "u1"), ("span_lo", "<u2"), ("span_len", "<u2")]
 )  # fmt: skip
 
 # valid bits (GT_V_* in gputrace_events.h), in column order

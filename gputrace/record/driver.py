@@ -57,6 +57,13 @@ def detect_version(root: str = "/") -> str | None:
     return None
 
 
+SPAN_MAX = 128
+"""GT_UVM_SPAN: the most bytes of a command's parameters the probe reads in one go."""
+# bytes of each offset field of UvmLayout but flags (flags_size): status, base, length,
+# offset, uuid, ref_fd, h_client, h_object, as the probe reads them
+_FIELD_BYTES = (4, 8, 8, 8, 16, 4, 4, 4)
+
+
 @dataclass(frozen=True)
 class UvmLayout:
     """Byte offsets of the fields decoded for one UVM command (None = absent)."""
@@ -73,20 +80,28 @@ class UvmLayout:
     flags: int | None = None
     flags_size: int = 4
 
+    def _offsets(self) -> tuple[int | None, ...]:
+        return (self.status, self.base, self.length, self.offset, self.uuid, self.ref_fd,
+                self.h_client, self.h_object, self.flags)  # fmt: skip
+
+    def span(self) -> tuple[int, int]:
+        """(lo, len): the bytes the probe reads in one go, a field inside them then
+        taken from that copy (each user read costs about the same whatever its size):
+        the window of at most SPAN_MAX bytes that holds the most fields, the shortest
+        such; (0, 0) where no window holds two (each field is read alone)."""
+        sizes = (*_FIELD_BYTES, self.flags_size)
+        fields = [(o, n) for o, n in zip(self._offsets(), sizes, strict=True) if o is not None]
+        best = (1, 0, 0)  # (fields inside, -len, lo): a window must hold two
+        for lo, _n in fields:
+            inside = [o + n for o, n in fields if lo <= o and o + n <= lo + SPAN_MAX]
+            best = max(best, (len(inside), lo - max(inside), lo))
+        count, neg_len, lo = best
+        return (lo, -neg_len) if count > 1 else (0, 0)
+
     def as_tuple(self) -> tuple[int, ...]:
         """Values in the field order of `struct uvm_layout` (gputrace_events.h)."""
-        offs = (
-            self.status,
-            self.base,
-            self.length,
-            self.offset,
-            self.uuid,
-            self.ref_fd,
-            self.h_client,
-            self.h_object,
-            self.flags,
-        )
-        return (*(NOFF if o is None else o for o in offs), self.flags_size, 1)
+        offs = self._offsets()
+        return (*(NOFF if o is None else o for o in offs), self.flags_size, 1, *self.span())
 
 
 UVM_INITIALIZE = 0x30000001
