@@ -23,12 +23,13 @@ def build_storm(source: Path, tmp: Path) -> Path:
 
 
 def device_dirs(tmp: Path) -> tuple[Path, Path]:
-    """tmp/dev holding `nvidiactl` and tmp/other holding `notnvidia`, both mknod copies of
-    /dev/null: the recorder's device folder and an ioctl target outside it."""
+    """tmp/dev holding `nvidiactl` and `nvidia-uvm` and tmp/other holding `notnvidia`, all
+    mknod copies of /dev/null: the recorder's device folder and an ioctl target outside it."""
     dev, other = tmp / "dev", tmp / "other"
     dev.mkdir()
     other.mkdir()
     os.mknod(dev / "nvidiactl", 0o666 | 0o020000, os.makedev(1, 3))
+    os.mknod(dev / "nvidia-uvm", 0o666 | 0o020000, os.makedev(1, 3))  # STORM_UVM=1 storms
     os.mknod(other / "notnvidia", 0o666 | 0o020000, os.makedev(1, 3))
     return dev, other
 

@@ -2,9 +2,10 @@
  * device dir): N x cuMemAlloc_v2 (4 KiB) and N x cuMemFree_v2, in batches of
  * 1000 allocations then their 1000 frees, called DEPTH frames below main
  * (frame pointers kept: the API probe walks them on every allocation).
- * Usage: alloc_storm N [--wait] [DEPTH[b]] (DEPTHb: frames of 256 bytes of
+ * Usage: alloc_storm N [--wait] [DEPTH[b][l]] (DEPTHb: frames of 256 bytes of
  * locals each, as a C++ or CPython frame: a walk then reads a page every ~15
- * frames, not every ~120). Prints
+ * frames, not every ~120; DEPTHl: each allocation's out pointer is a local of
+ * the calling frame, as in cudaMalloc(&ptr, ...), not a static array). Prints
  * "calls <2n> ns <total> ns_per_call <x> alloc_cpu_ns <a> free_cpu_ns <f>":
  * wall ns per call over both, then this thread's CPU ns per allocation and per
  * free (user + system, where the probes run; time slices lost to other
@@ -20,6 +21,7 @@
 #define BATCH 1000
 
 static long n;
+static int local_out;
 static double wall, alloc_cpu, free_cpu;
 
 static int storm(void)
@@ -29,9 +31,13 @@ static int storm(void)
     for (long done = 0; done < n; done += BATCH) {
         long k = n - done < BATCH ? n - done : BATCH;
         double c0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
-        for (long i = 0; i < k; i++)
-            if (cuMemAlloc_v2(&p[i], 4096))
+        for (long i = 0; i < k; i++) {
+            CUdeviceptr q;
+            if (local_out ? cuMemAlloc_v2(&q, 4096) : cuMemAlloc_v2(&p[i], 4096))
                 return 1;
+            if (local_out)
+                p[i] = q;
+        }
         double c1 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
         for (long i = 0; i < k; i++)
             if (cuMemFree_v2(p[i]))
@@ -67,6 +73,7 @@ int main(int argc, char **argv)
     n = argc > 1 ? atol(argv[1]) : 200000;
     int depth = argc > 3 ? atoi(argv[3]) : 0;
     int big = argc > 3 && strchr(argv[3], 'b') != NULL;
+    local_out = argc > 3 && strchr(argv[3], 'l') != NULL;
     if (api_start(argc > 2 && strcmp(argv[2], "--wait") == 0))
         return 1;
     if (big ? descend_big(depth) : descend(depth))

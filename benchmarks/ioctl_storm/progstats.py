@@ -9,7 +9,8 @@ Run as root from the repository root:
     python3 benchmarks/ioctl_storm/progstats.py --kind mmap     # untraced work (other.c)
     python3 benchmarks/ioctl_storm/progstats.py --kind alloc --hooks tracepoint  # API layer
 
-`--kind storm` records the storm with -p (every ioctl traced); `--kind alloc` records
+`--kind storm` records the storm with -p (every ioctl traced; `--kind uvm`: the same with
+UVM_MIGRATE on nvidia-uvm, five fields decoded from user memory); `--kind alloc` records
 benchmarks/alloc_storm/storm.c with -p (OPS allocations and frees on the stand-in
 libcuda, `--depth` frames below main; CPU ns/op is an allocation's); the other kinds
 (benchmarks/untraced/other.c: getpid, null, tty, sock, mmap, fault) run in host
@@ -79,7 +80,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         dev, other = device_dirs(tmp)
-        storm, alloc = a.kind == "storm", a.kind == "alloc"
+        if a.kind == "uvm":
+            os.environ["STORM_UVM"] = "1"
+        storm, alloc = a.kind in ("storm", "uvm"), a.kind == "alloc"
         (tmp / "s").mkdir()
         if alloc:
             from api_runs import build as build_api

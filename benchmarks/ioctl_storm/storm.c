@@ -3,7 +3,9 @@
  * -ENOTTY). Prints the time per call, wall and this thread's CPU time (user +
  * system, where the probes run; not inflated by time slices lost to other
  * processes on a shared machine). Usage: storm DEVDIR N [--wait]
- * --wait: open the device, print "READY <pid>", wait for a line on stdin. */
+ * --wait: open the device, print "READY <pid>", wait for a line on stdin.
+ * With STORM_UVM=1 in the environment: UVM_MIGRATE (cmd 51, 80 bytes of zeros:
+ * five decoded fields) on DEVDIR/nvidia-uvm instead. */
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,7 +28,9 @@ int main(int argc, char **argv)
         return 2;
     }
     char path[4096];
-    snprintf(path, sizeof(path), "%s/nvidiactl", argv[1]);
+    const char *uvm = getenv("STORM_UVM");
+    int is_uvm = uvm && strcmp(uvm, "1") == 0;
+    snprintf(path, sizeof(path), "%s/%s", argv[1], is_uvm ? "nvidia-uvm" : "nvidiactl");
     long n = atol(argv[2]);
     int fd = open(path, O_RDWR);
     if (fd < 0) {
@@ -41,11 +45,14 @@ int main(int argc, char **argv)
             return 1;
     }
     struct nvos54 p = {0xc1d00001, 0x5c000001, 0x00800280, 0, 0, 0, 0};
+    uint64_t migrate[10] = {0};
+    unsigned long req = is_uvm ? 51 : 0xc020462a;
+    void *arg = is_uvm ? (void *)migrate : (void *)&p;
     struct timespec a, b, ca, cb;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ca);
     clock_gettime(CLOCK_MONOTONIC, &a);
     for (long i = 0; i < n; i++)
-        ioctl(fd, 0xc020462a, &p);
+        ioctl(fd, req, arg);
     clock_gettime(CLOCK_MONOTONIC, &b);
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cb);
     double ns = (b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec);
