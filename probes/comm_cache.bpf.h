@@ -1,7 +1,7 @@
 /* A thread's name (comm) kept in a layer's per-thread storage, so the hot
  * events (a traced ioctl's exit, an API call's return) copy 16 bytes instead
  * of calling bpf_get_current_comm (~90 ns a call on the 6.18 VM measured,
- * benchmarks/README.md "comm cache").
+ * benchmarks/README.md "Overhead, sixth round").
  *
  * Exact as long as the name only changes through __set_task_comm (prctl
  * PR_SET_NAME, a write to /proc/<tid>/comm, exec): its task_rename tracepoint

@@ -124,8 +124,8 @@ static __always_inline int cuda_chunk_word(struct cuda_stack_walk *w, u64 addr, 
  * main would otherwise end in a page fault at a garbage address (~750 ns).
  * The first read starts at the sp, not at the frame pointer: it also holds the
  * caller's locals, where the out pointer of an allocation usually points, so
- * `out` and `pitch_out` are read from it (cuda_chunk_word) rather than by two
- * more user reads (~180 ns each, a fixed cost of every bpf_probe_read_user).
+ * `out` and `pitch_out` are read from it (cuda_chunk_word) rather than by more
+ * user reads (each ~80 ns after the first on the VM measured, whatever its size).
  * Returns the stack's id (one per distinct stack, >= 0), or -errno; `*out_v`
  * and `*pitch_v` are set and `*have` has bit 0 / 1 set where the chunk held them. */
 static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 out, u64 pitch_out,

@@ -69,8 +69,8 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 
 /* ------------------------------------------------------------ thread names */
 /* tp_btf/task_rename (struct task_struct *task, const char *comm): keeps the
- * name a thread's API calls copy (comm_cache.bpf.h). cuda.COMM_RENAME loads
- * it; cuda_config.comm_cache says it runs. */
+ * name a thread's API calls copy (comm_cache.bpf.h). bpf_load.keep_names
+ * loads it; cuda_config.comm_cache says it runs. */
 int cuda_task_rename(u64 *ctx)
 {
     struct cuda_pending *p = cuda_pending.task_storage_get((void *)ctx[0], 0, 0);

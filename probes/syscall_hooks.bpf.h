@@ -252,7 +252,7 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
 
 /* tp_btf/task_rename (struct task_struct *task, const char *comm), in both
  * modes: keeps the name a thread's traced ioctls copy (comm_cache.bpf.h).
- * loader.COMM_RENAME loads it; config.comm_cache says it runs. */
+ * bpf_load.keep_names loads it; config.comm_cache says it runs. */
 int gt_task_rename(u64 *ctx)
 {
     struct pending_ioctl *p = pending_ioctls.task_storage_get((void *)ctx[0], 0, 0);

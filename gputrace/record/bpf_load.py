@@ -95,25 +95,21 @@ def attach_tp_btf(fd: int, tracepoint: str) -> int:
 RENAME_TRACEPOINT = "task_rename"
 
 
-def keep_names(bpf: Any, func: str) -> tuple[list[int], str | None]:
+def keep_names(bpf: Any, func: str) -> tuple[list[int], str]:
     """Load and attach `func` on tp_btf/task_rename, which keeps the names
     threads hold in a layer's per-thread storage (probes/comm_cache.bpf.h).
-    Returns its program and link fds and None, or no fds and why not: the
-    layer then reads the thread's name at every event, as it did before."""
+    Returns its program and link fds (none when it could not run: the layer
+    then reads the thread's name at every event, as it did before) and the
+    manifest's `comm_cache` word: "tp_btf task_rename", or "off: <why>"."""
     try:
         fd = load_tp_btf(bpf, func, RENAME_TRACEPOINT)
     except GputraceError as e:
-        return [], str(e)
+        return [], f"off: {e}"
     try:
-        return [fd, attach_tp_btf(fd, RENAME_TRACEPOINT)], None
+        return [fd, attach_tp_btf(fd, RENAME_TRACEPOINT)], f"tp_btf {RENAME_TRACEPOINT}"
     except GputraceError as e:
         os.close(fd)
-        return [], str(e)
-
-
-def comm_cache_note(reason: str | None) -> str:
-    """The manifest's word on the name cache: on, or off and why."""
-    return f"tp_btf {RENAME_TRACEPOINT}" if reason is None else f"off: {reason}"
+        return [], f"off: {e}"
 
 
 def check_headers() -> None:

@@ -129,8 +129,7 @@ class ApiLayer:
         self.stack_depth = stack_depth
         bcc = loader.import_bcc()
         self.bpf, self.library_loads = load_program(bcc, probes, stack_depth)
-        self._fds, why_not = bpf_load.keep_names(self.bpf, "cuda_task_rename")
-        self.comm_cache = bpf_load.comm_cache_note(why_not)
+        self._fds, self.comm_cache_note = bpf_load.keep_names(self.bpf, "cuda_task_rename")
         self.raw: list[bytes] = []
         self._cb = self._collector()
         self.bpf[BUFFER].open_ring_buffer(self._cb)
@@ -327,7 +326,7 @@ class ApiLayer:
             "pauses": self.pauses,
             "stack_depth": self.stack_depth,
             "library_loads": self.library_loads,
-            "comm_cache": self.comm_cache,
+            "comm_cache": self.comm_cache_note,
         }
 
     def decode_calls(self, data: bytes) -> tuple[pa.RecordBatch | None, int]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from gputrace.errors import GputraceError
 from gputrace.record import decode, decode_faults, hooks
-from gputrace.record.bpf_load import attach_tp_btf, comm_cache_note, keep_names, load_tp_btf
+from gputrace.record.bpf_load import attach_tp_btf, keep_names, load_tp_btf
 from gputrace.record.bpf_load import check_headers as check_headers  # re-exported
 from gputrace.record.bpf_load import load_bpf as load_bpf
 from gputrace.record.driver import DriverInfo, slot
@@ -147,10 +147,9 @@ class Probes:
         # tp_btf the dispatcher sees libcuda loads, so no syscalls:* tracepoint stays
         self.cuda_maps: tuple[str, ...] = ()
         self.hooks = self._load(bcc, source, flags)
-        fds, why_not = keep_names(self.bpf, "gt_task_rename")
+        fds, self.hooks["comm_cache"] = keep_names(self.bpf, "gt_task_rename")
         self._fds += fds
-        self.comm_cache = why_not is None
-        self.hooks["comm_cache"] = comm_cache_note(why_not)
+        self.comm_cache = bool(fds)
         self.raw: dict[str, list[bytes]] = {name: [] for name in BUFFERS}
         self._received: dict[str, list[int]] = {name: [0] for name in BUFFERS}
         # (pid, uvm fd) of each UVM_INITIALIZE that succeeded, as the callback saw
