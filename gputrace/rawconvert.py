@@ -169,8 +169,8 @@ def _part(folder: int, n: int, name: str, where: Path, table: str,
             if batch is not None:
                 yield batch
 
-    rows = stream_part(folder, part_name(n), where, schema.table(table).arrow_schema,
-                       batches(), level)  # fmt: skip
+    rows = stream_part(folder, part_name(n), where, schema.table(table), batches(),
+                       level)
     return rows, skipped, spec.buffer
 
 

@@ -67,6 +67,21 @@ class Trace(ManifestFacts):
     def rows(self, table: str) -> int:
         return sum(pq.read_metadata(p).num_rows for p in self.parts(table))
 
+    def part_set(self, table: str, key: str) -> list[tuple[object, ...]] | None:
+        """The footer set `key` of `table` (`schema.PartSet`) over all its parts; None
+        when the table has none of that name, or any part lacks it or cannot say."""
+        t = schema.table(_check_table(table))
+        ps = next((x for x in t.part_sets if x.key == key), None)
+        if ps is None:
+            return None
+        values: list[bytes | None] = []
+        for p in self.parts(table):
+            try:
+                values.append((pq.read_metadata(p).metadata or {}).get(key.encode()))
+            except (OSError, pa.ArrowException):
+                return None  # `validate` names a bad part; here it only means unknown
+        return ps.decode(ps.union(values)) if values else None
+
     def scan(self, table: str) -> pl.LazyFrame:
         """A typed LazyFrame over all parts of `table` (empty and typed when none)."""
         import polars as pl

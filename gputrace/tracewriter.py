@@ -74,6 +74,8 @@ class TraceWriter:
         self.compression_level = compression_level
         self._buffers: dict[str, list[pa.RecordBatch]] = {n: [] for n in schema.TABLES}
         self._buffered_rows: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
+        # each buffered batch's schema metadata, for the part's footer sets (PartSet)
+        self._metas: dict[str, list[Mapping[bytes, bytes] | None]] = {n: [] for n in schema.TABLES}
         self._parts: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
         self._rows: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
         # raw parts (rawparts.py): compressed frames buffered per table, their
@@ -113,6 +115,7 @@ class TraceWriter:
         if batch.num_rows == 0:
             return
         self._buffers[table].append(batch)
+        self._metas[table].append(data.schema.metadata)
         self._buffered_rows[table] += batch.num_rows
         if self._buffered_rows[table] >= self.rotate_rows:
             self._flush_table(table)
@@ -210,12 +213,15 @@ class TraceWriter:
     def _flush_table(self, name: str) -> None:
         t = schema.table(name)
         arrow = pa.Table.from_batches(self._buffers[name], schema=t.arrow_schema)
+        arrow = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}),
+                                               **footer_sets(t, self._metas[name])})
         n = self._parts[name] + self._raw_parts[name] + 1
         write_part(self._table_dir(name), part_name(n), arrow, self.path / name,
                    self.compression_level)  # fmt: skip
         self._parts[name] += 1
         self._rows[name] += arrow.num_rows
         self._buffers[name] = []
+        self._metas[name] = []
         self._buffered_rows[name] = 0
 
     def _flush_raw(self, name: str) -> None:
@@ -255,6 +261,20 @@ def write_file(folder: int, final: str, where: Path, fill: Callable[[Any], objec
     os.rename(tmp, final, src_dir_fd=folder, dst_dir_fd=folder)
 
 
+def footer_sets(t: schema.Table, metas: Iterable[Mapping[bytes, bytes] | None]
+                ) -> dict[bytes, bytes]:  # fmt: skip
+    """The footer entries (`schema.PartSet`) of a part of `t` made of batches with
+    schema metadata `metas`: each set every batch carries, as their union."""
+    metas = list(metas)
+    out: dict[bytes, bytes] = {}
+    for ps in t.part_sets:
+        key = ps.key.encode()
+        value = ps.union((m or {}).get(key) for m in metas) if metas else None
+        if value is not None:
+            out[key] = value
+    return out
+
+
 def write_part(folder: int, final: str, arrow: pa.Table, where: Path, level: int = 3) -> None:
     """One zstd Parquet part of a table, written whole (the recorder's)."""
     write_file(folder, final, where,
@@ -265,19 +285,24 @@ ROW_GROUP_ROWS = 1 << 20
 """Rows per row group (pyarrow's default, which `write_part` keeps)."""
 
 
-def stream_part(folder: int, final: str, where: Path, schema_: pa.Schema,
+def stream_part(folder: int, final: str, where: Path, t: schema.Table,
                 batches: Iterable[pa.RecordBatch], level: int = 3) -> int:  # fmt: skip
-    """One zstd Parquet part from batches made one after another (`gputrace convert`):
-    encoded as `write_part` encodes, a row group at a time, so at most ROW_GROUP_ROWS
-    rows are held at once; returns the rows written."""
+    """One zstd Parquet part of `t` from batches made one after another (`gputrace
+    convert`): encoded as `write_part` encodes, a row group at a time, so at most
+    ROW_GROUP_ROWS rows are held at once, with the same footer sets; returns the rows
+    written."""
     rows = 0
+    schema_ = t.arrow_schema
 
     def fill(f: Any) -> None:
         nonlocal rows
         with pq.ParquetWriter(f, schema_, **_part_options(schema_, level)) as w:
             held: list[pa.RecordBatch] = []
+            metas: list[Mapping[bytes, bytes] | None] = []
             n = 0
             for b in batches:
+                metas.append(b.schema.metadata)
+                b = b.replace_schema_metadata(schema_.metadata)
                 held.append(b)
                 n += b.num_rows
                 if n >= ROW_GROUP_ROWS:
@@ -286,6 +311,9 @@ def stream_part(folder: int, final: str, where: Path, schema_: pa.Schema,
             if n:
                 w.write_table(pa.Table.from_batches(held, schema=schema_), ROW_GROUP_ROWS)
                 rows += n
+            if sets := footer_sets(t, metas):
+                # JSON is ASCII (json.dumps escapes the rest)
+                w.add_key_value_metadata({k.decode(): v.decode() for k, v in sets.items()})
 
     write_file(folder, final, where, fill)
     return rows

@@ -15,6 +15,7 @@ from typing import Any
 import polars as pl
 import pytest
 
+from gputrace import schema
 from gputrace.errors import TraceError
 from gputrace.tracedir import open_trace
 from tests.record_helpers import (
@@ -147,6 +148,10 @@ def test_record_command_exact(tmp_path: Path, mode: str) -> None:
     ioctls = t.scan("ioctls").collect()
     assert _counts(ioctls) == exp["ioctls_by_device"]
     assert ioctls.height == exp["ioctls_total"]
+    # every part's footer names its commands (decoded, converted or spilled alike)
+    commands = schema.IOCTL_COMMANDS
+    assert t.part_set("ioctls", commands.key) == sorted(
+        {tuple(r) for r in ioctls.select(commands.columns).unique().rows()}, key=repr)
     # one process, the workload, with its exit
     procs = t.scan("processes").collect()
     assert procs.height == 1

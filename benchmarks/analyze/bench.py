@@ -84,7 +84,7 @@ def one(case: str, trace: str) -> dict[str, Any]:
     elif case == "polars_ioctl_summary":
         from gputrace.analyses.summary import ioctl_stats
 
-        result = ioctl_stats(inp.scan("ioctls")).collect().height
+        result = ioctl_stats(inp.scan("ioctls"), inp.ioctl_commands).collect().height
     else:
         from gputrace.analyses.run import run_reports
 

@@ -6,7 +6,9 @@ Event mix (rows): 60 % ioctls (RM_ALLOC/RM_FREE pairs of vidmem with handles
 reused from a small pool per process, 1 % never freed, plus RM_CONTROL noise),
 25 % cuda_calls (cuMemAlloc/cuMemFree pairs, pointers reused), 10 % GPU
 faults, 3 % migrations, 2 % PMM chunk events. Written in 1 M-row batches, so
-memory stays flat whatever the size. The manifest says `"synthetic": true`.
+memory stays flat whatever the size. The manifest says `"synthetic": true`; the
+ioctls parts carry their command set in the footer, as the recorder's do
+(`schema.IOCTL_COMMANDS`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ def _table(name: str, cols: dict[str, object], n: int) -> pa.Table:
             arrays.append(pa.array(np.full(n, v), c.type))
         else:
             arrays.append(pa.array(v, c.type))
-    return pa.Table.from_arrays(arrays, schema=t.arrow_schema)
+    tbl = pa.Table.from_arrays(arrays, schema=t.arrow_schema)
+    for ps in t.part_sets:  # as the recorder's decoder: the footer set (schema.PartSet)
+        rows = tbl.group_by(list(ps.columns)).aggregate([]).to_pylist()
+        tbl = tbl.replace_schema_metadata({**(tbl.schema.metadata or {}), ps.key.encode():
+                                           ps.encode([r[c] for c in ps.columns] for r in rows)})
+    return tbl
 
 
 def rm_batch(start: int, n_pairs: int, rng: np.random.Generator) -> pa.Table:

@@ -29,7 +29,7 @@ from gputrace.analyses.report import Report, not_recorded
 QUESTION = "Which driver calls cost what, and who holds how much GPU memory, on which GPU?"
 
 
-def ioctl_stats(ioctls: pl.LazyFrame) -> pl.LazyFrame:
+def ioctl_stats(ioctls: pl.LazyFrame, commands: pl.DataFrame | None = None) -> pl.LazyFrame:
     """Per (device, gpu_index, name): calls, failures, latency total and quantiles (ns).
 
     Exact nearest-rank quantiles (as `Expr.quantile(q, "nearest")`: rank
@@ -39,19 +39,22 @@ def ioctl_stats(ioctls: pl.LazyFrame) -> pl.LazyFrame:
     nothing holds every call's latency per group. Calls, failures and the total
     come from the same histogram, then one group_by of the histogram.
 
-    The histogram is most of the cost (~100 k groups at 6 M calls). Two cheap scans
-    first find the table's distinct (device_code, nr, device, name) and the latency and
-    gpu_index ranges; when the names are a function of the codes, as the recorder
-    writes them, the histogram groups by one Int64 packing the codes, the GPU, the
-    failure flag and the latency (`_command_packing`: polars hashes one word per row
-    instead of row-encoding two strings), and the names join the ~10 result rows.
-    Otherwise it groups by the names themselves. Every scan runs with few row groups
-    decoded ahead (`few_row_groups_ahead`)."""
+    The histogram is most of the cost (~100 k groups at 6 M calls). Cheap scans first
+    find the latency and gpu_index ranges and the table's distinct (device_code, nr,
+    device, name), which `commands` gives instead when known (`Inputs.ioctl_commands`,
+    from the parts' footers: a superset of the rows' commands will do); when the names
+    are a function of the codes, as the recorder writes them, the histogram groups by
+    one Int64 packing the codes, the GPU, the failure flag and the latency
+    (`_command_packing`: polars hashes one word per row instead of row-encoding two
+    strings), and the names join the ~10 result rows. Otherwise it groups by the names
+    themselves. Every scan runs with few row groups decoded ahead
+    (`few_row_groups_ahead`)."""
     lat, gpu = pl.col("latency_ns"), pl.col("gpu_index")
     with few_row_groups_ahead():
         # Apart: ranges as aggregations of the grouped query cost more than a second,
         # vectorized pass over two integer columns.
-        commands = ioctls.select("device_code", "nr", "device", "name").unique().collect()
+        if commands is None:
+            commands = ioctls.select("device_code", "nr", "device", "name").unique().collect()
         ranges = ioctls.select(lat.min().alias("lat_lo"), lat.max().alias("lat_hi"),
                                gpu.min().alias("gpu_lo"), gpu.max().alias("gpu_hi")).collect()
     packing = _command_packing(commands, ranges)
@@ -218,7 +221,7 @@ def summary(inp: Inputs, parts: list[dict[str, pl.DataFrame]] | None = None,
         pmm = pmm_gpus(inp)
         step = functools.partial(summary_part, rm_gpu=pmm is None)
         parts = per_slice(inp, {"summary": step})["summary"]
-    io = ioctl_stats(inp.scan("ioctls")).collect()
+    io = ioctl_stats(inp.scan("ioctls"), inp.ioctl_commands).collect()
     procs = pl.concat([p["processes"] for p in parts]).sort(
         "layer", "peak_bytes", "pid", descending=[False, True, False])
     if pmm is not None:

@@ -284,7 +284,8 @@ def ioctls_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
     tid = col("tid")
     keys = (dev.astype(np.uint64) << np.uint64(32)) | nr.astype(np.uint64)
     kenc = pa.array(keys).dictionary_encode()
-    names = [command_name(k >> 32, k & 0xFFFFFFFF) for k in kenc.dictionary.to_pylist()]
+    commands = [(k >> 32, k & 0xFFFFFFFF) for k in kenc.dictionary.to_pylist()]
+    names = [command_name(d, n) for d, n in commands]
     cols: dict[str, Any] = {
         "ts_ns": pa.array(col("ts_ns").view(np.int64)),
         "pid": pa.array(col("pid").view(np.int32)),
@@ -308,7 +309,14 @@ def ioctls_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
             cols[name] = pa.nulls(len(ev), schema.IOCTLS.column(name).type)  # type: ignore[call-overload]
         else:
             cols[name] = masked(col(name), ok)
-    return _batch(schema.IOCTLS, cols)
+    batch = _batch(schema.IOCTLS, cols)
+    # the batch's commands, known here for free, ride to the part's footer
+    # (schema.IOCTL_COMMANDS): readers then need not scan the names
+    ps = schema.IOCTL_COMMANDS
+    value = ps.encode((d, n, _DEVICE_NAMES[d], m) for (d, n), m in zip(commands, names,
+                                                                        strict=True))
+    meta: dict[bytes, bytes] = {**(batch.schema.metadata or {}), ps.key.encode(): value}
+    return batch.replace_schema_metadata(meta)
 
 
 _DEVICE_NAMES = schema.DEVICE_KINDS

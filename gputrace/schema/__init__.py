@@ -50,18 +50,27 @@ from gputrace.schema.enums import (
     UVM_EVENT_REASONS,
 )
 from gputrace.schema.live import ALERTS
-from gputrace.schema.model import FORMAT_NAME, FORMAT_VERSION, SCHEMA_VERSION, STR, Column, Table
-from gputrace.schema.syscall import FILES, IOCTLS, MAPPINGS, PROCESSES
+from gputrace.schema.model import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    SCHEMA_VERSION,
+    STR,
+    Column,
+    PartSet,
+    Table,
+)
+from gputrace.schema.syscall import FILES, IOCTL_COMMANDS, IOCTLS, MAPPINGS, PROCESSES
 
 __all__ = [
     "ACCESS_TYPES", "ALERTS", "CHUNKS", "CHUNK_MEM_TYPES", "CHUNK_OPS", "CUDA_CALLS",
     "DEVICE_KINDS", "ENUMS", "FAULTS", "FAULT_BATCHES", "FAULT_SOURCES", "FAULT_TYPES",
     "FD_OPS", "FILES", "FLEET_COLUMNS", "FLEET_PARTITIONS", "FORMAT_NAME", "FORMAT_VERSION",
-    "GPU_MEMORY", "IOCTLS", "LAYERS", "MANIFEST_FIELDS", "MAPPINGS", "MAPPING_OPS",
+    "GPU_MEMORY", "IOCTLS", "IOCTL_COMMANDS", "LAYERS", "MANIFEST_FIELDS", "MAPPINGS",
+    "MAPPING_OPS",
     "MIGRATIONS", "MIGRATION_CAUSES", "PROCESSES", "SCHEMA_VERSION", "STACKS", "TABLES",
     "TOOLS_ACCESS_TYPES", "TOOLS_CLIENT_TYPES", "TOOLS_FATAL_REASONS", "TOOLS_FAULT_TYPES",
     "TOOLS_MAP_REMOTE_CAUSES", "TOOLS_MIGRATION_CAUSES", "UVM_COUNTERS", "UVM_COUNTERS_TABLE",
-    "UVM_EVENTS", "UVM_EVENT_KINDS", "UVM_EVENT_REASONS", "Column", "Table", "table",
+    "UVM_EVENTS", "UVM_EVENT_KINDS", "UVM_EVENT_REASONS", "Column", "PartSet", "Table", "table",
 ]  # fmt: skip
 
 TABLES: dict[str, Table] = {

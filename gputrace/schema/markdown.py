@@ -49,4 +49,10 @@ def render_markdown() -> str:
             null = "yes" if c.nullable else "no"
             out.append(f"| `{c.name}` | {c.type} | {c.unit} | {null} | {c.doc} |")
         out.append("")
+        for ps in t.part_sets:
+            cols = ", ".join(ps.columns)
+            out += [f"Parts may carry `{ps.key}` in their footer's key-value metadata: "
+                    f"{ps.doc}, as JSON, a sorted list of [{cols}] lists. The recorder's "
+                    "decoder (and `gputrace convert`) write it; a part without it (other "
+                    "writers, older traces) is read by scanning its rows instead.", ""]
     return "\n".join(out)

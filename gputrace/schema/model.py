@@ -11,6 +11,8 @@ it costs almost nothing on disk): `enum_columns` makes that pair.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,6 +39,51 @@ class Column:
 
 
 @dataclass(frozen=True)
+class PartSet:
+    """A footer entry of a table's Parquet parts: the distinct values of `columns`
+    among the part's rows, as JSON (a sorted list of lists), under the key-value
+    metadata `key`. A part holds it only when every row came from a writer that knows
+    the set (the recorder's decoder); readers treat a part without it as unknown and
+    scan the rows instead. It lets a reader learn, from the footers alone, what would
+    otherwise cost a scan of string columns."""
+
+    key: str
+    columns: tuple[str, ...]
+    doc: str
+
+    def encode(self, rows: Iterable[Sequence[object]]) -> bytes:
+        """The footer value of `rows` (duplicates dropped)."""
+        return json.dumps(sorted({tuple(r) for r in rows}, key=repr)).encode()
+
+    def decode(self, value: bytes | None) -> list[tuple[object, ...]] | None:
+        """The rows of a footer value; None when absent or not a list of rows of
+        len(columns) scalars (a damaged or foreign footer is unknown, not an error)."""
+        if value is None:
+            return None
+        try:
+            rows = json.loads(value)
+        except (UnicodeDecodeError, ValueError):
+            return None
+        if not isinstance(rows, list) or not all(
+                isinstance(r, list) and len(r) == len(self.columns)
+                and all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in r)
+                for r in rows):
+            return None
+        return [tuple(r) for r in rows]
+
+    def union(self, values: Iterable[bytes | None]) -> bytes | None:
+        """The footer value of a part made of batches (or parts) with these values;
+        None when any of them lacks one (the set is then unknown)."""
+        rows: set[tuple[object, ...]] = set()
+        for v in values:
+            got = self.decode(v)
+            if got is None:
+                return None
+            rows.update(got)
+        return self.encode(rows)
+
+
+@dataclass(frozen=True)
 class Table:
     name: str
     doc: str
@@ -44,6 +91,8 @@ class Table:
     columns: tuple[Column, ...]
     other_layers: tuple[str, ...] = ()
     """Further layers whose recorders also write rows into this table."""
+    part_sets: tuple[PartSet, ...] = ()
+    """Footer entries its parts may carry (`PartSet`)."""
 
     @property
     def layers(self) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from gputrace.schema.model import (
     U32,
     U64,
     Column,
+    PartSet,
     Table,
     enum_columns,
     who,
@@ -80,7 +81,15 @@ IOCTLS = Table(
         Column("ref_fd", I32, "", "fd named inside the parameters (rmCtrlFd, uvmFd, map fd)"),
         Column("gpu_uuid", STR, "", "GPU UUID named by a UVM command, GPU-xxxxxxxx-... form"),
     ),
+    part_sets=(
+        PartSet("gputrace.ioctl_commands", ("device_code", "nr", "device", "name"),
+                "the commands of the part's rows: each (device_code, nr) once, with the "
+                "device kind and command name the decoder gave it"),
+    ),
 )
+
+IOCTL_COMMANDS = IOCTLS.part_sets[0]
+"""The `ioctls` parts' command set: lets the ioctl summary skip scanning the names."""
 
 FILES = Table(
     "files",

@@ -37,6 +37,10 @@ class Inputs:
     problems: tuple[str, ...] = ()
     """Doubts about the trace itself (rows missing or outside its time span, a bad
     time span), one line each; every report carries them."""
+    ioctl_commands: pl.DataFrame | None = None
+    """The distinct (device_code, nr, device, name) of the ioctls, from the parts'
+    footers (`schema.IOCTL_COMMANDS`) when every part holds them; None: unknown. A
+    superset of the rows' commands when `tables` were filtered."""
 
     def scan(self, name: str) -> pl.LazyFrame:
         if name in self.tables:
@@ -102,7 +106,23 @@ def inputs_from_trace(trace: Any) -> Inputs:
         synthetic=bool(m.get("synthetic", False)),
         untracked_managed=_untracked_managed(m),
         problems=tuple(problems),
+        ioctl_commands=_ioctl_commands(trace),
     )
+
+
+def _ioctl_commands(trace: Any) -> pl.DataFrame | None:
+    """`Inputs.ioctl_commands` of a trace whose parts all carry the set (a trace served
+    from elsewhere, with no `part_set`, has none)."""
+    part_set = getattr(trace, "part_set", None)
+    ps = schema.IOCTL_COMMANDS
+    rows = part_set("ioctls", ps.key) if part_set is not None else None
+    if rows is None:
+        return None
+    types = schema.IOCTLS.polars_schema
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in ps.columns]
+    # an impossible value (a code past its type) reads as null, which ioctl_stats refuses
+    return pl.DataFrame([pl.Series(c, list(v), dtype=types[c], strict=False)
+                         for c, v in zip(ps.columns, columns, strict=True)])
 
 
 def _untracked_managed(m: dict[str, Any]) -> int:
