@@ -8,6 +8,7 @@ No Python object is made per event: raw records are concatenated, viewed with
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -284,8 +285,8 @@ def ioctls_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
     tid = col("tid")
     keys = (dev.astype(np.uint64) << np.uint64(32)) | nr.astype(np.uint64)
     kenc = pa.array(keys).dictionary_encode()
-    commands = [(k >> 32, k & 0xFFFFFFFF) for k in kenc.dictionary.to_pylist()]
-    names = [command_name(d, n) for d, n in commands]
+    distinct = kenc.dictionary.to_pylist()
+    names = [command_name(k >> 32, k & 0xFFFFFFFF) for k in distinct]
     cols: dict[str, Any] = {
         "ts_ns": pa.array(col("ts_ns").view(np.int64)),
         "pid": pa.array(col("pid").view(np.int32)),
@@ -312,11 +313,21 @@ def ioctls_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
     batch = _batch(schema.IOCTLS, cols)
     # the batch's commands, known here for free, ride to the part's footer
     # (schema.IOCTL_COMMANDS): readers then need not scan the names
-    ps = schema.IOCTL_COMMANDS
-    value = ps.encode((d, n, _DEVICE_NAMES[d], m) for (d, n), m in zip(commands, names,
-                                                                        strict=True))
-    meta: dict[bytes, bytes] = {**(batch.schema.metadata or {}), ps.key.encode(): value}
+    meta: dict[bytes, bytes] = {**(batch.schema.metadata or {}),
+                                _COMMANDS_KEY: _commands_value(frozenset(distinct))}
     return batch.replace_schema_metadata(meta)
+
+
+_COMMANDS_KEY = schema.IOCTL_COMMANDS.key.encode()
+
+
+@functools.lru_cache(maxsize=256)
+def _commands_value(keys: frozenset[int]) -> bytes:
+    """The footer value of commands `keys` (device << 32 | nr): a busy process's
+    batches mostly repeat one set, encoded once."""
+    return schema.IOCTL_COMMANDS.encode(
+        (k >> 32, k & 0xFFFFFFFF, _DEVICE_NAMES[k >> 32], command_name(k >> 32, k & 0xFFFFFFFF))
+        for k in keys)
 
 
 _DEVICE_NAMES = schema.DEVICE_KINDS

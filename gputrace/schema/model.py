@@ -75,7 +75,12 @@ class PartSet:
         """The footer value of a part made of batches (or parts) with these values;
         None when any of them lacks one (the set is then unknown)."""
         rows: set[tuple[object, ...]] = set()
+        distinct: set[bytes] = set()
         for v in values:
+            if v is None:
+                return None
+            distinct.add(v)
+        for v in distinct:  # batches of a busy process mostly repeat one set: read once
             got = self.decode(v)
             if got is None:
                 return None
