@@ -14,7 +14,7 @@ from polars.testing import assert_frame_equal
 
 from gputrace import rawconvert, schema
 from gputrace.analyses.helpers.inputs import inputs_from_trace
-from gputrace.analyses.summary import ioctl_stats
+from gputrace.analyses.summary import _by_names, ioctl_stats
 from gputrace.tracedir import open_trace
 from gputrace.tracewriter import TraceWriter
 from tests.test_raw_parts import _decoded, _events, _raw_trace
@@ -112,6 +112,7 @@ def test_summary_from_the_footer_equals_the_scanned_one(tmp_path: Path) -> None:
     scanned = ioctl_stats(inp.scan("ioctls")).collect()
     assert scanned.height == 3 + 3 * 8 + 3  # RM on ctl; RM on gpu, per GPU; UVM
     assert_frame_equal(ioctl_stats(inp.scan("ioctls"), inp.ioctl_commands).collect(), scanned)
+    assert_frame_equal(_by_names(inp.scan("ioctls")).collect(), scanned)  # no packing at all
     # a superset (the footers of a table since filtered, say) gives the same answer
     extra = pl.DataFrame([(1, 0x99, "ctl", "NV_ESC_0x99")], schema=inp.ioctl_commands.schema,
                          orient="row")
