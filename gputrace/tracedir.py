@@ -80,7 +80,8 @@ class Trace(ManifestFacts):
                 values.append((pq.read_metadata(p).metadata or {}).get(key.encode()))
             except (OSError, pa.ArrowException):
                 return None  # `validate` names a bad part; here it only means unknown
-        return ps.decode(ps.union(values)) if values else None
+        rows = ps.union_rows(values) if values else None
+        return None if rows is None else ps.in_order(rows)
 
     def scan(self, table: str) -> pl.LazyFrame:
         """A typed LazyFrame over all parts of `table` (empty and typed when none)."""

@@ -301,8 +301,7 @@ def stream_part(folder: int, final: str, where: Path, t: schema.Table,
             metas: list[Mapping[bytes, bytes] | None] = []
             n = 0
             for b in batches:
-                metas.append(b.schema.metadata)
-                b = b.replace_schema_metadata(schema_.metadata)
+                metas.append(b.schema.metadata)  # from_batches below keeps schema_'s own
                 held.append(b)
                 n += b.num_rows
                 if n >= ROW_GROUP_ROWS:

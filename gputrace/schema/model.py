@@ -53,7 +53,12 @@ class PartSet:
 
     def encode(self, rows: Iterable[Sequence[object]]) -> bytes:
         """The footer value of `rows` (duplicates dropped)."""
-        return json.dumps(sorted({tuple(r) for r in rows}, key=repr)).encode()
+        return json.dumps(self.in_order(rows)).encode()
+
+    @staticmethod
+    def in_order(rows: Iterable[Sequence[object]]) -> list[tuple[object, ...]]:
+        """`rows` without duplicates, in the footer's order."""
+        return sorted({tuple(r) for r in rows}, key=repr)
 
     def decode(self, value: bytes | None) -> list[tuple[object, ...]] | None:
         """The rows of a footer value; None when absent or not a list of rows of
@@ -72,8 +77,14 @@ class PartSet:
         return [tuple(r) for r in rows]
 
     def union(self, values: Iterable[bytes | None]) -> bytes | None:
-        """The footer value of a part made of batches (or parts) with these values;
-        None when any of them lacks one (the set is then unknown)."""
+        """The footer value of a part made of batches with these values; None when any
+        of them lacks one (the set is then unknown)."""
+        rows = self.union_rows(values)
+        return None if rows is None else self.encode(rows)
+
+    def union_rows(self, values: Iterable[bytes | None]) -> set[tuple[object, ...]] | None:
+        """The rows of all these footer values; None when any lacks one or cannot be
+        read."""
         rows: set[tuple[object, ...]] = set()
         distinct: set[bytes] = set()
         for v in values:
@@ -85,7 +96,7 @@ class PartSet:
             if got is None:
                 return None
             rows.update(got)
-        return self.encode(rows)
+        return rows
 
 
 @dataclass(frozen=True)
