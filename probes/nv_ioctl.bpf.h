@@ -1,7 +1,7 @@
 /* ioctls on tracked NVIDIA fds: RM escapes (nvidiactl, nvidiaN) and UVM
  * commands (nvidia-uvm, nvidia-uvm-tools), decoded at syscall exit from the
  * saved argument pointer, staged per CPU and submitted many per record.
- * Layouts: nvidia-driver-facts.md §1.3-1.4 (UVM, via `uvm_layouts`) and
+ * Layouts: docs/driver-facts.md §1.3-1.4 (UVM, via `uvm_layouts`) and
  * §2.2-2.4 (RM, sizes taken from the request number). */
 #include "common.bpf.h"
 

@@ -1,4 +1,4 @@
-/* RM escapes on nvidiactl / nvidiaN (nvidia-driver-facts.md §2.2-2.4): the
+/* RM escapes on nvidiactl / nvidiaN (docs/driver-facts.md §2.2-2.4): the
  * parameter size comes from the request number (_IOC_SIZE), so historic
  * layouts are told apart by size; XFER is unwrapped. Included by nv_ioctl.bpf.h. */
 #include "common.bpf.h"

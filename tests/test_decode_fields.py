@@ -1,7 +1,7 @@
 """Decoders compared field by field with independent truth.
 
 - UVM parameter layouts per driver version (gputrace/record/driver.py) against a
-  table transcribed here from /work/shared/nvidia-driver-facts.md §1.3 (latest
+  table transcribed here from docs/driver-facts.md §1.3 (latest
   595) and §1.4 (layout drift), and against the FUSE stand-in's own table of
   rmStatus offsets at 580 (tests/standin/nvstandin.h, UVM_CMD_TABLE).
 - Every record kind (ioctl, mapping, fd, cuda, fault) decoded from raw structs whose

@@ -3,7 +3,7 @@
 Answers: which version does gputrace pick (option > host > assumed latest), from
 which host file, and which UVM/RM layouts does each side of every version
 boundary get? Host files are synthetic (written under a tmp root); the boundary
-versions and offsets come from nvidia-driver-facts.md §1.3-1.4, §2.3.
+versions and offsets come from docs/driver-facts.md §1.3-1.4, §2.3.
 """
 
 from __future__ import annotations

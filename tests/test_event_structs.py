@@ -21,11 +21,11 @@ STRUCTS = {
     "proc_start": decode.PROC_START_DTYPE,
     "gt_config": decode.CONFIG_DTYPE,
     "uvm_layout": decode.UVM_LAYOUT_DTYPE,
-    # API layer (issue 4)
+    # API layer
     "cuda_event": decode_cuda.CUDA_DTYPE,
     "cuda_pause": decode_cuda.CUDA_PAUSE_DTYPE,
     "cuda_config": decode_cuda.CUDA_CONFIG_DTYPE,
-    # CPU faults on managed memory (issue 6)
+    # CPU faults on managed memory
     "fault_event": decode_faults.FAULT_DTYPE,
     "mblock_key": decode_faults.MBLOCK_KEY_DTYPE,
     "mblock": decode_faults.MBLOCK_DTYPE,
@@ -129,7 +129,7 @@ def test_cuda_functions_match_probe() -> None:
 
 
 def test_fault_batches_decode() -> None:
-    """CPU faults (issue 6): batches in, `faults` rows out (read/write from error bit 1)."""
+    """CPU faults: batches in, `faults` rows out (read/write from error bit 1)."""
     ev = np.zeros(3, decode_faults.FAULT_DTYPE)
     ev["ts_ns"] = [30, 10, 20]
     ev["address"] = [0x300000200040, 0x300000000040, 0x3000003FF000]

@@ -1,4 +1,4 @@
-"""CPU page faults on managed memory (issue 6): live recordings of
+"""CPU page faults on managed memory: live recordings of
 tests/standin/fault_workload.c on the FUSE stand-in (root, bcc, FUSE, x86-64)."""
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def test_record_command_exact(tmp_path: Path, mode: str) -> None:
         assert "converted" in m and not list((out / "ioctls").glob("part-*.gtraw"))
     t = open_trace(out)
     assert t.status == "complete"
-    assert t.layers[0] == "syscall"  # + "cpu_faults" on x86-64 (issue 6)
+    assert t.layers[0] == "syscall"  # + "cpu_faults" on x86-64
     assert sum(t.drops.values()) == 0
     assert t.manifest["target"]["mode"] == "command"
     ioctls = t.scan("ioctls").collect()

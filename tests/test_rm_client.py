@@ -1,4 +1,4 @@
-"""RM client and GPU memory sampler: struct layouts against nvidia-driver-facts.md §2
+"""RM client and GPU memory sampler: struct layouts against docs/driver-facts.md §2
 and the escapes rm_fb_info.c used on a real H200; live runs against the FUSE
 stand-in, whose first-fit heap gives the exact FB_GET_INFO_V2 truth (`live`)."""
 

@@ -1,4 +1,4 @@
-"""UVM tools tracker client: struct layouts against nvidia-driver-facts.md (§1.3-1.4,
+"""UVM tools tracker client: struct layouts against docs/driver-facts.md (§1.3-1.4,
 §5.2-5.3), the ABI choice by driver version, the ring drain, and the tracker
 protocol and DriverLayer against a SYNTHETIC fake of the driver side
 (tests/uvm_fake.py). Live runs against the FUSE stand-in are at the end (`live`)."""

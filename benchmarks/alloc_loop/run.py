@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An allocation-heavy program under `gputrace record` (issue 12, API target:
+"""An allocation-heavy program under `gputrace record` (API target:
 <= 2 % slower per iteration). Run as root from the repository root:
 
     python3 benchmarks/alloc_loop/run.py [--iters 400] [--pairs 13] [--depth 44]

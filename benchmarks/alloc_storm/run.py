@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Allocation-call storm for the API layer (issue 4). Run as root from the
+"""Allocation-call storm for the API layer. Run as root from the
 repository root:  python3 benchmarks/alloc_storm/run.py [--iters 200000]
 
 One run measures cuMemAlloc_v2 and cuMemFree_v2 calls through the stand-in

@@ -9,7 +9,7 @@ DuckDB SQL, on one trace. Each measurement runs in a fresh process, so its peak 
 "M events/s" is events per wall second and "M ev/CPU s" per CPU second (ioctl rows
 for the pairing and ioctl-summary cases, every event otherwise). When a polars case
 and its DuckDB twin both ran, a ratio line (polars / DuckDB, wall and CPU) follows:
-issue 12 asks for at most 1.0.
+the target is at most 1.0.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fault storm benchmark for CPU page faults on managed memory (issue 6). Run as
+"""Fault storm benchmark for CPU page faults on managed memory. Run as
 root from the repository root:  python3 benchmarks/fault_storm/run.py [--mib 1024]
 
 The "driver" is a tmpfs folder holding a sparse 128 TiB regular file named

@@ -1,4 +1,4 @@
-/* Fault storm (issue 6 benchmark): write one byte to every page of a fresh
+/* Fault storm benchmark: write one byte to every page of a fresh
  * managed range, so every page takes one CPU write fault.
  *
  *   storm DEVDIR MIB [--wait] [--anon] [--slot K]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ioctl storm benchmark for `gputrace record` (issue 3). Run as root from the
+"""ioctl storm benchmark for `gputrace record`. Run as root from the
 repository root:  python3 benchmarks/ioctl_storm/run.py [--calls 2000000]
 
 One run measures the storm untraced, under `gputrace record -p` with each syscall

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Does a recorder that runs for hours keep bounded memory? (issue 12, target 4.)
+"""Does a recorder that runs for hours keep bounded memory?
 Not a CI test: it runs for --minutes (30 by default). Run as root from the
 repository root:
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""UVM tools drain benchmark (issue 9). Run as root from the repository root:
+"""UVM tools drain benchmark. Run as root from the repository root:
 
     python3 benchmarks/uvm_drain/run.py [--reps 3] [--json out.json]
     python3 benchmarks/uvm_drain/run.py --decode-only [--baseline REV]  # no root needed

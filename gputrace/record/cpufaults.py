@@ -1,4 +1,4 @@
-"""CPU page faults on managed memory (issue 6): the user-space side of
+"""CPU page faults on managed memory: the user-space side of
 probes/nv_faults.bpf.h.
 
 The probe keeps each traced process's managed ranges (mmaps of nvidia-uvm with

@@ -13,7 +13,7 @@ import pyarrow as pa
 from gputrace import schema
 from gputrace.record.decode import _batch, _by_time, _strings_from, _who
 
-# ---------------------------------------------------------------- API layer (issue 4)
+# ---------------------------------------------------------------- API layer
 CUDA_DTYPE = np.dtype(
     [
         ("ts_ns", "<u8"), ("latency_ns", "<u8"), ("size_bytes", "<u8"), ("ptr", "<u8"),

@@ -12,7 +12,7 @@ import pyarrow as pa
 from gputrace import schema
 from gputrace.record.decode import _batch, _by_time, _strings_from, _who, batched, records
 
-# ---------------------------------------------------- CPU faults on managed memory (issue 6)
+# ---------------------------------------------------- CPU faults on managed memory
 FAULT_DTYPE = np.dtype(
     [
         ("ts_ns", "<u8"), ("address", "<u8"), ("ip", "<u8"), ("pid", "<u4"), ("tid", "<u4"),

@@ -4,7 +4,7 @@ The version comes from the host (`/sys/module/nvidia_uvm/version`,
 `/sys/module/nvidia/version`, `/proc/driver/nvidia/version`) or from
 `--driver-version`. From it, this module chooses the UVM parameter layouts
 (BPF map entries, `uvm_layouts`) and the RM status offsets of the historic
-NVOS21/NVOS64 sizes (-D defines). Offsets: nvidia-driver-facts.md §1.3-1.4, §2.3.
+NVOS21/NVOS64 sizes (-D defines). Offsets: docs/driver-facts.md §1.3-1.4, §2.3.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook("sched", "sched_process_exec", False,
          "exec of traced processes; exec time and cgroup of every process"),
     Hook("sched", "sched_process_exit", True, "process exits"),
-    # issue 6: its arguments (address, ip, error_code) are x86's; probes/nv_faults.bpf.h
+    # its arguments (address, ip, error_code) are x86's; probes/nv_faults.bpf.h
     Hook("exceptions", "page_fault_user", False, "CPU page faults on managed memory",
          arch="x86_64"),
 )
@@ -124,7 +124,7 @@ def plan(tracefs: Path) -> tuple[list[Hook], list[dict[str, str]], list[str]]:
     return attach, skipped, sorted(defines)
 
 
-# ---------------------------------------------------------------- API layer (issue 4)
+# ---------------------------------------------------------------- API layer
 # libcuda functions probed with a uprobe + uretprobe (probes/cuda.bpf.c: one
 # `uprobe_<symbol>` program per entry, `uretprobe_cuda` for every return). The
 # id of `sym` is `base`; `sym_ptsz` is base + 1, `sym_ptds` base + 2 (attached

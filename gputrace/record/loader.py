@@ -342,7 +342,7 @@ class Probes:
                 out.append(raw[: decode.BATCH_HEADER + count * decode.IOCTL_DTYPE.itemsize])
         return b"".join(out)
 
-    # -- CPU faults on managed memory (issue 6)
+    # -- CPU faults on managed memory
     def leftover_fault_staging(self) -> bytes:
         """Partial fault batches still staged (CPUs we may not run on); call after stop."""
         out = []

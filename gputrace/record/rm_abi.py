@@ -1,6 +1,6 @@
 """The RM ioctl ABI the recorder's own RM client speaks: escape numbers, classes,
 control commands, FB info indices and the parameter structs (x86-64; sizes pinned
-by tests/test_rm_client.py). Layouts: nvidia-driver-facts.md §2.
+by tests/test_rm_client.py). Layouts: docs/driver-facts.md §2.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Sequence (the one nvidia-smi issues on 580; ../shared/real-h200/README.md): open
 GPU_ATTACH_IDS, open each `nvidiaN` with WAIT_OPEN_COMPLETE and REGISTER_FD, a
 device (0x80) and a subdevice (0x2080) per GPU. Each sample is one
 `NV2080_CTRL_CMD_FB_GET_INFO_V2` per GPU for HEAP_SIZE, HEAP_FREE,
-LARGEST_FREE_REGION_SIZE and _BASE. Layouts: nvidia-driver-facts.md §2.
+LARGEST_FREE_REGION_SIZE and _BASE. Layouts: docs/driver-facts.md §2.
 
 The ABI (escape numbers, classes, parameter structs) is in `rm_abi`; the thread
 that samples every N ms is `memory_sampler.MemorySampler`.

@@ -2,7 +2,7 @@
 ABI version (numpy dtypes), the tools ABI's enum codes mapped to the tables', and a
 lazy per-kind view of one drain's records.
 
-Record layouts are in nvidia-driver-facts.md §5.2 (`UvmEventEntry` 64 B and
+Record layouts are in docs/driver-facts.md §5.2 (`UvmEventEntry` 64 B and
 `UvmEventEntry_V2` 72 B; byte 0 is the event type). The tools ABI numbers its
 enums differently from the tables; `schema.TOOLS_*` maps them (the lookup tables
 here apply that mapping to whole columns). Pure numpy: no root, no bcc.

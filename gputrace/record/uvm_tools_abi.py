@@ -2,7 +2,7 @@
 parameter structs of each driver generation, and which of them a driver version
 wants (`tools_abi`).
 
-Layouts and the ABI choice by driver version: nvidia-driver-facts.md §1.3-1.4 and
+Layouts and the ABI choice by driver version: docs/driver-facts.md §1.3-1.4 and
 §5.2-5.3; the driver's own source (`uvm_tools.c`) for the table sizes. Struct
 sizes and offsets are pinned by tests/test_uvm_tools_client.py. Used by the
 tracker client (`uvm_tools`); nothing here touches a device.

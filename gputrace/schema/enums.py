@@ -17,7 +17,7 @@ FAULT_SOURCES: dict[int, str] = {
     3: "gpu_non_replayable",
     4: "access_counter",
 }
-# uvm_fault_access_type_t (nvidia-driver-facts.md §3.3); CPU faults use READ/WRITE.
+# uvm_fault_access_type_t (docs/driver-facts.md §3.3); CPU faults use READ/WRITE.
 # 5 and 255 exist for the UVM tools stream, whose access types say "atomic" without
 # weak/strong and may be invalid (TOOLS_ACCESS_TYPES below).
 ACCESS_TYPES: dict[int, str] = {
@@ -29,7 +29,7 @@ ACCESS_TYPES: dict[int, str] = {
     5: "atomic",
     255: "unknown",
 }
-# uvm_fault_type_t (nvidia-driver-facts.md §3.3); 255 = not known (CPU faults).
+# uvm_fault_type_t (docs/driver-facts.md §3.3); 255 = not known (CPU faults).
 FAULT_TYPES: dict[int, str] = {
     0: "invalid_pde",
     1: "invalid_pte",
@@ -77,7 +77,7 @@ UVM_EVENT_KINDS: dict[int, str] = {
     12: "throttling_end",
     13: "map_remote",
 }
-"""Codes are the UVM tools UvmEventType values (nvidia-driver-facts.md §5.1)."""
+"""Codes are the UVM tools UvmEventType values (docs/driver-facts.md §5.1)."""
 UVM_EVENT_REASONS: dict[int, str] = {
     0: "unknown",
     1: "invalid_address",

@@ -1,4 +1,4 @@
-/* TEST STAND-IN workload for CPU page faults on managed memory (issue 6).
+/* TEST STAND-IN workload for CPU page faults on managed memory.
  *
  *   fault_workload DEVDIR [--wait]     touch the pattern below, print DONE
  *   fault_workload --print-expected    the faults a tracer must record (JSON)

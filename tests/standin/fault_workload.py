@@ -1,4 +1,4 @@
-"""TEST STAND-IN helpers for the CPU page-fault workload (issue 6): build it, ask
+"""TEST STAND-IN helpers for the CPU page-fault workload: build it, ask
 it what it touches, run it or start it stopped before its touches.
 
 ``fault_workload DEVDIR [--wait]`` maps the stand-in's nvidia-uvm as two managed

@@ -5,7 +5,7 @@
  * gputrace test stand-in needs it, shared by nvfuse.c (the fake driver) and
  * workload.c (the known workload that drives it), plus the workload's tables.
  *
- * Every size and offset asserted below comes from /work/shared/nvidia-driver-facts.md
+ * Every size and offset asserted below comes from docs/driver-facts.md
  * sections 1.2-1.4 and 2.2-2.4 ("latest" there is 595; where 580 differs, section 1.4
  * says so and the 580 layout is used: UVM_FREE_PARAMS still has `length`).
  * The few layouts that the facts file does not list are marked "not in facts".

@@ -1,7 +1,7 @@
 """TEST STAND-IN tracker client: the UVM tools protocol from user space, for tests only.
 
 Not gputrace code (the recorder's client is gputrace/record/uvm_tools.py). It speaks the
-driver-580 protocol of /work/shared/nvidia-driver-facts.md sections 1.3 and 5 against the
+driver-580 protocol of docs/driver-facts.md sections 1.3 and 5 against the
 stand-in (tests/standin/nvfuse): INIT_EVENT_TRACKER(_V2) on a nvidia-uvm-tools fd naming
 a queue and control buffer in this process and a nvidia-uvm fd (possibly taken from
 another process with pidfd_getfd), ENABLE_EVENTS / ENABLE_COUNTERS, and the drain

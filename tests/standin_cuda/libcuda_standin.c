@@ -8,7 +8,7 @@
  *
  * When GPUTRACE_STANDIN_DEVDIR names a folder holding `nvidiactl`, `nvidiaN` and
  * `nvidia-uvm` (the FUSE stand-in driver of tests/standin/), it talks to them the way
- * the real libcuda talks to the real driver (nvidia-driver-facts.md section 10):
+ * the real libcuda talks to the real driver (docs/driver-facts.md section 10):
  *   cuInit:        open nvidiactl, RM_ALLOC root client (NVOS21, class 0),
  *                  open nvidia-uvm, UVM_INITIALIZE
  *   cuCtxCreate:   open nvidiaN, RM_ALLOC device 0x80, subdevice 0x2080,

@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 BUILD_DIR = HERE / "build"
 EXPECTED_JSON = HERE / "expected.json"
 
-#: Every symbol issue 4 probes, plus the calls the workload needs around them.
+#: Every symbol the API layer probes, plus the calls the workload needs around them.
 REQUIRED_SYMBOLS: tuple[str, ...] = (
     "cuInit",
     "cuDeviceGet",

@@ -5,7 +5,7 @@ ends at the first of: its own RM_FREE; the free of its parent or of any
 ancestor (freeing a parent frees the subtree); the free of its client; the
 release of the control fd its client was allocated on (last close of that file
 description, from the `files` table; helpers.fds), which frees every client that
-fd still holds (nvidia-driver-facts.md §2.3). When the client's allocation is not
+fd still holds (docs/driver-facts.md §2.3). When the client's allocation is not
 in the trace, the object's own fd stands in for it. A process exit closes its fds,
 so memory still held at exit is reclaimed by teardown (`unfreed_at_exit`).
 
