@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the recorder costs the work it does NOT record (target: near-zero cost on unrecorded work). Run as
+"""What the recorder costs the work it does NOT record (target: near zero). Run as
 root from the repository root:  python3 benchmarks/untraced/run.py [--ops 100000]
 
 Host mode sees every process, so every ioctl, mmap and page fault on the host
