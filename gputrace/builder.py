@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from gputrace import schema
+from gputrace import nvabi, schema
 from gputrace.tracewriter import write_tables
 
 KiB = 1024
@@ -30,16 +30,16 @@ GiB = 1024 * MiB
 T0_NS = 1_000_000_000_000
 """Monotonic time of t=0 in built traces (an arbitrary, realistic boot offset)."""
 
-CLASS_ROOT_CLIENT = 0x41
-CLASS_DEVICE = 0x80
-CLASS_SUBDEVICE = 0x2080
-CLASS_VASPACE = 0x90F1
-CLASS_VIDMEM = 0x40  # NV01_MEMORY_LOCAL_USER
-CLASS_SYSMEM = 0x3E  # NV01_MEMORY_SYSTEM
-CLASS_VIRTUAL = 0x50A0  # NV50_MEMORY_VIRTUAL
+CLASS_ROOT_CLIENT = nvabi.NV01_ROOT_CLIENT
+CLASS_DEVICE = nvabi.NV01_DEVICE_0
+CLASS_SUBDEVICE = nvabi.NV20_SUBDEVICE_0
+CLASS_VASPACE = nvabi.FERMI_VASPACE_A
+CLASS_VIDMEM = nvabi.NV01_MEMORY_LOCAL_USER
+CLASS_SYSMEM = nvabi.NV01_MEMORY_SYSTEM
+CLASS_VIRTUAL = nvabi.NV50_MEMORY_VIRTUAL
 
-RM_ALLOC_CMD = 0xC030462B
-RM_FREE_CMD = 0xC0104629
+RM_ALLOC_CMD = nvabi.iowr(nvabi.ESC_RM_ALLOC, 48)  # NVOS64, as libcuda issues it
+RM_FREE_CMD = nvabi.iowr(nvabi.ESC_RM_FREE, 16)  # NVOS00
 UVM_CMDS = {"UVM_FREE": 34, "UVM_MAP_EXTERNAL_ALLOCATION": 33, "UVM_CREATE_EXTERNAL_RANGE": 73}
 
 
@@ -154,7 +154,7 @@ class TraceBuilder:
         """RM_ALLOC of an object; returns its handle (reuse it to model reuse)."""
         h = self._handle() if handle is None else handle
         self.ioctl(
-            t, pid, "RM_ALLOC", cmd=RM_ALLOC_CMD, nr=0x2B, h_client=client,
+            t, pid, "RM_ALLOC", cmd=RM_ALLOC_CMD, nr=nvabi.ESC_RM_ALLOC, h_client=client,
             h_parent=client if parent is None else parent, h_object=h, h_class=h_class,
             size_bytes=size if size else None, status=status,
             gpu_index=gpu if h_class == CLASS_DEVICE else None,
@@ -164,7 +164,7 @@ class TraceBuilder:
 
     def rm_free(self, t: float, pid: int, *, handle: int, client: int = 0xC1D00000,
                 parent: int | None = None, status: int = 0) -> None:
-        self.ioctl(t, pid, "RM_FREE", cmd=RM_FREE_CMD, nr=0x29, h_client=client,
+        self.ioctl(t, pid, "RM_FREE", cmd=RM_FREE_CMD, nr=nvabi.ESC_RM_FREE, h_client=client,
                    h_parent=client if parent is None else parent, h_object=handle,
                    status=status)
 

@@ -4,6 +4,7 @@
  * Layouts: docs/driver-facts.md §1.3-1.4 (UVM, via `uvm_layouts`) and
  * §2.2-2.4 (RM, sizes taken from the request number). */
 #include "common.bpf.h"
+#include "nv_abi.h"
 
 #define W32(o) (w[(o) / 4])
 #define W64(o) ((u64)w[(o) / 4] | ((u64)w[(o) / 4 + 1] << 32))
@@ -51,9 +52,9 @@ static __always_inline int uvm_get(void *dst, u32 n, u8 *b, u32 off, struct uvm_
 static __always_inline void uvm_decode(struct ioctl_event *e, u32 cmd, u64 p)
 {
     u32 slot = cmd;
-    if (cmd == 0x30000001)
+    if (cmd == GT_UVM_INITIALIZE)
         slot = GT_UVM_SLOT_INITIALIZE;
-    else if (cmd == 0x30000002)
+    else if (cmd == GT_UVM_DEINITIALIZE)
         slot = GT_UVM_SLOT_DEINITIALIZE;
     else if (cmd >= GT_UVM_SLOT_INITIALIZE)
         return;
@@ -175,7 +176,7 @@ static __always_inline int ioctl_exit(long ret, u64 id)
         rm_decode(e, p.cmd, p.arg);
     /* Unstaged, so the recorder attaches its tracker within one poll rather than
      * when this batch fills: the process's faults start soon after. */
-    if (p.v.kind == GT_DEV_UVM && p.cmd == 0x30000001 && ret == 0 &&
+    if (p.v.kind == GT_DEV_UVM && p.cmd == GT_UVM_INITIALIZE && ret == 0 &&
         (e->valid & GT_V_STATUS) && e->status == 0)
         emit_proc(GT_PROC_UVM_INIT, id >> 32, 0, p.fd);
     st->count = n + 1;

@@ -2,6 +2,7 @@
  * parameter size comes from the request number (_IOC_SIZE), so historic
  * layouts are told apart by size; XFER is unwrapped. Included by nv_ioctl.bpf.h. */
 #include "common.bpf.h"
+#include "nv_abi.h"
 
 #ifndef GT_NVOS21_STATUS_OFF
 #define GT_NVOS21_STATUS_OFF 28 /* 24 before 535.43.02 */
@@ -16,7 +17,8 @@ static __always_inline void rm_alloc_params(struct ioctl_event *e, u32 cls, u64 
     u32 w[22]; /* not cleared: every field is read after a read covering it */
     if (!ap)
         return;
-    if (cls == 0x3E || cls == 0x40 || cls == 0x50A0) { /* NV_MEMORY_ALLOCATION_PARAMS */
+    if (cls == GT_CLASS_NV01_MEMORY_SYSTEM || cls == GT_CLASS_NV01_MEMORY_LOCAL_USER ||
+        cls == GT_CLASS_NV50_MEMORY_VIRTUAL) { /* NV_MEMORY_ALLOCATION_PARAMS */
         if (bpf_probe_read_user(w, 88, (void *)ap))
             return;
         SET(flags, GT_V_FLAGS, W32(8));
@@ -25,18 +27,18 @@ static __always_inline void rm_alloc_params(struct ioctl_event *e, u32 cls, u64 
         SET(size_bytes, GT_V_SIZE, W64(64));
         SET(alignment, GT_V_ALIGNMENT, W64(72));
         SET(offset, GT_V_OFFSET, W64(80));
-    } else if (cls == 0x70) { /* NV_MEMORY_VIRTUAL_ALLOCATION_PARAMS {offset, limit} */
+    } else if (cls == GT_CLASS_NV01_MEMORY_VIRTUAL) { /* NV_MEMORY_VIRTUAL_ALLOCATION_PARAMS {offset, limit} */
         if (bpf_probe_read_user(w, 16, (void *)ap))
             return;
         SET(offset, GT_V_OFFSET, W64(0));
         if (W64(8) >= W64(0) && W64(8) != 0)
             SET(size_bytes, GT_V_SIZE, W64(8) - W64(0) + 1);
-    } else if (cls == 0x80) { /* NV0080_ALLOCATION_PARAMETERS: deviceId @0 (cl0080.h) */
+    } else if (cls == GT_CLASS_NV01_DEVICE_0) { /* NV0080_ALLOCATION_PARAMETERS: deviceId @0 (cl0080.h) */
         if (bpf_probe_read_user(w, 4, (void *)ap))
             return;
         if (W32(0) < 0x8000) /* the RM device instance: which GPU the subtree is on */
             e->gpu_index = (s16)W32(0);
-    } else if (cls == 0xF8) { /* NV00F8_ALLOCATION_PARAMETERS */
+    } else if (cls == GT_CLASS_NV_MEMORY_FABRIC) { /* NV00F8_ALLOCATION_PARAMETERS */
         if (bpf_probe_read_user(w, 28, (void *)ap))
             return;
         SET(alignment, GT_V_ALIGNMENT, W64(0));
@@ -50,7 +52,7 @@ static __always_inline void rm_decode(struct ioctl_event *e, u32 cmd, u64 arg)
     u32 nr = cmd & 0xff, size = (cmd >> 16) & 0x3fff;
     u64 p = arg;
     u32 w[32]; /* not cleared: every W32/W64 follows an RD() covering it */
-    if (nr == 211) { /* NV_ESC_IOCTL_XFER_CMD {cmd, size, ptr} */
+    if (nr == GT_ESC_IOCTL_XFER_CMD) { /* NV_ESC_IOCTL_XFER_CMD {cmd, size, ptr} */
         if (size < 16 || bpf_probe_read_user(w, 16, (void *)arg))
             return;
         nr = W32(0);
@@ -58,7 +60,7 @@ static __always_inline void rm_decode(struct ioctl_event *e, u32 cmd, u64 arg)
         p = W64(8);
     }
     e->nr = nr;
-    if (nr == 0x2B) { /* RM_ALLOC: NVOS21 (32) or NVOS64 (48; 40 before 535) */
+    if (nr == GT_ESC_RM_ALLOC) { /* RM_ALLOC: NVOS21 (32) or NVOS64 (48; 40 before 535) */
         if (size == 48 && RD(48))
             SET(status, GT_V_STATUS, W32(40));
         else if (size == 40 && RD(40))
@@ -72,24 +74,24 @@ static __always_inline void rm_decode(struct ioctl_event *e, u32 cmd, u64 arg)
         SET(h_object, GT_V_H_OBJECT, W32(8));
         SET(h_class, GT_V_H_CLASS, W32(12));
         rm_alloc_params(e, W32(12), W64(16));
-    } else if (nr == 0x29 && RD(16)) { /* RM_FREE: NVOS00 */
+    } else if (nr == GT_ESC_RM_FREE && RD(16)) { /* RM_FREE: NVOS00 */
         SET(h_client, GT_V_H_CLIENT, W32(0));
         SET(h_parent, GT_V_H_PARENT, W32(4));
         SET(h_object, GT_V_H_OBJECT, W32(8));
         SET(status, GT_V_STATUS, W32(12));
-    } else if (nr == 0x2A && RD(32)) { /* RM_CONTROL: NVOS54 */
+    } else if (nr == GT_ESC_RM_CONTROL && RD(32)) { /* RM_CONTROL: NVOS54 */
         SET(h_client, GT_V_H_CLIENT, W32(0));
         SET(h_object, GT_V_H_OBJECT, W32(4));
         SET(ctrl_cmd, GT_V_CTRL_CMD, W32(8));
         SET(flags, GT_V_FLAGS, W32(12));
         SET(status, GT_V_STATUS, W32(28));
-    } else if (nr == 0x34 && RD(28)) { /* RM_DUP_OBJECT: NVOS55 */
+    } else if (nr == GT_ESC_RM_DUP_OBJECT && RD(28)) { /* RM_DUP_OBJECT: NVOS55 */
         SET(h_client, GT_V_H_CLIENT, W32(0));
         SET(h_parent, GT_V_H_PARENT, W32(4));
         SET(h_object, GT_V_H_OBJECT, W32(8));
         SET(flags, GT_V_FLAGS, W32(20));
         SET(status, GT_V_STATUS, W32(24));
-    } else if (nr == 0x4A && RD(128)) { /* RM_VID_HEAP_CONTROL: NVOS32 */
+    } else if (nr == GT_ESC_RM_VID_HEAP_CONTROL && RD(128)) { /* RM_VID_HEAP_CONTROL: NVOS32 */
         u32 fn = W32(8);
         SET(h_client, GT_V_H_CLIENT, W32(0));
         SET(h_parent, GT_V_H_PARENT, W32(4));
@@ -106,7 +108,7 @@ static __always_inline void rm_decode(struct ioctl_event *e, u32 cmd, u64 arg)
         } else if (fn == 3) {
             SET(flags, GT_V_FLAGS, W32(48));
         }
-    } else if (nr == 0x4E && RD(48)) { /* RM_MAP_MEMORY: NVOS33 (+ fd) */
+    } else if (nr == GT_ESC_RM_MAP_MEMORY && RD(48)) { /* RM_MAP_MEMORY: NVOS33 (+ fd) */
         SET(h_client, GT_V_H_CLIENT, W32(0));
         SET(h_parent, GT_V_H_PARENT, W32(4));
         SET(h_object, GT_V_H_OBJECT, W32(8));
@@ -117,14 +119,14 @@ static __always_inline void rm_decode(struct ioctl_event *e, u32 cmd, u64 arg)
         SET(flags, GT_V_FLAGS, W32(44));
         if (RD(56))
             SET(ref_fd, GT_V_REF_FD, (s32)W32(48));
-    } else if (nr == 0x4F && RD(32)) { /* RM_UNMAP_MEMORY: NVOS34 */
+    } else if (nr == GT_ESC_RM_UNMAP_MEMORY && RD(32)) { /* RM_UNMAP_MEMORY: NVOS34 */
         SET(h_client, GT_V_H_CLIENT, W32(0));
         SET(h_parent, GT_V_H_PARENT, W32(4));
         SET(h_object, GT_V_H_OBJECT, W32(8));
         SET(va_base, GT_V_VA_BASE, W64(16));
         SET(status, GT_V_STATUS, W32(24));
         SET(flags, GT_V_FLAGS, W32(28));
-    } else if (nr == 0x57 && RD(56)) { /* RM_MAP_MEMORY_DMA: NVOS46, 64 from 580 */
+    } else if (nr == GT_ESC_RM_MAP_MEMORY_DMA && RD(56)) { /* RM_MAP_MEMORY_DMA: NVOS46, 64 from 580 */
         SET(h_client, GT_V_H_CLIENT, W32(0));
         SET(h_parent, GT_V_H_PARENT, W32(4));
         SET(h_object, GT_V_H_OBJECT, W32(12));
@@ -138,7 +140,7 @@ static __always_inline void rm_decode(struct ioctl_event *e, u32 cmd, u64 arg)
             SET(va_base, GT_V_VA_BASE, W64(40));
             SET(status, GT_V_STATUS, W32(48));
         }
-    } else if (nr == 0x58 && RD(40)) { /* RM_UNMAP_MEMORY_DMA: NVOS47, 48 from 550 */
+    } else if (nr == GT_ESC_RM_UNMAP_MEMORY_DMA && RD(40)) { /* RM_UNMAP_MEMORY_DMA: NVOS47, 48 from 550 */
         SET(h_client, GT_V_H_CLIENT, W32(0));
         SET(h_parent, GT_V_H_PARENT, W32(4));
         SET(h_object, GT_V_H_OBJECT, W32(12));
@@ -150,7 +152,7 @@ static __always_inline void rm_decode(struct ioctl_event *e, u32 cmd, u64 arg)
         } else {
             SET(status, GT_V_STATUS, W32(32));
         }
-    } else if (nr == 0x27 && RD(48)) { /* RM_ALLOC_MEMORY: NVOS02 (+ fd) */
+    } else if (nr == GT_ESC_RM_ALLOC_MEMORY && RD(48)) { /* RM_ALLOC_MEMORY: NVOS02 (+ fd) */
         SET(h_client, GT_V_H_CLIENT, W32(0));
         SET(h_parent, GT_V_H_PARENT, W32(4));
         SET(h_object, GT_V_H_OBJECT, W32(8));

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gputrace import schema
+from gputrace import nvabi, schema
 from gputrace.record import cuda, decode, decode_cuda, decode_faults, driver, loader
 
 PROBES = Path(__file__).resolve().parent.parent / "probes"
@@ -76,6 +76,11 @@ def python_value(name: str) -> int | None:
     }
     if name in fixed:
         return fixed[name]
+    if name.startswith(("GT_ESC_", "GT_CLASS_")) or name in ("GT_UVM_INITIALIZE",
+                                                              "GT_UVM_DEINITIALIZE"):
+        value = getattr(nvabi, name.removeprefix("GT_CLASS_").removeprefix("GT_"))
+        assert isinstance(value, int)
+        return value
     families: list[tuple[str, dict[int, str], dict[str, str]]] = [
         ("GT_DEV_", schema.DEVICE_KINDS, {"UVM_TOOLS": "uvm-tools"}),
         ("GT_MAP_", schema.MAPPING_OPS, {}),

@@ -5,15 +5,11 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from gputrace.render.safe import printable
+from gputrace.units import format_bytes
 
 
 def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if abs(n) >= 1 << shift:
-            return f"{n / (1 << shift):.1f} {unit}"
-    return f"{n} B"
+    return format_bytes(n)
 
 
 def _num(x: float | None, fmt: str = "{:.3f}") -> str:

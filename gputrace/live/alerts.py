@@ -49,6 +49,7 @@ from gputrace.options import (
     parse_size,
 )
 from gputrace.render.safe import printable
+from gputrace.units import format_bytes
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
@@ -168,12 +169,7 @@ def format_value(metric: str, value: float) -> str:
 
 
 def human_bytes(n: float) -> str:
-    sign, n = ("-" if n < 0 else ""), abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
-        n /= 1024
-    return f"{sign}{n:.1f} TiB"  # pragma: no cover
+    return format_bytes(n)
 
 
 def measure(rule: Rule, snap: Snapshot) -> list[tuple[tuple[Any, ...], float, dict[str, Any]]]:

@@ -23,10 +23,11 @@ from typing import Any
 import pyarrow as pa
 
 from gputrace.analyses.helpers.lifetimes import API_ALLOCS, API_FREES
-from gputrace.analyses.helpers.rm_objects import ALLOCS, MEMORY_CLASSES, VID_HEAP
+from gputrace.analyses.helpers.rm_objects import ALLOCS, VID_HEAP
+from gputrace.nvabi import MEMORY_CLASSES
+from gputrace.nvabi import NV01_DEVICE_0 as DEVICE_CLASS
+from gputrace.nvabi import NV20_SUBDEVICE_0 as SUBDEVICE_CLASS
 
-DEVICE_CLASS = 0x80
-SUBDEVICE_CLASS = 0x2080
 LAYERS = ("api", "rm")
 _API_KIND = {**{f: ("alloc", k) for f, k in API_ALLOCS.items()},
              **{f: ("free", k) for f, k in API_FREES.items()}}

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from gputrace import schema
+from gputrace import nvabi, schema
 from gputrace.record.arrow_columns import masked
 from gputrace.record.driver import UVM_NAMES
 
@@ -74,30 +74,13 @@ VALID_BITS: dict[str, int] = {
     "flags": 10, "attr": 11, "attr2": 12, "ctrl_cmd": 13, "ref_fd": 14, "gpu_uuid": 15,
 }  # fmt: skip
 
-RM_NAMES: dict[int, str] = {
-    0x27: "RM_ALLOC_MEMORY", 0x28: "RM_ALLOC_OBJECT", 0x29: "RM_FREE", 0x2A: "RM_CONTROL",
-    0x2B: "RM_ALLOC", 0x32: "RM_CONFIG_GET", 0x33: "RM_CONFIG_SET", 0x34: "RM_DUP_OBJECT",
-    0x35: "RM_SHARE", 0x37: "RM_CONFIG_GET_EX", 0x38: "RM_CONFIG_SET_EX",
-    0x39: "RM_I2C_ACCESS", 0x41: "RM_IDLE_CHANNELS", 0x4A: "RM_VID_HEAP_CONTROL",
-    0x4D: "RM_ACCESS_REGISTRY", 0x4E: "RM_MAP_MEMORY", 0x4F: "RM_UNMAP_MEMORY",
-    0x52: "RM_GET_EVENT_DATA", 0x54: "RM_ALLOC_CONTEXT_DMA2",
-    0x56: "RM_ADD_VBLANK_CALLBACK", 0x57: "RM_MAP_MEMORY_DMA", 0x58: "RM_UNMAP_MEMORY_DMA",
-    0x59: "RM_BIND_CONTEXT_DMA", 0x5C: "RM_EXPORT_OBJECT_TO_FD",
-    0x5D: "RM_IMPORT_OBJECT_FROM_FD", 0x5E: "RM_UPDATE_DEVICE_MAPPING_INFO",
-    0x5F: "RM_LOCKLESS_DIAGNOSTIC",
-    200: "CARD_INFO", 201: "REGISTER_FD", 206: "ALLOC_OS_EVENT", 207: "FREE_OS_EVENT",
-    209: "STATUS_CODE", 210: "CHECK_VERSION_STR", 211: "IOCTL_XFER_CMD",
-    212: "ATTACH_GPUS_TO_FD", 213: "QUERY_DEVICE_INTR", 214: "SYS_PARAMS", 215: "NUMA_INFO",
-    216: "SET_NUMA_STATUS", 217: "EXPORT_TO_DMABUF_FD", 218: "WAIT_OPEN_COMPLETE",
-}  # fmt: skip
+RM_NAMES = nvabi.RM_ESCAPE_NAMES
 
-DEV_UVM = 3
-DEV_UVM_TOOLS = 4
 
 
 def command_name(device: int, nr: int) -> str:
     """Readable name of an ioctl: RM escape on ctl/gpu fds, UVM command on uvm fds."""
-    if device in (DEV_UVM, DEV_UVM_TOOLS):
+    if device in (schema.DEV_UVM, schema.DEV_UVM_TOOLS):
         return UVM_NAMES.get(nr, f"UVM_{nr:#x}")
     return RM_NAMES.get(nr, f"NV_ESC_{nr:#x}")
 
@@ -340,7 +323,7 @@ def mappings_batch(ev: npt.NDArray[np.void]) -> pa.RecordBatch:
     ret = ev["ret"]
     is_mmap = op == 1
     ok = ~((ret < 0) & (ret > -4096))
-    managed = is_mmap & ok & (dev == DEV_UVM) & (ev["offset"] == ev["addr"])
+    managed = is_mmap & ok & (dev == schema.DEV_UVM) & (ev["offset"] == ev["addr"])
     cols: dict[str, Any] = {
         **_who(ev),
         "op_code": pa.array(op),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gputrace.errors import UsageError
+from gputrace.nvabi import UVM_DEINITIALIZE, UVM_INITIALIZE
 
 LATEST = "595.45.04"
 """Layouts assumed when no driver is loaded and no --driver-version is given."""
@@ -104,8 +105,6 @@ class UvmLayout:
         return (*(NOFF if o is None else o for o in offs), self.flags_size, 1, *self.span())
 
 
-UVM_INITIALIZE = 0x30000001
-UVM_DEINITIALIZE = 0x30000002
 SLOT_INITIALIZE = 126
 SLOT_DEINITIALIZE = 127
 

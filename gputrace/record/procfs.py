@@ -11,11 +11,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gputrace import schema
+
 PROC = Path("/proc")
 CGROUP2 = Path("/sys/fs/cgroup")
 TICK_NS = 10**9 // os.sysconf("SC_CLK_TCK")
 
-DEV_CTL, DEV_GPU, DEV_UVM, DEV_UVM_TOOLS = 1, 2, 3, 4
 _GPU_RE = re.compile(r"^nvidia(\d{1,3})$")
 _CONTAINER_RE = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?$")
 
@@ -23,14 +24,14 @@ _CONTAINER_RE = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?$")
 def device_kind(name: str) -> tuple[int, int] | None:
     """(kind, gpu index or -1) for a device file name, e.g. 'nvidia0' -> (2, 0)."""
     if name == "nvidiactl":
-        return DEV_CTL, -1
+        return schema.DEV_CTL, -1
     if name == "nvidia-uvm":
-        return DEV_UVM, -1
+        return schema.DEV_UVM, -1
     if name == "nvidia-uvm-tools":
-        return DEV_UVM_TOOLS, -1
+        return schema.DEV_UVM_TOOLS, -1
     m = _GPU_RE.match(name)
     if m:
-        return DEV_GPU, int(m.group(1))
+        return schema.DEV_GPU, int(m.group(1))
     return None
 
 

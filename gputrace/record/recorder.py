@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
 from gputrace.record import hooks, loader, procfs
 from gputrace.record.layers import LAYERS, Due, Layer
@@ -387,7 +388,7 @@ class Recorder:
         gpus = sorted(
             (k[1], str(Path(s.prefix) / name))
             for name in os.listdir(s.prefix)
-            if (k := procfs.device_kind(name)) is not None and k[0] == procfs.DEV_GPU
+            if (k := procfs.device_kind(name)) is not None and k[0] == schema.DEV_GPU
         )
         drv = s.drv
         m: dict[str, Any] = {

@@ -7,25 +7,44 @@ from __future__ import annotations
 
 import ctypes
 
-NV_IOCTL_MAGIC = ord("F")
-NV_IOCTL_BASE = 200
-
-
-def iowr(nr: int, size: int) -> int:
-    """_IOWR('F', nr, size): the command word of an RM escape."""
-    return (3 << 30) | (size << 16) | (NV_IOCTL_MAGIC << 8) | nr
-
-
-ESC_RM_FREE = 0x29
-ESC_RM_CONTROL = 0x2A
-ESC_RM_ALLOC = 0x2B
-ESC_REGISTER_FD = NV_IOCTL_BASE + 1
-ESC_CHECK_VERSION_STR = NV_IOCTL_BASE + 10
-ESC_WAIT_OPEN_COMPLETE = NV_IOCTL_BASE + 18
-
-NV01_ROOT_CLIENT = 0x41
-NV01_DEVICE_0 = 0x80
-NV20_SUBDEVICE_0 = 0x2080
+# The escape numbers and classes are the driver facts every layer shares (nvabi);
+# the control commands, indices and structs below are this client's alone.
+from gputrace.nvabi import (  # re-exported: the client's ABI in one namespace
+    ESC_CHECK_VERSION_STR as ESC_CHECK_VERSION_STR,
+)
+from gputrace.nvabi import (
+    ESC_REGISTER_FD as ESC_REGISTER_FD,
+)
+from gputrace.nvabi import (
+    ESC_RM_ALLOC as ESC_RM_ALLOC,
+)
+from gputrace.nvabi import (
+    ESC_RM_CONTROL as ESC_RM_CONTROL,
+)
+from gputrace.nvabi import (
+    ESC_RM_FREE as ESC_RM_FREE,
+)
+from gputrace.nvabi import (
+    ESC_WAIT_OPEN_COMPLETE as ESC_WAIT_OPEN_COMPLETE,
+)
+from gputrace.nvabi import (
+    NV01_DEVICE_0 as NV01_DEVICE_0,
+)
+from gputrace.nvabi import (
+    NV01_ROOT_CLIENT as NV01_ROOT_CLIENT,
+)
+from gputrace.nvabi import (
+    NV20_SUBDEVICE_0 as NV20_SUBDEVICE_0,
+)
+from gputrace.nvabi import (
+    NV_IOCTL_BASE as NV_IOCTL_BASE,
+)
+from gputrace.nvabi import (
+    NV_IOCTL_MAGIC as NV_IOCTL_MAGIC,
+)
+from gputrace.nvabi import (
+    iowr as iowr,
+)
 
 NV0000_CTRL_CMD_GPU_GET_ID_INFO_V2 = 0x205
 NV0000_CTRL_CMD_GPU_GET_PROBED_IDS = 0x214

@@ -7,18 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gputrace.units import format_bytes
+
 Fmt = Callable[[Any], str]
 
 
 def human_bytes(v: Any) -> str:
-    if v is None:
-        return "-"
-    n = float(v)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(v)
+    return format_bytes(v)
 
 
 def num(v: Any) -> str:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gputrace.render import html_plots
+from gputrace.units import format_bytes
 
 Col = tuple[str, str, Callable[[Any], str]]
 
@@ -38,14 +39,7 @@ def esc(value: Any) -> str:
 
 def human_bytes(n: Any) -> str:
     """Bytes in binary units (1.5 GiB), exact below 1 KiB; '' for None."""
-    if n is None:
-        return ""
-    v = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(v) < 1024 or unit == "TiB":
-            return f"{int(v)} B" if unit == "B" else f"{v:.1f} {unit}"
-        v /= 1024
-    return str(n)  # pragma: no cover
+    return format_bytes(n, none="")
 
 
 def num(v: Any) -> str:

@@ -8,6 +8,10 @@ The BPF `GT_*` defines are checked against these by tests/test_bpf_defines.py.
 from __future__ import annotations
 
 DEVICE_KINDS: dict[int, str] = {0: "unknown", 1: "ctl", 2: "gpu", 3: "uvm", 4: "uvm-tools"}
+_DEVICE_CODES = {name: code for code, name in DEVICE_KINDS.items()}
+DEV_CTL, DEV_GPU, DEV_UVM, DEV_UVM_TOOLS = (
+    _DEVICE_CODES[n] for n in ("ctl", "gpu", "uvm", "uvm-tools"))
+"""DEVICE_KINDS codes by name, for code that tests a kind."""
 MAPPING_OPS: dict[int, str] = {1: "mmap", 2: "munmap"}
 FD_OPS: dict[int, str] = {1: "open", 2: "close", 3: "dup", 4: "seen"}
 FAULT_SOURCES: dict[int, str] = {

@@ -22,11 +22,8 @@ import polars as pl
 from gputrace.analyses.helpers.common import ok_ioctl
 from gputrace.analyses.helpers.fds import file_descriptions, release_of
 from gputrace.analyses.helpers.pairing import pair
+from gputrace.nvabi import MEMORY_CLASSES, NVOS32_ALLOC_FLAGS_VIRTUAL, VIRTUAL_CLASSES
 
-MEMORY_CLASSES = {0x3E: "sysmem", 0x40: "vidmem", 0x71: "os-descriptor", 0xC2: "physical",
-                  0xF8: "fabric", 0xFD: "multicast-fabric"}
-VIRTUAL_CLASSES = {0x50A0: "virtual", 0x70: "virtual-range"}
-NVOS32_ALLOC_FLAGS_VIRTUAL = 0x80000
 ALLOCS = ("RM_ALLOC", "RM_ALLOC_MEMORY")
 VID_HEAP = "RM_VID_HEAP_CONTROL"
 MAX_DEPTH = 8

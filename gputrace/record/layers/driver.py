@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gputrace import schema
 from gputrace.errors import UsageError
 from gputrace.record import driver_layer, procfs, uvm_tools
 from gputrace.record.layers.base import Buffer, Decoded, Due, Layer
@@ -85,7 +86,7 @@ class DriverLayer(Layer):
         self._started = True
         uvm: dict[int, list[int]] = {}
         for (pid, fd), (kind, _gpu) in sorted(s.seeded.items()):
-            if kind == procfs.DEV_UVM:
+            if kind == schema.DEV_UVM:
                 uvm.setdefault(pid, []).append(fd)
         for pid, fds in uvm.items():
             self._attach(s, pid, fds, already_running=True)
