@@ -82,7 +82,10 @@ def test_header_and_drops_warning(tmp_path: Path) -> None:
     assert "synthetic" in page and "SYNTHETIC" in page
     assert "</script><b>" not in page and "<img src=x" not in page
     assert "&lt;/script&gt;&lt;b&gt;x&lt;/b&gt;" in page
-    assert "\\u003c/script\\u003e" in page  # inside the figure JSON
+    # inside the figure JSON: the name as Plotly text (entities), its `&` escaped by the
+    # JSON, and the hover template's own markup with `<` escaped too
+    assert "\\u0026lt;/script\\u0026gt;" in page
+    assert "\\u003cbr\\u003e%{value:,} bytes" in page
 
 
 def test_downsampling_keeps_extremes_and_bounds_points() -> None:

@@ -3,19 +3,24 @@
 Plotly's JavaScript is inlined from the plotly package (docs/reports.md says
 why plotly), figure data is embedded as JSON, and every plot sits above the
 table it comes from. Text from the traced host (comm, symbols, hostnames) is
-HTML-escaped, and the embedded JSON has `<`, `>` and `&` escaped so no string
-can close the script element. Nothing here computes: the report document and
-the series come from the analyses.
+HTML-escaped (`render.safe.markup`) in the page and made inert for Plotly in the
+figures (`render.safe.plot_figure`, the only way a figure is built), and the
+embedded JSON has `<`, `>` and `&` escaped so no string can close the script
+element. The Content-Security-Policy lets nothing be fetched or sent and runs
+only the page's two inline scripts, by hash. Nothing here computes: the report
+document and the series come from the analyses.
 """
 
 from __future__ import annotations
 
-import html
+import base64
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gputrace.render import html_plots
+from gputrace.render import html_plots, safe
+from gputrace.render.safe import PlotFigure
 from gputrace.units import format_bytes
 
 Col = tuple[str, str, Callable[[Any], str]]
@@ -33,8 +38,25 @@ dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px}dt{font-weig
 
 
 def esc(value: Any) -> str:
-    """Text as HTML, every markup character escaped."""
-    return html.escape("" if value is None else str(value), quote=True)
+    """Text as HTML, every markup character escaped and every control or bidi character
+    shown as a visible escape (`render.safe.markup`)."""
+    return safe.markup(value)
+
+
+def _script_hash(script: str) -> str:
+    """The CSP source that lets exactly this inline script run."""
+    digest = hashlib.sha256(script.encode("utf-8")).digest()
+    return f"'sha256-{base64.b64encode(digest).decode('ascii')}'"
+
+
+def csp(scripts: Sequence[str]) -> str:
+    """The page's Content-Security-Policy: nothing fetched, sent or framed; only
+    `scripts` run (so no injected script or inline event handler would); styles inline
+    (Plotly writes its own style element and attributes); images only as data: URLs
+    (Plotly's PNG download)."""
+    return ("default-src 'none'; script-src " + " ".join(_script_hash(s) for s in scripts)
+            + "; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+              "form-action 'none'")
 
 
 def human_bytes(n: Any) -> str:
@@ -78,14 +100,15 @@ class Page:
     def __init__(self, title: str) -> None:
         self.title = title
         self.parts: list[str] = []
-        self.figures: list[dict[str, Any]] = []
+        self.figures: list[PlotFigure] = []
 
     def add(self, markup: str) -> None:
         self.parts.append(markup)
 
-    def section(self, title: str, fig: dict[str, Any] | None, missing: str | None,
+    def section(self, title: str, fig: PlotFigure | None, missing: str | None,
                 tables: str) -> None:
-        """A plot (or why there is none) with its table(s) under it."""
+        """A plot (or why there is none) with its table(s) under it. The figure is a
+        `PlotFigure`: only `render.safe.plot_figure` makes one (mypy checks it)."""
         self.add(f"<section><h2>{esc(title)}</h2>")
         if fig is not None:
             self.add(f'<div class="plot" id="plot{len(self.figures)}"></div>')
@@ -102,12 +125,11 @@ class Page:
         boot = ("const F=" + figs + ";let n=0;Promise.all(F.map((f,i)=>Plotly.newPlot("
                 "'plot'+i,f.data,f.layout,{displaylogo:false,responsive:true})"
                 ".then(()=>{n++;}))).then(()=>{document.body.dataset.plotsRendered=n;});")
+        plotly_js = get_plotlyjs()
         return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
-                f"<meta http-equiv=Content-Security-Policy content=\"default-src 'none'; "
-                f"script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
-                f"img-src data:; font-src data:\">"
+                f"<meta http-equiv=Content-Security-Policy content=\"{csp([plotly_js, boot])}\">"
                 f"<title>{esc(self.title)}</title><style>{STYLE}</style>"
-                f"<script>{get_plotlyjs()}</script></head><body data-plots={len(self.figures)}>"
+                f"<script>{plotly_js}</script></head><body data-plots={len(self.figures)}>"
                 + "".join(self.parts) + f"<script>{boot}</script></body></html>\n")
 
 

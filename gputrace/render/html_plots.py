@@ -4,13 +4,23 @@ Each function maps series that `gputrace.analyses.timeseries` (and the modules
 it gathers) already built to Plotly traces; none computes a value. A figure is
 None when its layer was not recorded, so the page says "not recorded" instead
 of drawing a flat zero line.
+
+Every figure is made by `render.safe.plot_figure`, which escapes every string in it
+(process names, stack frames, ioctl names all come from the trace), so Plotly draws them
+as text; `Page.section` takes nothing else. Hover templates are the constants below.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-Figure = dict[str, Any]
+from gputrace.render.safe import PlotFigure, plot_figure
+
+Figure = PlotFigure
+
+HOVER_BYTES = "%{label}<br>%{value:,} bytes<extra></extra>"
+TEMPLATES = frozenset({HOVER_BYTES})
+"""The only strings of a figure that keep their markup (`plot_figure` refuses others)."""
 
 _BYTES_AXIS = {"title": {"text": "bytes"}, "tickformat": "~s", "ticksuffix": "B",
                "rangemode": "tozero"}
@@ -39,7 +49,7 @@ def live_bytes(s: dict[str, Any]) -> Figure | None:
               "name": f"growth fit {f['layer']} pid {f['pid']}",
               "line": {"dash": "longdash", "width": 3, "color": "#d62728"}}
              for f in s["fits"]]
-    return {"data": data, "layout": _layout("Live bytes per process and layer", _BYTES_AXIS)}
+    return plot_figure(data, _layout("Live bytes per process and layer", _BYTES_AXIS))
 
 
 def gpu_bytes(s: dict[str, Any]) -> Figure | None:
@@ -48,8 +58,7 @@ def gpu_bytes(s: dict[str, Any]) -> Figure | None:
         return None
     data = [{"type": "scatter", "mode": "lines", "name": x["name"], "x": x["t_s"],
              "y": x["values"], "line": {"shape": "hv"}} for x in s["series"]]
-    return {"data": data, "layout": _layout(f"Bytes in use per GPU ({s['source']})",
-                                            _BYTES_AXIS)}
+    return plot_figure(data, _layout(f"Bytes in use per GPU ({s['source']})", _BYTES_AXIS))
 
 
 def fault_rates(s: dict[str, Any]) -> Figure | None:
@@ -69,7 +78,7 @@ def fault_rates(s: dict[str, Any]) -> Figure | None:
     if not data:
         return None
     yaxis = {"title": {"text": f"per second (bucket {s['bucket_s']:g} s)"}, "rangemode": "tozero"}
-    return {"data": data, "layout": _layout("Fault rate over time", yaxis)}
+    return plot_figure(data, _layout("Fault rate over time", yaxis))
 
 
 def fragmentation(rm: dict[str, Any] | None) -> Figure | None:
@@ -87,23 +96,26 @@ def fragmentation(rm: dict[str, Any] | None) -> Figure | None:
                      "x": [p["t_s"] for p in pts], "y": [p["largest_free_bytes"] for p in pts],
                      "line": {"dash": "dot"}})
     y2 = dict(_BYTES_AXIS, overlaying="y", side="right", title={"text": "largest free"})
-    return {"data": data, "layout": _layout(
+    return plot_figure(data, _layout(
         "Fragmentation over time (RM heap samples)",
-        {"title": {"text": "unusable share"}, "range": [0, 1]}, yaxis2=y2)}
+        {"title": {"text": "unusable share"}, "range": [0, 1]}, yaxis2=y2))
 
 
 def leak_icicle(tree: dict[str, Any]) -> Figure | None:
     """Leaked bytes by call stack: layer, process, then frames outermost first."""
     if not tree["ids"]:
         return None
-    data = [{"type": "icicle", "ids": tree["ids"], "labels": tree["labels"],
-             "parents": tree["parents"], "values": tree["values"], "branchvalues": "total",
+    # The tree's ids are paths of trace text; Plotly only needs them distinct, so the
+    # figure carries their positions (escaping could merge two: `printable` is not 1:1).
+    node = {i: f"n{k}" for k, i in enumerate(tree["ids"])}
+    data = [{"type": "icicle", "ids": [node[i] for i in tree["ids"]],
+             "labels": tree["labels"],
+             "parents": [node[p] if p else "" for p in tree["parents"]],
+             "values": tree["values"], "branchvalues": "total",
              "tiling": {"orientation": "v"}, "root": {"color": "#eee"},
-             "textinfo": "label+value",
-             "hovertemplate": "%{label}<br>%{value:,} bytes<extra></extra>"}]
-    return {"data": data, "layout": {"title": {"text": "Leaked bytes by call stack"},
-                                     "height": 460, "margin": {"l": 10, "r": 10, "t": 50,
-                                                               "b": 10}}}
+             "textinfo": "label+value", "hovertemplate": HOVER_BYTES}]
+    return plot_figure(data, {"title": {"text": "Leaked bytes by call stack"}, "height": 460,
+                              "margin": {"l": 10, "r": 10, "t": 50, "b": 10}}, TEMPLATES)
 
 
 def latency(s: dict[str, Any]) -> Figure | None:
@@ -112,6 +124,6 @@ def latency(s: dict[str, Any]) -> Figure | None:
         return None
     data = [{"type": "scatter", "mode": "lines+markers", "name": c["name"], "x": s["from_us"],
              "y": c["counts"], "line": {"shape": "hv"}} for c in s["commands"]]
-    return {"data": data, "layout": _layout(
+    return plot_figure(data, _layout(
         "ioctl latency distribution", {"title": {"text": "calls"}, "rangemode": "tozero"},
-        xaxis={"title": {"text": "latency (us, bucket lower edge)"}, "type": "log"})}
+        xaxis={"title": {"text": "latency (us, bucket lower edge)"}, "type": "log"}))

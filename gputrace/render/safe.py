@@ -1,4 +1,4 @@
-"""Text from a traced host, made safe to print on a terminal.
+"""Text from a traced host, made safe to print on a terminal or to show in HTML.
 
 A traced process chooses its own `comm` and command line, and symbol names,
 module paths and even manifest fields come from machines and files the reader
@@ -7,11 +7,18 @@ does not control. Printed raw, an ESC byte starts a terminal escape sequence
 a report line and a bidi override reorders what the eye reads. Terminal
 output therefore shows every such character as a visible escape; JSON, CSV and
 Parquet keep the text verbatim (JSON escapes control characters itself).
+
+HTML is markup: `markup` escapes text for the page itself, and every figure the HTML
+report hands to Plotly is built by `plot_figure`, which makes each string `plot_text`
+(Plotly draws a subset of HTML in names, labels, hover text and titles: `<a href>` is a
+clickable link, `<span style>` restyles, `<br>` and a newline forge a line).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import html
+from collections.abc import Sequence
+from typing import Any, NewType
 
 _NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
@@ -53,3 +60,52 @@ def printable_tree(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [printable_tree(v) for v in value]
     return value
+
+
+def markup(text: object) -> str:
+    """`text` as HTML character data or a quoted attribute value: `printable`, then
+    `&`, `<`, `>`, `"` and `'` as entities; None is ''."""
+    return html.escape(printable("" if text is None else text), quote=True)
+
+
+def plot_text(text: object) -> str:
+    """`text` as Plotly draws it verbatim: `printable` (a newline, which Plotly draws as a
+    line break, and bidi controls become visible escapes), then `&`, `<` and `>` as
+    entities. Plotly splits its text on `<...>` tags and decodes these entities once into
+    a text node, so the result holds no tag and shows exactly the printable text. Quotes
+    stay: outside a tag they are text, and Plotly would draw `&quot;` literally."""
+    return html.escape(printable(text), quote=False)
+
+
+PlotFigure = NewType("PlotFigure", dict[str, Any])
+"""A Plotly figure (data + layout) whose every string went through `plot_text`."""
+
+TEMPLATE_KEYS = frozenset({"hovertemplate", "texttemplate"})
+"""Plotly attributes that are markup with `%{...}` fields filled from the (escaped) data."""
+
+
+def _plot_safe(value: Any, key: str, templates: frozenset[str]) -> Any:
+    if isinstance(value, str):
+        if key in TEMPLATE_KEYS:
+            if value not in templates:
+                raise ValueError(f"unregistered Plotly {key} {value!r}: templates must be "
+                                 "renderer constants, never formatted with trace text")
+            return value
+        return plot_text(value)
+    if isinstance(value, dict):
+        return {k: _plot_safe(v, k, templates) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plot_safe(v, key, templates) for v in value]
+    return value
+
+
+def plot_figure(data: Sequence[dict[str, Any]], layout: dict[str, Any],
+                templates: frozenset[str] = frozenset()) -> PlotFigure:
+    """The one way to build a figure for the HTML report: a copy of `data` and `layout`
+    with every string value, at any depth, made `plot_text` (Plotly's attribute names,
+    the dict keys, are the renderer's own and kept). Enumerated values and the report's
+    own labels hold no `&`, `<`, `>` or control character, so only trace text changes.
+    A hover or text template keeps its markup only if it is one of `templates` (the
+    renderer's constants); any other raises ValueError."""
+    return PlotFigure({"data": _plot_safe(list(data), "data", templates),
+                       "layout": _plot_safe(layout, "layout", templates)})
