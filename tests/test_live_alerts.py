@@ -4,8 +4,11 @@ the environment only. Synthetic data (gputrace.builder)."""
 
 from __future__ import annotations
 
+import shutil
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -14,7 +17,7 @@ from gputrace import schema
 from gputrace.builder import MiB, TraceBuilder
 from gputrace.errors import UsageError
 from gputrace.live.aggregates import NS, Aggregates
-from gputrace.live.alerts import Alerts, parse_alert
+from gputrace.live.alerts import KILL_GRACE_S, MAX_CHILDREN, Alerts, parse_alert
 from tests.test_live_aggregates import Clock, feed
 
 
@@ -123,3 +126,127 @@ def test_on_alert_gets_details_in_env_not_argv(tmp_path: Path) -> None:
 def test_on_alert_needs_a_command() -> None:
     with pytest.raises(UsageError):
         Alerts([parse_alert("drops>0")], on_alert="  ")
+
+
+@pytest.mark.parametrize("text", ['a "b', "notify 'ops", "notify \\"])
+def test_on_alert_that_cannot_be_split_is_a_usage_error(text: str) -> None:
+    """An unclosed quote or a trailing backslash in --on-alert was shlex's ValueError
+    (a traceback); it is a usage error naming the option."""
+    with pytest.raises(UsageError, match="--on-alert: cannot split"):
+        Alerts([parse_alert("drops>0")], on_alert=text)
+
+
+def _gone(pid: int) -> bool:
+    """Has this process exited (gone, or a zombie nobody reaped yet)?"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_on_alert_storm_is_capped_and_exit_is_bounded(tmp_path: Path) -> None:
+    """Guards against an alert storm: every firing started its --on-alert command
+    with no cap, and exit waited 5 s for each in turn (23 episodes: the recorder ended
+    2 minutes after its command). Now at most MAX_CHILDREN run at once, further
+    firings run none and are counted, and exit waits for all of them together for
+    one deadline, then ends each one's process group (its own children too)."""
+    pids = tmp_path / "pids"
+    agg = Aggregates(clock=Clock())
+    lines: list[str] = []
+    al = Alerts([parse_alert("live_bytes>0")], err=lines.append,
+                on_alert=f"sh -c 'sleep 30 & echo $! >> {pids}; wait'")  # fmt: skip
+    b = TraceBuilder()  # synthetic: 30 processes, each its own episode at once
+    for pid in range(100, 130):
+        b.process(pid, f"p{pid}")
+        b.cuda_alloc(0.1, pid, MiB)
+    feed(agg, b)
+    assert len(al.evaluate(agg.snapshot())) == 30
+    running = [c for c in al.children if c.poll() is None]
+    assert len(running) == MAX_CHILDREN
+    assert al.skipped == 30 - MAX_CHILDREN
+    deadline = time.monotonic() + 10  # each child has written its sleep's pid
+    while len(pids.read_text().split() if pids.exists() else []) < MAX_CHILDREN:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    al.close(timeout_s=1.0)
+    assert time.monotonic() - t0 < 1.0 + 2 * KILL_GRACE_S + 1.0
+    assert all(c.poll() is not None for c in running) and al.children == []
+    grandchildren = [int(p) for p in pids.read_text().split()]
+    deadline = time.monotonic() + 5  # a signal is delivered soon, not at once
+    while not all(_gone(p) for p in grandchildren):
+        assert time.monotonic() < deadline, [Path(f"/proc/{p}/stat").read_text()
+                                             for p in grandchildren if not _gone(p)]
+        time.sleep(0.05)
+    warnings = [x for x in lines if "--on-alert" in x]
+    assert len(warnings) == 3, warnings  # first skip, ended at exit, count of skipped
+    assert f"not run for {30 - MAX_CHILDREN} alerts" in warnings[-1]
+
+
+def test_on_alert_runs_again_once_children_finish() -> None:
+    """The cap counts running commands only: a finished one frees its place."""
+    drops = {"ioctl_events": 0}
+    agg = Aggregates(clock=Clock(), stats=lambda: {"drops": dict(drops)})
+    true = shutil.which("true")
+    assert true is not None
+    al = Alerts([parse_alert("drops>0")], on_alert=true, err=lambda _: None,
+                max_children=1)  # fmt: skip
+    for n in range(3):
+        drops["ioctl_events"] = 1
+        assert len(al.evaluate(agg.snapshot())) == 1
+        al.children[-1].wait(timeout=10)
+        drops["ioctl_events"] = 0  # the episode ends
+        assert al.evaluate(agg.snapshot()) == []
+        assert al.skipped == 0, n
+    al.close()
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.manifest: dict[str, Any] = {}
+        self.tables: list[pa.Table] = []
+
+    def update_manifest(self, **fields: Any) -> None:
+        self.manifest.update(fields)
+
+    def append(self, name: str, table: pa.Table) -> None:
+        self.tables.append(table)
+
+
+class _Recorder:
+    """What live.run needs of a recorder: observers, a writer, run()."""
+
+    def __init__(self, b: TraceBuilder) -> None:
+        self.writer = _Writer()
+        self.observers: list[Any] = []
+        self.b = b
+
+    def add_observer(self, fn: Any) -> None:
+        self.observers.append(fn)
+
+    def run(self) -> int:
+        for name in schema.TABLES:
+            if self.b.rows[name]:
+                t = pa.Table.from_pylist(self.b.rows[name],
+                                         schema=schema.table(name).arrow_schema)
+                for fn in self.observers:
+                    fn(name, t)
+        return 0
+
+
+def test_skipped_on_alert_commands_are_counted_in_the_manifest() -> None:
+    """A firing whose command did not run (the cap) is not lost silently: the
+    manifest counts them (live.on_alert_skipped) next to the expressions."""
+    from gputrace.live import LiveOptions, run
+
+    b = TraceBuilder()  # synthetic: 10 episodes at once
+    for pid in range(100, 110):
+        b.process(pid, f"p{pid}")
+        b.cuda_alloc(0.1, pid, MiB)
+    rec = _Recorder(b)
+    sleep = shutil.which("sleep")
+    assert run(rec, LiveOptions(alerts=["live_bytes>0"], on_alert=f"{sleep} 2")) == 0
+    assert rec.writer.manifest["live"] == {"alerts": ["live_bytes>0"],
+                                           "on_alert_skipped": 10 - MAX_CHILDREN}
+    assert len(pa.concat_tables(rec.writer.tables)) == 10  # every alert has its row

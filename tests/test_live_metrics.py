@@ -4,6 +4,10 @@ cardinality rule. Synthetic data (gputrace.builder)."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -12,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gputrace.builder import MiB, TraceBuilder
 from gputrace.errors import UsageError
 from gputrace.live.aggregates import Aggregates
-from gputrace.live.metrics import MetricsServer, parse_addr
+from gputrace.live.metrics import MAX_CONNECTIONS, MetricsServer, parse_addr
 from tests.test_live_aggregates import Clock, feed
 
 
@@ -99,10 +103,117 @@ def test_parse_addr_defaults_to_loopback(text: str, want: tuple[str, int]) -> No
     assert parse_addr(text) == want
 
 
-@pytest.mark.parametrize("text", ["", "x", "1:70000", "host:-1"])
+@pytest.mark.parametrize("text", ["", "x", "1:70000", "host:-1", "\u00b2", ":\u00b2",
+                                  "\u0661\u0662", "9\uff14\uff10\uff10", "0" * 5000])
 def test_parse_addr_rejects(text: str) -> None:
+    """Only ASCII digits make a port: int() reads "²" as an error (it was a traceback)
+    and Arabic-Indic or full-width digits as a number (it was port 12)."""
     with pytest.raises(UsageError, match="--metrics"):
         parse_addr(text)
+
+
+def _closed(c: socket.socket) -> bool:
+    """Has the server closed this connection (EOF or reset waiting to be read)?"""
+    c.setblocking(False)
+    try:
+        return c.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
+    finally:
+        c.setblocking(True)
+
+
+def _until(cond: object, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_half_sent_requests_hold_no_threads_and_time_out(agg: Aggregates) -> None:
+    """Guards the recorder against a local user holding many half-sent requests (the
+    blank line that ends a request never comes): one thread each grew the recorder
+    to 402 threads and cost a storm 51 k events. Now no connection gets a thread,
+    at most MAX_CONNECTIONS stay open (the oldest half-sent ones are closed to make
+    room), a normal scrape still answers, and the rest close when their time is up."""
+    srv = MetricsServer(agg.snapshot, "127.0.0.1", 0, timeout_s=2.0)
+    held: list[socket.socket] = []
+    try:
+        threads = threading.active_count()
+        for _ in range(200):
+            c = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
+            held.append(c)
+        s = scrape(srv.url)
+        assert one(s, "gputrace_live_bytes", pid="5", comm="p5", layer="api") == 5 * MiB
+        assert threading.active_count() == threads
+        assert _until(lambda: sum(not _closed(c) for c in held) <= MAX_CONNECTIONS, 1.5)
+        assert _until(lambda: all(_closed(c) for c in held), 5.0)  # timed out
+        assert one(scrape(srv.url), "gputrace_allocations_total", pid="3", layer="api") == 3
+    finally:
+        for c in held:
+            c.close()
+        srv.close()
+
+
+def test_trickled_request_is_closed_at_its_deadline(agg: Aggregates) -> None:
+    """Guards against a request sent a byte at a time: the time limit is the whole
+    connection's, not each read's, so trickling cannot hold a connection open."""
+    srv = MetricsServer(agg.snapshot, "127.0.0.1", 0, timeout_s=1.0)
+    c = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(OSError):  # the send that finds it closed
+            while time.monotonic() - t0 < 6:
+                c.sendall(b"X")
+                time.sleep(0.05)
+        assert time.monotonic() - t0 < 4
+    finally:
+        c.close()
+        srv.close()
+
+
+def test_scrapes_in_a_loop_render_once_per_interval(agg: Aggregates) -> None:
+    """Guards the recorder's share of the CPU: requests closer together than the
+    render interval get the same bytes, so a client scraping in a loop costs one
+    snapshot per interval, not one per request."""
+    calls = []
+
+    def snapshot():  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return agg.snapshot()
+
+    srv = MetricsServer(snapshot, "127.0.0.1", 0, min_interval_s=60)
+    try:
+        for _ in range(30):
+            scrape(srv.url)
+    finally:
+        srv.close()
+    assert len(calls) == 1
+
+
+def test_bad_requests_get_an_http_error(agg: Aggregates) -> None:
+    """Anything but GET/HEAD is refused, and a request head past the size limit
+    is answered and closed instead of buffered without end."""
+    srv = MetricsServer(agg.snapshot, "127.0.0.1", 0)
+    try:
+        req = urllib.request.Request(srv.url, data=b"x", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 405
+        req = urllib.request.Request(srv.url, headers={"X-Big": "a" * 20000})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 431
+        head = urllib.request.Request(srv.url, method="HEAD")
+        with urllib.request.urlopen(head, timeout=10) as r:
+            assert int(r.headers["Content-Length"]) > 0 and r.read() == b""
+    finally:
+        srv.close()
 
 
 def test_busy_port_is_a_usage_error(agg: Aggregates) -> None:

@@ -153,7 +153,7 @@ def test_driver_layer_off_without_device_files(tmp_path: Path) -> None:
     assert rec._driver_layer(str(tmp_path) + "/") is None
 
 
-@pytest.mark.parametrize("value", ["-1", "x", "65537", "1.5", ""])
+@pytest.mark.parametrize("value", ["-1", "x", "65537", "1.5", "", "\u00b2", "1" * 5000])
 def test_bad_spill_threshold_is_a_usage_error(tmp_path: Path, value: str) -> None:
     """GPUTRACE_SPILL_MIB (the writer backlog past which ioctl events are written raw)
     is checked before anything starts, as every option is."""
@@ -174,3 +174,32 @@ def test_spill_threshold_values(monkeypatch: pytest.MonkeyPatch) -> None:
     for text, want in (("0", 0), ("1", 1 << 20), ("65536", 65536 << 20)):
         monkeypatch.setenv("GPUTRACE_SPILL_MIB", text)
         assert spill_bytes() == want
+
+
+@pytest.mark.parametrize("value", ["\u0661\u0662", "\uff11", "\u00b2", " 1", "0" * 5000])
+def test_spill_threshold_is_ascii_digits(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """Only ASCII digits make GPUTRACE_SPILL_MIB: int() read Arabic-Indic "١٢" as 12
+    and full-width digits too, and raised on "²" (a traceback)."""
+    from gputrace.record.options import spill_bytes
+
+    monkeypatch.setenv("GPUTRACE_SPILL_MIB", value)
+    with pytest.raises(UsageError, match="GPUTRACE_SPILL_MIB="):
+        spill_bytes()
+
+
+@pytest.mark.parametrize(("args", "text"), [
+    (["--metrics", "\u00b2"], "--metrics: cannot read"),
+    (["--metrics", "\u0661\u0662"], "--metrics: cannot read"),
+    (["--metrics", "127.0.0.1:\u00b2"], "--metrics: cannot read"),
+    (["--alert", "drops>0", "--on-alert", 'a "b'], "--on-alert: cannot split"),
+    (["--alert", "drops>0", "--on-alert", "notify \\"], "--on-alert: cannot split"),
+])  # fmt: skip
+def test_live_options_refused_in_one_line(tmp_path: Path, args: list[str], text: str) -> None:
+    """A port in non-ASCII digits (a traceback for "²", port 12 for "١٢") and an
+    --on-alert shlex cannot split (a traceback) are one-line usage errors, before
+    anything is recorded."""
+    r = run("-o", str(tmp_path / "t"), *args, "--", "true")
+    _one_line_error(r, text)
+    assert "Traceback" not in r.stderr
+    assert r.returncode == 2
+    assert not (tmp_path / "t").exists()

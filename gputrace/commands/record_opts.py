@@ -54,5 +54,6 @@ AlertOpt = Annotated[
 OnAlertOpt = Annotated[
     str | None,
     typer.Option("--on-alert", metavar="CMD",
-                 help="Run CMD per alert, details in GPUTRACE_ALERT_* variables."),
+                 help="Run CMD per alert, details in GPUTRACE_ALERT_* variables "
+                      "(at most 4 at once; ended 5 s after the recording)."),
 ]

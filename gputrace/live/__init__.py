@@ -64,13 +64,15 @@ def run(recorder: Watchable, opts: LiveOptions) -> int:
             raise UsageError("--on-alert needs at least one --alert")
         return recorder.run()
     from gputrace.live.aggregates import Aggregates
-    from gputrace.live.alerts import Alerts, parse_alert
+    from gputrace.live.alerts import Alerts, parse_alert, parse_on_alert
     from gputrace.live.metrics import MetricsServer, parse_addr
 
     # every option is read before anything listens or records
     rules = [parse_alert(t) for t in opts.alerts]
     if opts.on_alert is not None and not rules:
         raise UsageError("--on-alert needs at least one --alert")
+    if opts.on_alert is not None:
+        parse_on_alert(opts.on_alert)
     addr = parse_addr(opts.metrics) if opts.metrics is not None else None
     if opts.view and not sys.stdout.isatty():
         raise UsageError("--live needs a terminal (use --metrics to watch from elsewhere)")
@@ -87,8 +89,11 @@ def run(recorder: Watchable, opts: LiveOptions) -> int:
         agg.observe(name, table)
         if rules:
             mark_layer(recorder, [r.text for r in rules])
+            skipped = alerts.skipped
             for f in alerts.evaluate(agg.snapshot()):
                 agg.note_alert(f.rule.metric)
+            if alerts.skipped != skipped:
+                note_skipped(recorder, [r.text for r in rules], alerts.skipped)
 
     add_observer(observe)
     server = MetricsServer(agg.snapshot, *addr) if addr is not None else None
@@ -133,3 +138,11 @@ def mark_layer(recorder: Any, rules: list[str]) -> None:
     layers = list(writer.manifest.get("layers", []))
     if "live" not in layers:
         writer.update_manifest(layers=[*layers, "live"], live={"alerts": rules})
+
+
+def note_skipped(recorder: Any, rules: list[str], skipped: int) -> None:
+    """Count in the manifest (`live.on_alert_skipped`) the alerts whose --on-alert
+    command did not run because as many as may run at once were still running."""
+    writer = _writer(recorder)
+    if writer is not None:
+        writer.update_manifest(live={"alerts": rules, "on_alert_skipped": skipped})

@@ -19,7 +19,8 @@ gone; the alert fires once, at the beginning. Firing prints one stderr line,
 appends one row to the trace's `alerts` table, and runs `--on-alert CMD` (split
 like a shell would split it, run without a shell, details in GPUTRACE_ALERT_*
 environment variables: traced text such as a process name never reaches a
-command line).
+command line). At most MAX_CHILDREN commands run at once (a firing past that runs
+none and is counted); at exit they get CLOSE_TIMEOUT_S in all, then are ended.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ import operator
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -60,6 +63,12 @@ METRICS = (*PROCESS_RATES, "live_bytes", "gpu_free", "gpu_largest_free", "fragme
            "drops")
 _EXPR = re.compile(r"\s*([a-z_]+)\s*(>=|<=|>|<)\s*(.+?)\s*")
 ENV_PREFIX = "GPUTRACE_ALERT_"
+MAX_CHILDREN = 4
+"""--on-alert commands running at once at most: an alert storm must not fork the
+host into the ground, nor leave the recorder waiting for hundreds at exit."""
+CLOSE_TIMEOUT_S = 5.0
+"""How long the recorder waits, in all, for --on-alert commands still running at exit."""
+KILL_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -194,16 +203,17 @@ class Alerts:
 
     def __init__(self, rules: list[Rule], on_alert: str | None = None,
                  write: Callable[[pa.Table], None] | None = None,
-                 err: Callable[[str], None] | None = None) -> None:
+                 err: Callable[[str], None] | None = None,
+                 max_children: int = MAX_CHILDREN) -> None:
         self.rules = rules
-        self.argv = shlex.split(on_alert) if on_alert else None
-        if on_alert is not None and not self.argv:
-            raise UsageError("--on-alert needs a command")
+        self.argv = parse_on_alert(on_alert) if on_alert is not None else None
         self.write = write
         self.err = err or (lambda s: print(s, file=sys.stderr, flush=True))
+        self.max_children = max_children
         self.active: set[tuple[int, tuple[Any, ...]]] = set()
         self.fired: list[Fired] = []
         self.children: list[subprocess.Popen[bytes]] = []
+        self.skipped = 0  # firings whose --on-alert did not run: max_children were running
 
     def evaluate(self, snap: Snapshot) -> list[Fired]:
         """Fire each condition that holds now and did not at the previous evaluation."""
@@ -228,6 +238,13 @@ class Alerts:
             self.write(rows_table([f]))
         if self.argv is not None:
             self._reap()
+            if len(self.children) >= self.max_children:
+                self.skipped += 1
+                if self.skipped == 1:
+                    self.err(f"gputrace: warning: --on-alert: {len(self.children)} commands "
+                             "still running: not run for this alert nor for any other "
+                             "while they run (counted in the manifest, live.on_alert_skipped)")
+                return
             try:
                 self.children.append(subprocess.Popen(
                     self.argv, env={**os.environ, **f.env()}, stdin=subprocess.DEVNULL,
@@ -239,12 +256,45 @@ class Alerts:
     def _reap(self) -> None:
         self.children = [c for c in self.children if c.poll() is None]
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Wait a little for --on-alert commands still running (they are not killed)."""
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Wait for the --on-alert commands still running, all of them together for at
+        most `timeout_s`; then end the rest (each one's process group: SIGTERM, and
+        SIGKILL a second later), so the recorder ends soon after its command."""
+        deadline = time.monotonic() + timeout_s
         for c in self.children:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                c.wait(timeout=timeout_s)
+                c.wait(timeout=max(deadline - time.monotonic(), 0.0))
         self._reap()
+        if self.children:
+            self.err(f"gputrace: warning: --on-alert: {len(self.children)} commands still "
+                     f"running {timeout_s:g} s after the recording: ended")
+            for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
+                for c in self.children:
+                    # started with start_new_session: its pid is its process group, and
+                    # it is not reaped yet, so the pid still names it
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(c.pid, sig)
+                deadline = time.monotonic() + grace
+                for c in self.children:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        c.wait(timeout=max(deadline - time.monotonic(), 0.0))
+                self._reap()
+                if not self.children:
+                    break
+        if self.skipped:
+            self.err(f"gputrace: --on-alert: not run for {self.skipped} alerts (at most "
+                     f"{self.max_children} run at once)")
+
+
+def parse_on_alert(text: str) -> list[str]:
+    """`--on-alert CMD` split as a shell would split it (it is run without one)."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as e:  # an unclosed quote, a trailing backslash
+        raise UsageError(f"--on-alert: cannot split {text!r}: {str(e).lower()}") from None
+    if not argv:
+        raise UsageError("--on-alert needs a command")
+    return argv
 
 
 def rows_table(fired: list[Fired]) -> pa.Table:

@@ -1,6 +1,7 @@
 """What does a Prometheus server scraping the recorder see? The running
-aggregates in the Prometheus text exposition format, served over HTTP by
-prometheus_client (read-only: every request gets the current values).
+aggregates in the Prometheus text exposition format, rendered by prometheus_client
+and served over HTTP by one thread of ours with bounded connections and timeouts
+(read-only: every request gets values at most MIN_RENDER_INTERVAL_S old).
 
 Names follow the Prometheus conventions: `gputrace_` prefix, base units in the
 name (bytes, seconds), `_total` on counters. Cardinality is bounded: per-process
@@ -13,12 +14,19 @@ docs/live.md lists every metric with its type and labels.
 
 from __future__ import annotations
 
+import contextlib
+import math
+import re
+import selectors
+import socket
+import sys
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -29,11 +37,22 @@ from prometheus_client.core import (
 from gputrace.errors import UsageError
 from gputrace.live.aggregates import LATENCY_BUCKETS_S
 from gputrace.live.snapshot import ProcView, Snapshot
+from gputrace.render.safe import printable
 
 TOP_PROCESSES = 20
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9400
 OTHER = "other"
+MAX_CONNECTIONS = 16
+"""Open connections at most: a scraper needs one, and each costs the recorder a
+file descriptor."""
+REQUEST_TIMEOUT_S = 5.0
+"""A connection's whole time to send its request and read the answer."""
+MAX_REQUEST_BYTES = 8192
+MIN_RENDER_INTERVAL_S = 0.5
+"""Requests closer together than this get the same rendered exposition."""
+LISTEN_BACKLOG = 64
+_PORT = re.compile(r"[0-9]{1,5}")
 
 
 def parse_addr(text: str) -> tuple[str, int]:
@@ -44,7 +63,8 @@ def parse_addr(text: str) -> tuple[str, int]:
     if not sep:
         host, port = "", t
     host = host.strip("[]") or DEFAULT_HOST
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
+    # ASCII digits only: int() would also read "²" (an error) or "١٢" (as 12)
+    if not _PORT.fullmatch(port) or not 0 <= int(port) <= 65535:
         raise UsageError(f"--metrics: cannot read {text!r} as [HOST:]PORT (port 0 to 65535)")
     return host, int(port)
 
@@ -204,18 +224,51 @@ class LiveCollector:
 
 
 class MetricsServer:
-    """The exposition endpoint: `http://HOST:PORT/metrics` (any path answers the same)."""
+    """The exposition endpoint: `http://HOST:PORT/metrics` (any path answers the same).
+
+    One thread serves every connection through a selector, so a client cannot make
+    the recorder grow threads: at most `max_connections` are open at once (past that
+    the oldest not being answered is closed, or the new one when all are being
+    answered), each has `timeout_s` in all to send its request and read the answer,
+    and a request is at most MAX_REQUEST_BYTES. The exposition is rendered at most
+    once per `min_interval_s` and the same bytes answer every request in between, so
+    scraping in a loop costs the recorder one render per interval, not one per request.
+    """
 
     def __init__(self, snapshot: Callable[[], Snapshot], host: str, port: int,
-                 top: int = TOP_PROCESSES) -> None:
+                 top: int = TOP_PROCESSES, *, max_connections: int = MAX_CONNECTIONS,
+                 timeout_s: float = REQUEST_TIMEOUT_S,
+                 min_interval_s: float = MIN_RENDER_INTERVAL_S) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(LiveCollector(snapshot, top))
+        self.max_connections = max_connections
+        self.timeout_s = timeout_s
+        self.min_interval_s = min_interval_s
         try:
-            self.server, self.thread = start_http_server(port, host, self.registry)
+            family, kind, proto, _, sockaddr = socket.getaddrinfo(
+                host, port, 0, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)[0]
+            self.listener = socket.socket(family, kind, proto)
         except OSError as e:
-            raise UsageError(f"--metrics {host}:{port}: cannot listen: {e.strerror}") from None
+            raise UsageError(f"--metrics {host}:{port}: cannot listen: {_why(e)}") from None
+        try:
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.listener.bind(sockaddr)
+            self.listener.listen(LISTEN_BACKLOG)
+            self.listener.setblocking(False)
+        except OSError as e:
+            self.listener.close()
+            raise UsageError(f"--metrics {host}:{port}: cannot listen: {_why(e)}") from None
         self.host = host
-        self.port = int(self.server.server_port)
+        self.port = int(self.listener.getsockname()[1])
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._conns: dict[socket.socket, _Conn] = {}
+        self._body = b""
+        self._rendered_at = -math.inf
+        self._warned = False
+        self.thread = threading.Thread(target=self._serve, name="gputrace-metrics",
+                                       daemon=True)  # fmt: skip
+        self.thread.start()
 
     @property
     def url(self) -> str:
@@ -223,8 +276,137 @@ class MetricsServer:
         return f"http://{h}:{self.port}/metrics"
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        t: Any = self.thread
-        if isinstance(t, threading.Thread):
-            t.join(timeout=5)
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+        self.thread.join(timeout=5)
+        self.listener.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # ------------------------------------------------------------ the server thread
+    def _serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self.listener, selectors.EVENT_READ)
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        try:
+            while True:
+                now = time.monotonic()
+                for sock in [s for s, c in self._conns.items() if c.deadline <= now]:
+                    self._drop(sel, sock)  # too slow: a half-sent request holds nothing
+                wait = min((c.deadline for c in self._conns.values()), default=now + 60)
+                for key, _mask in sel.select(max(wait - now, 0.0)):
+                    obj = key.fileobj
+                    if obj is self._wake_r:
+                        return
+                    if obj is self.listener:
+                        self._accept(sel)
+                    elif isinstance(obj, socket.socket) and obj in self._conns:
+                        self._step(sel, obj)
+        finally:
+            for sock in list(self._conns):
+                self._drop(sel, sock)
+            sel.close()
+
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        for _ in range(LISTEN_BACKLOG):  # what is queued now, not what keeps arriving
+            try:
+                sock, _addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return  # e.g. EMFILE: the next select tries again
+            sock.setblocking(False)
+            if len(self._conns) >= self.max_connections:
+                reading = [s for s, c in self._conns.items() if not c.out]
+                if not reading:
+                    sock.close()  # every slot is being answered: this one waits its turn
+                    continue
+                self._drop(sel, min(reading, key=lambda s: self._conns[s].deadline))
+            self._conns[sock] = _Conn(time.monotonic() + self.timeout_s)
+            sel.register(sock, selectors.EVENT_READ)
+
+    def _step(self, sel: selectors.BaseSelector, sock: socket.socket) -> None:
+        c = self._conns[sock]
+        try:
+            if c.out:
+                sent = sock.send(c.out)
+                c.out = c.out[sent:]
+                if not c.out:
+                    # Read what the client still sends until it closes: closing with
+                    # unread bytes would reset the connection, and the client could
+                    # lose the answer (a 405 to a POST with a body, a 431).
+                    sock.shutdown(socket.SHUT_WR)
+                    c.done = True
+                    sel.modify(sock, selectors.EVENT_READ)
+                return
+            data = sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(sel, sock)
+            return
+        if not data:
+            self._drop(sel, sock)
+            return
+        if c.done:
+            return
+        c.inbuf += data
+        end = c.inbuf.find(b"\r\n\r\n")
+        if end < 0 and len(c.inbuf) < MAX_REQUEST_BYTES:
+            return
+        c.out = memoryview(self._answer(bytes(c.inbuf[:end]) if end >= 0 else None))
+        sel.modify(sock, selectors.EVENT_WRITE)
+
+    def _drop(self, sel: selectors.BaseSelector, sock: socket.socket) -> None:
+        self._conns.pop(sock, None)
+        with contextlib.suppress(KeyError, ValueError):
+            sel.unregister(sock)
+        sock.close()
+
+    def _answer(self, head: bytes | None) -> bytes:
+        """The whole HTTP/1.1 response to a request head (None: too large)."""
+        if head is None:
+            return _response("431 Request Header Fields Too Large", b"request too large\n")
+        method = head.split(b" ", 1)[0]
+        if method not in (b"GET", b"HEAD"):
+            return _response("405 Method Not Allowed", b"GET or HEAD\n", b"Allow: GET, HEAD\r\n")
+        body = self._render()
+        if body is None:
+            return _response("500 Internal Server Error", b"metrics unavailable\n")
+        return _response("200 OK", body, content_type=CONTENT_TYPE_LATEST,
+                         head_only=method == b"HEAD")
+
+    def _render(self) -> bytes | None:
+        now = time.monotonic()
+        if now - self._rendered_at >= self.min_interval_s:
+            try:
+                self._body = generate_latest(self.registry)
+            except Exception as e:  # a bug here must not end the endpoint for good
+                if not self._warned:
+                    self._warned = True
+                    print(f"gputrace: warning: --metrics: cannot render: "
+                          f"{type(e).__name__}: {printable(str(e))}", file=sys.stderr,
+                          flush=True)  # fmt: skip
+                return None
+            self._rendered_at = now
+        return self._body
+
+
+@dataclass
+class _Conn:
+    deadline: float  # monotonic: closed then, whatever it is doing
+    inbuf: bytearray = field(default_factory=bytearray)
+    out: memoryview | bytes = b""  # the response left to send (empty: not sending)
+    done: bool = False  # answered: what it sends now is read and dropped
+
+
+def _why(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+def _response(status: str, body: bytes, extra: bytes = b"", *,
+              content_type: str = "text/plain; charset=utf-8",
+              head_only: bool = False) -> bytes:
+    head = (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n").encode() + extra
+    return head + b"\r\n" + (b"" if head_only else body)
