@@ -140,7 +140,7 @@ def test_registered_only_inside_the_block() -> None:
     before = list(registry.REPORTS)
     with registered(TOY):
         assert registry.REPORTS[-1] is TOY
-    assert registry.REPORTS == before
+    assert before == registry.REPORTS
 
 
 def test_toy_report_in_html(toy: None, tmp_path: Path) -> None:
