@@ -262,3 +262,14 @@ def test_no_report_repeats_its_layer_list() -> None:
         for path in root.glob("*.py"):
             if path.name != "registry.py":
                 assert f"[{listed}]" not in path.read_text(), (spec.name, path.name)
+
+
+def test_every_named_section_resolves() -> None:
+    """Each terminal and HTML section a registry entry names is a function that exists
+    (a misspelt "module:function" fails here, not in a user's report)."""
+    from gputrace.analyses.report_spec import resolve
+
+    for spec in registry.REPORTS:
+        for path in (spec.terminal, spec.terminal_by_layer, *spec.html):
+            if path is not None:
+                assert callable(resolve(path)), (spec.name, path)

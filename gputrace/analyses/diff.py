@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gputrace.analyses import registry
+from gputrace.analyses.report import REPORT_FIELDS
 from gputrace.analyses.report_spec import DiffTable, ReportSpec
 
 Key = tuple[Any, ...]
@@ -65,9 +66,6 @@ def _compare(names: tuple[str, ...], before: dict[Key, dict[str, Any]],
 def _leak_total(doc: dict[str, Any]) -> int | None:
     leaks = doc.get("leaks") or {}
     return leaks.get("total_bytes") if leaks.get("recorded") else None
-
-
-REPORT_FIELDS = ("question", "recorded", "not_recorded_layers", "warnings")
 
 
 def tables() -> list[tuple[ReportSpec, DiffTable]]:

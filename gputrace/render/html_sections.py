@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from gputrace.analyses import registry
+from gputrace.analyses.report import REPORT_FIELDS
 from gputrace.analyses.report_spec import ReportSpec, resolve
 from gputrace.render import html_plots as plots
 from gputrace.render.html import Page, esc, human_bytes, not_recorded, num, table, text
-
-REPORT_FIELDS = ("question", "recorded", "not_recorded_layers", "warnings")
 
 
 def _missing(rep: dict[str, Any] | None, what: str) -> str | None:

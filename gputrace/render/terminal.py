@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.text import Text
 
 from gputrace.analyses import registry
+from gputrace.analyses.report import REPORT_FIELDS
 from gputrace.analyses.report_spec import resolve
 from gputrace.render.cells import human_bytes, num, plain, us
 from gputrace.render.safe import printable_tree
@@ -48,9 +49,6 @@ def summary_section(con: Console, d: dict[str, Any], limit: int) -> None:
             ("peak_share", "peak share", num), ("full", "full", num)], limit)
         con.print(Text(f"imbalance across GPUs (max / mean): peak {num(g['imbalance_peak'])}, "
                        f"end {num(g['imbalance_end'])}"))
-
-
-REPORT_FIELDS = ("question", "recorded", "not_recorded_layers", "warnings")
 
 
 def _generic(con: Console, d: dict[str, Any], limit: int) -> None:
