@@ -4,14 +4,21 @@ Input: each trace's report document (`analyze --format json`) and its leaked
 bytes by call stack (`stacks_by_bytes.folded_stacks`). Process ids differ from run
 to run, so processes are matched by (layer, comm) and leak sites by (layer,
 comm, frames); GPUs by index; fault rates by (source, access type, GPU);
-ioctl commands by (name, device, GPU). Only what differs is listed: two
-traces of identical behaviour give `changed: false` and empty lists.
+ioctl commands by (name, device, GPU). Which tables there are, and what each
+matches and compares, is each report's registry entry (`ReportSpec.diff`); a report
+that declares none is compared on its top-level figures, and one that declares `()` is
+listed in `not_compared`. Only what differs is listed: two traces of identical
+behaviour give `changed: false` and empty lists.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from gputrace.analyses import registry
+from gputrace.analyses.report import REPORT_FIELDS
+from gputrace.analyses.report_spec import DiffTable, ReportSpec
 
 Key = tuple[Any, ...]
 
@@ -61,56 +68,53 @@ def _leak_total(doc: dict[str, Any]) -> int | None:
     return leaks.get("total_bytes") if leaks.get("recorded") else None
 
 
+def tables() -> list[tuple[ReportSpec, DiffTable]]:
+    """Every table of the diff document with its report, in registry order: each report's
+    declared tables, and for a report that declares none its top-level figures (path
+    `()`, one row per figure)."""
+    return [(spec, t) for spec in registry.REPORTS
+            for t in (spec.diff if spec.diff is not None
+                      else (DiffTable(spec.key, spec.title, (), ("field",), ("value",)),))]
+
+
+def not_compared() -> list[str]:
+    """The reports `gputrace diff` does not compare (their entries say so)."""
+    return [s.name for s in registry.REPORTS if s.diff == ()]
+
+
+def _rows(spec: ReportSpec, t: DiffTable, doc: dict[str, Any],
+          stacks: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
+    """Table `t`'s rows of one trace, by key."""
+    if t.path == ("@stacks",):
+        rows: Any = [dict(r, stack=" < ".join(r["frames"][::-1])) for r in stacks]
+    else:
+        rows = doc.get(spec.key) or {}
+        if not t.path:  # the report's own figures, one row each
+            return {(k,): {"value": v} for k, v in rows.items() if k not in REPORT_FIELDS
+                    and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for step in t.path:
+            rows = (rows or {}).get(step)
+    rows = rows or []
+    if not t.add_up:  # several rows of one key never occur there; no sums of quantiles
+        return {tuple(r.get(k) for k in t.keys): {f: r.get(f) for f in t.fields}
+                for r in rows}
+    return _index(rows, lambda r: tuple(r.get(k) for k in t.keys),
+                  lambda r: {f: r.get(f) for f in t.fields})
+
+
 def diff(before: dict[str, Any], after: dict[str, Any], before_stacks: list[dict[str, Any]],
          after_stacks: list[dict[str, Any]]) -> dict[str, Any]:
     """The changes from `before` to `after` (report documents and their leak stacks)."""
-    def sites(stacks: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
-        return _index(stacks, lambda r: (r["layer"], r["comm"], " < ".join(r["frames"][::-1])),
-                      lambda r: {"bytes": r["bytes"], "count": r["count"]})
-
-    def procs(doc: dict[str, Any]) -> dict[Key, dict[str, Any]]:
-        rows = (doc.get("summary") or {}).get("processes") or []
-        return _index(rows, lambda r: (r["layer"], r["comm"]),
-                      lambda r: {"peak_bytes": r["peak_bytes"],
-                                 "live_end_bytes": r["live_end_bytes"]})
-
-    def gpus(doc: dict[str, Any]) -> dict[Key, dict[str, Any]]:
-        rows = ((doc.get("summary") or {}).get("gpus") or {}).get("gpus") or []
-        return _index(rows, lambda r: (r["gpu_index"],),
-                      lambda r: {"peak_bytes": r["peak_bytes"], "end_bytes": r["end_bytes"]})
-
-    def rates(doc: dict[str, Any]) -> dict[Key, dict[str, Any]]:
-        rows = (doc.get("fault_rate") or {}).get("rates") or []
-        return _index(rows, lambda r: (r["source"], r["access_type"], r["gpu_index"]),
-                      lambda r: {"faults": r["faults"], "mean_per_s": r["mean_per_s"],
-                                 "peak_per_s": r["peak_per_s"]})
-
-    def ioctls(doc: dict[str, Any]) -> dict[Key, dict[str, Any]]:
-        rows = (doc.get("summary") or {}).get("ioctls") or []
-        qs = ("count", "failed", "latency_ns_p50", "latency_ns_p90", "latency_ns_p99",
-              "latency_ns_max")
-        # several rows of one key never occur (the summary groups by it); no sums of quantiles
-        return {(r["name"], r["device"], r["gpu_index"]): {q: r[q] for q in qs} for r in rows}
-
-    out: dict[str, Any] = {
-        "leak_bytes": _delta(_leak_total(before), _leak_total(after)),
-        "leak_sites": _compare(("layer", "comm", "stack"), sites(before_stacks),
-                               sites(after_stacks), ("bytes", "count")),
-        "process_peaks": _compare(("layer", "comm"), procs(before), procs(after),
-                                  ("peak_bytes", "live_end_bytes")),
-        "gpu_peaks": _compare(("gpu_index",), gpus(before), gpus(after),
-                              ("peak_bytes", "end_bytes")),
-        "fault_rates": _compare(("source", "access_type", "gpu_index"), rates(before),
-                                rates(after), ("faults", "mean_per_s", "peak_per_s")),
-        "ioctl_latency": _compare(("name", "device", "gpu_index"), ioctls(before),
-                                  ioctls(after), ("count", "failed", "latency_ns_p50",
-                                                  "latency_ns_p90", "latency_ns_p99",
-                                                  "latency_ns_max")),
-    }
+    out: dict[str, Any] = {"leak_bytes": _delta(_leak_total(before), _leak_total(after))}
+    names = []
+    for spec, t in tables():
+        out[t.name] = _compare(t.keys, _rows(spec, t, before, before_stacks),
+                               _rows(spec, t, after, after_stacks), t.fields)
+        names.append(t.name)
     lb = out["leak_bytes"]
     out["changed"] = bool(lb["delta"] or lb["before"] != lb["after"]
-                          or any(out[k] for k in ("leak_sites", "process_peaks", "gpu_peaks",
-                                                  "fault_rates", "ioctl_latency")))
+                          or any(out[n] for n in names))
+    out["not_compared"] = not_compared()
     return out
 
 

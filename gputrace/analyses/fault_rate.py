@@ -42,10 +42,12 @@ from gputrace.analyses.fault_windows import gpu_windows, rates, windows
 from gputrace.analyses.helpers.common import NS_PER_S, records
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.oversubscription import oversubscription
-from gputrace.analyses.report import Report, not_recorded
+from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.report import Report
 from gputrace.analyses.thrashing import thrashing
 
-QUESTION = "How often does managed memory fault, and does it thrash or oversubscribe the GPU?"
+SPEC = spec("fault-rate")
+QUESTION = SPEC.question
 
 
 TOP = 10
@@ -57,9 +59,8 @@ def fault_rate(inp: Inputs, *, window_s: float = 1.0, min_reversals: int = 3,
     warnings = trace_warnings(inp)
     gpu = inp.has("driver") or inp.has("uvm_tools")
     tools = inp.has("uvm_tools")
-    if not gpu and not inp.has("cpu_faults"):
-        return not_recorded("fault-rate", QUESTION, ["cpu_faults", "driver", "uvm_tools"],
-                            warnings)
+    if (absent := unrecorded(SPEC, inp, warnings)) is not None:
+        return absent
     if not gpu:
         warnings.append("fault-rate: driver layers (driver, uvm_tools) not recorded: "
                         "neither in-kernel driver hooks (driver) nor the driver's UVM tools "
@@ -120,5 +121,6 @@ def fault_rate(inp: Inputs, *, window_s: float = 1.0, min_reversals: int = 3,
         "oversubscription": oversubscription(inp, res if gpu else None),
         "uvm_counters": records(cnt) if tools else None,
     }
-    missing = [x for x in ("driver", "uvm_tools") if not inp.has(x)] if not gpu else []
+    # without a GPU layer the rest of its layers (cpu_faults is there) are missing
+    missing = [x for x in SPEC.layers if not inp.has(x)] if not gpu else []
     return Report("fault-rate", QUESTION, True, data, missing, warnings)

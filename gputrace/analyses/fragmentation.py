@@ -17,22 +17,24 @@ from typing import Any
 
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.pmm_chunks import chunk_section
-from gputrace.analyses.report import Report, not_recorded
+from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.report import Report
 from gputrace.analyses.rm_fragmentation import rm_section
 
-QUESTION = "Is free GPU memory usable, or scattered into pieces too small for 2 MiB chunks?"
+SPEC = spec("fragmentation")
+QUESTION = SPEC.question
 
 
 def fragmentation(inp: Inputs) -> Report:
     """The fragmentation report: RM samples (layer rm_query) and PMM chunks (driver)."""
     warnings = trace_warnings(inp)
     rm, pmm = inp.has("rm_query"), inp.has("driver")
-    if not rm and not pmm:
-        return not_recorded("fragmentation", QUESTION, ["driver", "rm_query"], warnings)
+    if (absent := unrecorded(SPEC, inp, warnings)) is not None:
+        return absent
     data: dict[str, Any] = {"rm": rm_section(inp, warnings) if rm else None}
     if pmm:
         data.update(chunk_section(inp, warnings))
     else:
         data.update(gpus=None, reservations=None)
-    missing = [x for x, on in (("driver", pmm), ("rm_query", rm)) if not on]
+    missing = [x for x in SPEC.layers if not inp.has(x)]
     return Report("fragmentation", QUESTION, True, data, missing, warnings)

@@ -26,11 +26,13 @@ from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.rm_objects import VIRTUAL_LAYER
 from gputrace.analyses.helpers.stacks import stack_frames
 from gputrace.analyses.leaks_joined import joined_part, joined_report
-from gputrace.analyses.report import Report, not_recorded
+from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.report import Report
 
 __all__ = ["LeakOptions", "classify", "leak_part", "leaks", "with_exits"]
 
-QUESTION = "What memory was never freed, by whom, and is any process's memory growing?"
+SPEC = spec("leaks")
+QUESTION = SPEC.question
 FIELDS = ["layer", "pid", "comm", "kind", "id", "size_bytes", "alloc_ts_ns", "stack_id",
           "what", "age_s"]
 
@@ -94,12 +96,11 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
           parts: list[dict[str, pl.DataFrame]] | None = None) -> Report:
     """The leak report, from the `leak_part` of each pid slice (computed when not given)."""
     o = opts or LeakOptions()
-    layers = recorded_layers(inp)
     warnings = trace_warnings(inp)
-    missing = sorted({"api" if k == "api" else "syscall" for k, v in layers.items() if not v})
-    if not any(layers.values()):
-        return not_recorded("leaks", QUESTION, missing, warnings,
-                            {"allocations": [], "total_bytes": None})
+    if (absent := unrecorded(SPEC, inp, warnings)) is not None:
+        return absent
+    layers = recorded_layers(inp)
+    missing = [x for x in SPEC.layers if not inp.has(x)]
     if parts is None:
         parts = per_slice(inp, {"leaks": lambda sl: leak_part(sl, o)})["leaks"]
     allocs = pl.concat([p["allocations"] for p in parts]).sort(

@@ -1,10 +1,12 @@
 """The one list of `gputrace analyze` reports, and what each one is.
 
 `REPORTS` is read by everything that enumerates reports: the CLI (`--only` names,
-`--fail-on` conditions), the JSON document (one key per report), the terminal
-renderer (one section per report, in this order), the HTML, diff and fleet paths
-(through `run_reports`), the tests and benchmarks/analyze/bench.py. Adding a report
-is one entry here plus its own module; nothing else enumerates reports.
+`--fail-on` conditions), the JSON document (one key per report), the "not recorded"
+report (`unrecorded`, from each entry's layers), the terminal and HTML renderers (each
+entry's sections, or the generic one), `gputrace diff` (each entry's tables), `fleet
+analyze` (what each entry aggregates, or why not), the tests and
+benchmarks/analyze/bench.py. Adding a report is one entry here plus its own module;
+nothing else enumerates reports.
 
 Spellings: `name` is the CLI spelling (`--only fault-rate`, docs/analyses/<name>.md);
 `key` is the report's key in the JSON document, a stable contract (docs/json-report.md):
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gputrace.analyses import fail_on
-from gputrace.analyses.report_spec import Gate, ReportOptions, ReportSpec
+from gputrace.analyses.report_spec import DiffTable, FleetUse, Gate, ReportOptions, ReportSpec
 
 if TYPE_CHECKING:
     from gputrace.analyses.helpers.inputs import Inputs
@@ -115,19 +117,78 @@ def _fragmentation(ctx: Context) -> Report:
     return fragmentation(ctx.inp)
 
 
+_SECTIONS = "gputrace.render.html_sections"
+
 REPORTS: list[ReportSpec] = [
-    ReportSpec("leaks", "leaks", "Leaks", ("api", "syscall"), _leaks, _leaks_part,
-               (Gate("leaks", fail_on.leaks_hit), Gate("growth", fail_on.growth_hit))),
-    ReportSpec("fault-rate", "fault_rate", "Fault rate", ("cpu_faults", "driver", "uvm_tools"),
-               _fault_rate, gates=(Gate("thrashing", fail_on.thrashing_hit,
-                                        blind=fail_on.thrashing_blind),)),
-    ReportSpec("fragmentation", "fragmentation", "Fragmentation", ("driver", "rm_query"),
-               _fragmentation,
-               gates=(Gate("fragmentation", fail_on.fragmentation_hit, threshold=True),)),
-    ReportSpec("summary", "summary", "Summary", ("api", "driver", "syscall"), _summary,
-               _summary_part, prepare=_pmm),
+    ReportSpec(
+        "leaks", "leaks", "Leaks",
+        "What memory was never freed, by whom, and is any process's memory growing?",
+        ("api", "syscall"), _leaks, _leaks_part,
+        (Gate("leaks", fail_on.leaks_hit), Gate("growth", fail_on.growth_hit)),
+        unrecorded_data={"allocations": [], "total_bytes": None},
+        terminal="gputrace.render.leak_sections:leaks_section",
+        terminal_by_layer="gputrace.render.leak_sections:leaks_by_layer_section",
+        html=(f"{_SECTIONS}:live_bytes", f"{_SECTIONS}:leak_sites"),
+        diff=(DiffTable("leak_sites", "Leak sites (leaked bytes by call stack)", ("@stacks",),
+                        ("layer", "comm", "stack"), ("bytes", "count"), is_bytes=True),),
+        fleet=FleetUse(answers=("leaks",))),
+    ReportSpec(
+        "fault-rate", "fault_rate", "Fault rate",
+        "How often does managed memory fault, and does it thrash or oversubscribe the GPU?",
+        ("cpu_faults", "driver", "uvm_tools"), _fault_rate,
+        gates=(Gate("thrashing", fail_on.thrashing_hit, blind=fail_on.thrashing_blind),),
+        terminal="gputrace.render.driver_sections:fault_rate_section",
+        html=(f"{_SECTIONS}:fault_rate",),
+        diff=(DiffTable("fault_rates", "Fault rates", ("rates",),
+                        ("source", "access_type", "gpu_index"),
+                        ("faults", "mean_per_s", "peak_per_s")),),
+        fleet=FleetUse(answers=("gpus", "fault_rate"))),
+    ReportSpec(
+        "fragmentation", "fragmentation", "Fragmentation",
+        "Is free GPU memory usable, or scattered into pieces too small for 2 MiB chunks?",
+        ("driver", "rm_query"), _fragmentation,
+        gates=(Gate("fragmentation", fail_on.fragmentation_hit, threshold=True),),
+        terminal="gputrace.render.driver_sections:fragmentation_section",
+        html=(f"{_SECTIONS}:fragmentation",),
+        diff=(),  # per-GPU samples over time: no figure of one trace pairs with another's
+        fleet=FleetUse(answers=("gpus",))),
+    ReportSpec(
+        "summary", "summary", "Summary",
+        "Which driver calls cost what, and who holds how much GPU memory, on which GPU?",
+        ("api", "driver", "syscall"), _summary, _summary_part, prepare=_pmm,
+        terminal="gputrace.render.terminal:summary_section",
+        html=(f"{_SECTIONS}:gpu_bytes", f"{_SECTIONS}:ioctl_latency"),
+        diff=(DiffTable("process_peaks", "Peak per process", ("processes",), ("layer", "comm"),
+                        ("peak_bytes", "live_end_bytes"), is_bytes=True),
+              DiffTable("gpu_peaks", "Peak per GPU", ("gpus", "gpus"), ("gpu_index",),
+                        ("peak_bytes", "end_bytes"), is_bytes=True),
+              DiffTable("ioctl_latency", "ioctl latency per command", ("ioctls",),
+                        ("name", "device", "gpu_index"),
+                        ("count", "failed", "latency_ns_p50", "latency_ns_p90",
+                         "latency_ns_p99", "latency_ns_max"),
+                        shown=("count", "latency_ns_p50", "latency_ns_p99", "latency_ns_max"),
+                        add_up=False)),
+        fleet=FleetUse(why_not="per-process and per-GPU figures of one trace: pids and GPU "
+                               "indices name different things on different hosts")),
 ]
-"""Every report, in the order the CLI, JSON document and terminal list them."""
+"""Every report, in the order the CLI, JSON document, terminal, HTML page, diff and
+fleet documents list them."""
+
+
+def spec(name: str) -> ReportSpec:
+    """The entry of the report whose CLI name is `name`."""
+    return next(s for s in REPORTS if s.name == name)
+
+
+def unrecorded(entry: ReportSpec, inp: Inputs, warnings: list[str]) -> Report | None:
+    """The report of `entry` when the trace holds none of its layers (None when it holds
+    one, or the report reads none): the one place that says "not recorded"."""
+    from gputrace.analyses.report import not_recorded
+
+    if not entry.layers or any(inp.has(layer) for layer in entry.layers):
+        return None
+    return not_recorded(entry.name, entry.question, list(entry.layers), warnings,
+                        dict(entry.unrecorded_data))
 
 
 def names() -> list[str]:

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+REPORT_FIELDS = ("question", "recorded", "not_recorded_layers", "warnings")
+"""The keys `Report.to_json` adds to every report's figures."""
+
 
 @dataclass
 class Report:

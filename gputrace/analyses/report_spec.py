@@ -1,11 +1,16 @@
 """What is a report, to the registry: its entry (`ReportSpec`), its `--fail-on`
-conditions (`Gate`) and the options reports read (`ReportOptions`).
+conditions (`Gate`), how `gputrace diff` compares it (`DiffTable`), how `fleet analyze`
+aggregates it (`FleetUse`) and the options reports read (`ReportOptions`).
+
+An entry names its renderers' sections as "module:function" strings (`resolve` imports
+them when a renderer runs), so the registry is read without loading rich or plotly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -43,13 +48,47 @@ class Gate:
 
 
 @dataclass(frozen=True)
+class DiffTable:
+    """One table of `gputrace diff`: the rows at `path` in the report's JSON object (or the
+    leaked bytes by call stack, `path == ("@stacks",)`), matched across the two traces by
+    `keys` and compared on `fields`; `shown` the fields the tables print (None: all)."""
+
+    name: str
+    """Its key in the diff document."""
+    title: str
+    path: tuple[str, ...]
+    keys: tuple[str, ...]
+    fields: tuple[str, ...]
+    shown: tuple[str, ...] | None = None
+    is_bytes: bool = False
+    """Its figures are bytes (a `count` field never is)."""
+    add_up: bool = True
+    """Several rows of one key (pids of one name) are added up; False where they never
+    occur and the figures are quantiles, which do not add."""
+
+
+@dataclass(frozen=True)
+class FleetUse:
+    """How `gputrace fleet analyze` aggregates a report over traces: the fleet document
+    keys computed from it (`answers`, by gputrace/fleet/reports.py), the numeric fields
+    added up over the traces that recorded it (`sums`, in `report_totals`), or, with
+    neither, why it is not aggregated (listed in `not_aggregated`)."""
+
+    answers: tuple[str, ...] = ()
+    sums: tuple[str, ...] = ()
+    why_not: str = "no fleet aggregation declared"
+
+
+@dataclass(frozen=True)
 class ReportSpec:
-    """One report: its spellings, the trace layers it reads (any of them), the steps
-    that compute it, and its `--fail-on` conditions."""
+    """One report: its spellings, the question it answers, the trace layers it reads (any
+    of them: with none recorded it is not recorded, see `registry.unrecorded`), the steps
+    that compute it, its `--fail-on` conditions, and how each output shows it."""
 
     name: str
     key: str
     title: str
+    question: str
     layers: tuple[str, ...]
     run: Callable[[Context], Report]
     part: Callable[[Context, Slice], Any] | None = None
@@ -57,3 +96,22 @@ class ReportSpec:
     gates: tuple[Gate, ...] = ()
     prepare: Callable[[Context], Any] | None = None
     """Run before any report: what its part needs, computed before the slices hold memory."""
+    unrecorded_data: Mapping[str, Any] = field(default_factory=dict)
+    """Its figures when none of its layers was recorded (absent, never zeros)."""
+    terminal: str | None = None
+    """Its terminal section, "module:function" (None: the generic one)."""
+    terminal_by_layer: str | None = None
+    """Its section under `analyze --by-layer` (None: `terminal`)."""
+    html: tuple[str, ...] = ()
+    """Its HTML sections, "module:function", in page order (none: the generic one)."""
+    diff: tuple[DiffTable, ...] | None = None
+    """How `gputrace diff` compares it: its tables; None: every numeric figure at its top
+    level; (): not compared (listed as such in the diff document)."""
+    fleet: FleetUse = FleetUse()
+
+
+def resolve(path: str) -> Callable[..., Any]:
+    """The function a registry entry names as "module:function"."""
+    module, _, name = path.partition(":")
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return fn

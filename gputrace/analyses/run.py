@@ -45,7 +45,10 @@ def run_reports(inp: Inputs, names: list[str] | None = None,
     reports: dict[str, Report | None] = {}
     for spec in specs:
         step(spec.name)
-        reports[spec.name] = spec.run(ctx)
+        # a report none of whose layers is in the trace never runs: it is "not recorded"
+        # from its registry entry, whatever its own steps would do
+        absent = registry.unrecorded(spec, inp, trace_warnings(inp))
+        reports[spec.name] = absent if absent is not None else spec.run(ctx)
     facts = {"status": inp.status, "layers": sorted(inp.layers), "synthetic": inp.synthetic,
              "start_ts_ns": inp.start_ns, "end_ts_ns": inp.end_ns,
              "duration_s": (inp.end_ns - inp.start_ns) / 1e9, "drops": dict(inp.drops),

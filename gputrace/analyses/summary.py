@@ -24,9 +24,11 @@ from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS
 from gputrace.analyses.helpers.packed_keys import Field, Packing
 from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.scans import few_row_groups_ahead
-from gputrace.analyses.report import Report, not_recorded
+from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.report import Report
 
-QUESTION = "Which driver calls cost what, and who holds how much GPU memory, on which GPU?"
+SPEC = spec("summary")
+QUESTION = SPEC.question
 
 
 def ioctl_stats(ioctls: pl.LazyFrame, commands: pl.DataFrame | None = None) -> pl.LazyFrame:
@@ -215,8 +217,8 @@ def summary(inp: Inputs, parts: list[dict[str, pl.DataFrame]] | None = None,
     """The summary report, from the `summary_part` of each pid slice (computed when not
     given; `pmm` must then be `pmm_gpus(inp)` and the parts' `rm_gpu` follow it)."""
     warnings = trace_warnings(inp)
-    if not (inp.has("syscall") or inp.has("api") or inp.has("driver")):
-        return not_recorded("summary", QUESTION, ["api", "driver", "syscall"], warnings)
+    if (absent := unrecorded(SPEC, inp, warnings)) is not None:
+        return absent
     if parts is None:
         pmm = pmm_gpus(inp)
         step = functools.partial(summary_part, rm_gpu=pmm is None)
@@ -232,7 +234,7 @@ def summary(inp: Inputs, parts: list[dict[str, pl.DataFrame]] | None = None,
         gpus = None
         warnings.append("summary: per-GPU memory needs PMM chunk events (driver layer) or "
                         "RM allocations with a known GPU; none in this trace")
-    missing = [x for x in ("syscall", "api", "driver") if not inp.has(x)]
+    missing = [x for x in SPEC.layers if not inp.has(x)]
     data = {
         "ioctls": records(io) if inp.has("syscall") else None,
         "processes": records(procs),

@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
             "--allocated", help="--format folded: all allocated bytes, not only leaked.")
         ] = False,
     ) -> None:
-        """Leak, fault-rate, fragmentation and summary reports."""
+        """The reports of the registry (see --only) over a saved trace."""
         from gputrace.analyses.helpers.common import NS_PER_S
         from gputrace.analyses.helpers.inputs import inputs_from_trace
         from gputrace.analyses.run import gate_hits, unmeasured

@@ -67,3 +67,10 @@ def render_fleet_terminal(doc: dict[str, Any], out: TextIO) -> None:
     _table(out, ["host", "date", "trace", "why"],
            [[f["host"], f["date"], f["trace_id"], "; ".join(f["reasons"])]
             for f in doc["flagged"]])
+    if doc["report_totals"]:
+        out.write("\nReport totals (over the traces that recorded each report)\n")
+        _table(out, ["report", "traces", "figure", "total"],
+               [[key, t["traces"], f, v] for key, t in doc["report_totals"].items()
+                for f, v in t.items() if f != "traces"])
+    out.write("\nReports not aggregated across traces\n")
+    _table(out, ["report", "why"], [[r["report"], r["why"]] for r in doc["not_aggregated"]])

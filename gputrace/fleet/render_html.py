@@ -56,6 +56,14 @@ def render_fleet_html(doc: dict[str, Any]) -> str:
          [("host", "host", text), ("date", "date", text), ("trace_id", "trace", text),
           ("reasons", "why", _reasons)]),
     ]
+    totals = [{"report": key, "traces": t["traces"], "figure": f, "total": v}
+              for key, t in doc["report_totals"].items() for f, v in t.items() if f != "traces"]
+    if totals:
+        sections.append(("Report totals", totals,
+                         [("report", "report", text), ("traces", "traces", num),
+                          ("figure", "figure", text), ("total", "total", num)]))
+    sections.append(("Reports not aggregated across traces", doc["not_aggregated"],
+                     [("report", "report", text), ("why", "why", text)]))
     for title, rows, cols in sections:
         page.section(title, None, None, table(rows, cols))
     return page.html()

@@ -6,6 +6,10 @@ oversubscription, the fault rate, drops and status. `merge` is associative and
 commutative (the engine may combine partials in any tree); lists ranked by a
 figure unique to one trace (a job, a GPU) are cut to the top N at every merge,
 which loses nothing: the fleet's top N is among the top N of the parts.
+
+Which reports feed which fleet answers is their registry entries' `FleetUse`: the
+answers above read the reports that name them, and a report that declares `sums` has
+those figures added up over the traces that recorded it (`totals`), whatever it is.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from typing import Any
 
 import polars as pl
 
+from gputrace.analyses import registry
+
 EMPTY: dict[str, Any] = {"traces": 0, "leak_bytes": 0, "leak_count": 0, "jobs": [],
-                         "sites": {}, "gpus": [], "rows": [], "reports": []}
+                         "sites": {}, "gpus": [], "rows": [], "reports": [], "totals": {}}
 _TRACE_KEYS = ("trace_id", "host", "date", "driver_version", "gpu_model", "status")
 
 
@@ -24,6 +30,20 @@ def flags(status: str, dropped: int) -> list[str]:
     """Why a trace's figures are lower bounds: unfinished recording, lost events."""
     out = [] if status == "complete" else [f"status {status}"]
     return out + ([f"{dropped} events dropped"] if dropped else [])
+
+
+def report_totals(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Of each report whose entry declares fleet `sums`: whether this trace recorded it
+    (`traces`: 1 or 0) and those figures (0 when absent or not numbers)."""
+    out = {}
+    for spec in registry.REPORTS:
+        if spec.fleet.sums:
+            rep = doc.get(spec.key) or {}
+            on = bool(rep.get("recorded"))
+            out[spec.key] = {"traces": int(on), **{
+                f: v if on and isinstance(v := rep.get(f), (int, float))
+                and not isinstance(v, bool) else 0 for f in spec.fleet.sums}}
+    return out
 
 
 def trace_partial(entry: dict[str, Any], doc: dict[str, Any], procs: pl.DataFrame,
@@ -79,7 +99,8 @@ def trace_partial(entry: dict[str, Any], doc: dict[str, Any], procs: pl.DataFram
     return {"traces": 1, "leak_bytes": int(leaks.get("total_bytes") or 0),
             "leak_count": int(leaks.get("total_count") or 0), "jobs": list(jobs.values()),
             "sites": sites, "gpus": list(gpus.values()), "rows": [row],
-            "reports": [{**where, "report": doc}] if keep_report else []}
+            "reports": [{**where, "report": doc}] if keep_report else [],
+            "totals": report_totals(doc)}
 
 
 def _top(rows: list[dict[str, Any]], key: str, n: int | None) -> list[dict[str, Any]]:
@@ -91,7 +112,7 @@ def _top(rows: list[dict[str, Any]], key: str, n: int | None) -> list[dict[str, 
 
 def merge(parts: Iterable[dict[str, Any]], top: int | None) -> dict[str, Any]:
     """One partial of many (the engine's reduce step)."""
-    out: dict[str, Any] = {**EMPTY, "sites": {}}
+    out: dict[str, Any] = {**EMPTY, "sites": {}, "totals": {}}
     jobs: list[dict[str, Any]] = []
     gpus: list[dict[str, Any]] = []
     for p in parts:
@@ -101,6 +122,10 @@ def merge(parts: Iterable[dict[str, Any]], top: int | None) -> dict[str, Any]:
         gpus += p["gpus"]
         out["rows"] = out["rows"] + p["rows"]
         out["reports"] = out["reports"] + p["reports"]
+        for key, t in p.get("totals", {}).items():
+            mine = out["totals"].get(key)
+            out["totals"][key] = dict(t) if mine is None else {k: mine[k] + v
+                                                               for k, v in t.items()}
         for key, s in p["sites"].items():
             mine = out["sites"].get(key)
             out["sites"][key] = dict(s) if mine is None else {

@@ -7,6 +7,8 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from gputrace.analyses import registry
+
 OUTLIER_Z = 3.5
 """Modified z-score (Iglewicz and Hoaglin) above which a trace's fault rate is an
 outlier among the traces of its driver version."""
@@ -82,6 +84,12 @@ def fleet_document(part: dict[str, Any], *, top: int | None, dataset: str,
         "fault_rate": {"by_driver_version": fault_outliers(rows), "outlier_z": OUTLIER_Z},
         "drops": {"total": sum(r["dropped"] for r in rows), "by_host": drops_by_host(rows)},
         "flagged": flagged, "trace_list": rows, "warnings": warnings,
+        "report_totals": {s.key: part.get("totals", {}).get(
+            s.key, {"traces": 0, **dict.fromkeys(s.fleet.sums, 0)})
+            for s in registry.REPORTS if s.fleet.sums},
+        "not_aggregated": [{"report": s.name, "title": s.title, "why": s.fleet.why_not}
+                           for s in registry.REPORTS
+                           if not s.fleet.answers and not s.fleet.sums],
     }
     if part["reports"]:
         doc["per_trace"] = sorted(part["reports"], key=lambda r: r["trace_id"])

@@ -1,4 +1,5 @@
-"""`gputrace diff` as terminal tables and as a self-contained HTML page."""
+"""`gputrace diff` as terminal tables and as a self-contained HTML page: one table per
+table of the diff document, in registry order (`analyses.diff.tables`)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gputrace.analyses.diff import tables
 from gputrace.render.html import Col, Page, esc, human_bytes, num, table, text
 from gputrace.render.safe import printable_tree
 
-SECTIONS = (
-    ("leak_sites", "Leak sites (leaked bytes by call stack)", ("layer", "comm", "stack"),
-     ("bytes", "count"), True),
-    ("process_peaks", "Peak per process", ("layer", "comm"), ("peak_bytes", "live_end_bytes"),
-     True),
-    ("gpu_peaks", "Peak per GPU", ("gpu_index",), ("peak_bytes", "end_bytes"), True),
-    ("fault_rates", "Fault rates", ("source", "access_type", "gpu_index"),
-     ("faults", "mean_per_s", "peak_per_s"), False),
-    ("ioctl_latency", "ioctl latency per command", ("name", "device", "gpu_index"),
-     ("count", "latency_ns_p50", "latency_ns_p99", "latency_ns_max"), False),
-)
 TITLES = {"gpu_index": "GPU", "access_type": "access", "peak_bytes": "peak",
           "live_end_bytes": "live at end", "end_bytes": "end", "mean_per_s": "mean/s",
           "peak_per_s": "peak/s", "latency_ns_p50": "p50 ns", "latency_ns_p99": "p99 ns",
@@ -49,21 +40,24 @@ def render_diff_terminal(d: dict[str, Any], out: IO[str], color: bool = False) -
     for w in d["warnings"]:
         con.print(Text(f"warning: {w}", style="yellow"))
     con.print(Text(f"leaked bytes: {_cell(d['leak_bytes'], True)}"))
+    if d.get("not_compared"):
+        con.print(Text(f"not compared: {', '.join(d['not_compared'])}"))
     if not d["changed"]:
         con.print(Text("no change"))
         return
-    for key, title, keys, fields, is_bytes in SECTIONS:
-        rows = d[key]
+    for _, dt in tables():
+        keys, fields = dt.keys, dt.shown or dt.fields
+        rows = d[dt.name]
         if not rows:
             continue
-        t = Table(title=title, title_justify="left")
+        t = Table(title=dt.title, title_justify="left")
         for k in (*keys, "status"):
             t.add_column(TITLES.get(k, k), overflow="fold", min_width=len(TITLES.get(k, k)))
         for f in fields:
             t.add_column(TITLES.get(f, f), justify="right", no_wrap=True)
         for r in rows:
             t.add_row(*("-" if r[k] is None else str(r[k]) for k in (*keys, "status")),
-                      *(_cell(r[f], is_bytes and f != "count") for f in fields))
+                      *(_cell(r[f], dt.is_bytes and f != "count") for f in fields))
         con.print(t)
 
 
@@ -74,11 +68,13 @@ def render_diff_html(d: dict[str, Any]) -> str:
     for w in d["warnings"]:
         page.add(f'<p class="warn">{esc(w)}</p>')
     page.add(f"<p>leaked bytes: {_pair(d['leak_bytes'], True)}</p>")
+    if d.get("not_compared"):
+        page.add(f"<p>not compared: {esc(', '.join(d['not_compared']))}</p>")
     if not d["changed"]:
         page.add("<p><b>no change</b></p>")
-    for key, title, keys, fields, is_bytes in SECTIONS:
-        cols: list[Col] = [(k, TITLES.get(k, k), text) for k in (*keys, "status")]
-        cols += [(f, TITLES.get(f, f), partial(_pair, is_bytes=is_bytes and f != "count"))
-                 for f in fields]
-        page.section(title, None, None, table(d[key], cols))
+    for _, dt in tables():
+        cols: list[Col] = [(k, TITLES.get(k, k), text) for k in (*dt.keys, "status")]
+        cols += [(f, TITLES.get(f, f), partial(_pair, is_bytes=dt.is_bytes and f != "count"))
+                 for f in dt.shown or dt.fields]
+        page.section(dt.title, None, None, table(d[dt.name], cols))
     return page.html()

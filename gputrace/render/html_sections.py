@@ -1,11 +1,18 @@
-"""The HTML report's sections: each plot with the table it comes from."""
+"""The HTML report's sections: each plot with the table it comes from.
+
+The page lists the reports in registry order; each report's entry names its sections
+here (`ReportSpec.html`), and a report that names none gets `generic_section`.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from gputrace.analyses import registry
+from gputrace.analyses.report import REPORT_FIELDS
+from gputrace.analyses.report_spec import ReportSpec, resolve
 from gputrace.render import html_plots as plots
-from gputrace.render.html import Page, human_bytes, not_recorded, num, table, text
+from gputrace.render.html import Page, esc, human_bytes, not_recorded, num, table, text
 
 
 def _missing(rep: dict[str, Any] | None, what: str) -> str | None:
@@ -20,10 +27,35 @@ def _missing(rep: dict[str, Any] | None, what: str) -> str | None:
 
 
 def sections(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
-    """Every section of the analyze report, in reading order."""
-    leaks, summ = doc.get("leaks"), doc.get("summary")
-    fr, frag = doc.get("fault_rate"), doc.get("fragmentation")
+    """Every section of the analyze report: each report's, in registry order."""
+    for spec in registry.REPORTS:
+        if spec.html:
+            for path in spec.html:
+                resolve(path)(page, doc, s)
+        else:
+            generic_section(page, spec, doc.get(spec.key))
 
+
+def generic_section(page: Page, spec: ReportSpec, rep: dict[str, Any] | None) -> None:
+    """A report without sections of its own: its question, each figure on a line and each
+    list of rows a table (columns from its first row)."""
+    figures, tables = [], []
+    for k, v in (rep or {}).items():
+        if k in REPORT_FIELDS:
+            continue
+        if isinstance(v, list) and all(isinstance(r, dict) for r in v):
+            cols = list(v[0]) if v else []
+            tables.append(f"<h3>{esc(k)}</h3>" + table(v, [(c, c, num) for c in cols]))
+        elif not isinstance(v, (dict, list)):
+            figures.append(f"<dt>{esc(k)}</dt><dd>{num(v)}</dd>")
+    body = (f'<p class="note">{esc(rep["question"])}</p>' if rep else "") + (
+        f"<dl>{''.join(figures)}</dl>" if figures else "") + "".join(tables)
+    page.section(spec.title, None, _missing(rep, spec.title), body)
+
+
+def live_bytes(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
+    """Live bytes per process and layer, with the growth fits (leaks report)."""
+    leaks, summ = doc.get("leaks"), doc.get("summary")
     live = s["live_bytes"]
     miss = _missing(leaks, "allocations") or (
         not_recorded("allocation layers (api, syscall)") if not live["recorded"]
@@ -41,6 +73,10 @@ def sections(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                                   ("r2", "R²", num), ("rising_troughs", "rising troughs", num),
                                   ("duration_s", "span s", num), ("flagged", "growing", text)]))
 
+
+def gpu_bytes(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
+    """Bytes in use per GPU (summary report)."""
+    summ = doc.get("summary")
     g = s["gpu_bytes"]
     gt = (summ or {}).get("gpus") or {}
     page.section("Bytes in use per GPU", plots.gpu_bytes(g),
@@ -55,6 +91,10 @@ def sections(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                  + f"<p>source: {text(gt.get('source'))}; imbalance (max/mean) at peak "
                    f"{num(gt.get('imbalance_peak'))}, at end {num(gt.get('imbalance_end'))}</p>")
 
+
+def fault_rate(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
+    """Fault rates over time, fault batches and migrations (fault-rate report)."""
+    fr = doc.get("fault_rate")
     f = s["fault_rates"]
     absent = [name for key, name in (("cpu_faults", "CPU faults"), ("gpu_faults", "GPU faults"),
                                      ("fault_batches", "fault batches"),
@@ -80,6 +120,10 @@ def sections(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                                 ("migrations", "migrations", num), ("bytes", "bytes", human_bytes)])
                     if fr and fr.get("migrations") is not None else not_recorded("migrations")))
 
+
+def fragmentation(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
+    """Fragmentation over time and PMM chunks (fragmentation report)."""
+    frag = doc.get("fragmentation")
     rm = (frag or {}).get("rm")
     pmm = (frag or {}).get("gpus")
     fmiss = _missing(frag, "fragmentation") or not_recorded(
@@ -100,6 +144,10 @@ def sections(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                      ("end_fragmentation_index", "end index", num)]) if pmm is not None
                     else not_recorded("PMM chunks (driver layer)")))
 
+
+def leak_sites(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
+    """Leaked bytes by call stack (leaks report)."""
+    leaks = doc.get("leaks")
     rows = [dict(r, stack="; ".join(r["frames"])) for r in s["leak_stacks"]]
     page.section("Top leak sites: leaked bytes by call stack", plots.leak_icicle(s["leak_tree"]),
                  _missing(leaks, "leaks") or '<p class="note">nothing leaked</p>',
@@ -108,6 +156,10 @@ def sections(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                               ("bytes", "bytes", num), ("stack", "stack (outermost first)",
                                                         text)], limit=30))
 
+
+def ioctl_latency(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
+    """ioctl latency per command (summary report)."""
+    summ = doc.get("summary")
     page.section("ioctl latency per command", plots.latency(s["latency"]),
                  _missing(summ, "ioctl latency") or (
                      not_recorded("ioctls (syscall layer)") if not s["latency"]["recorded"]

@@ -1,9 +1,9 @@
 """Reports as rich tables for a 100-column terminal. Formats values; computes nothing.
 
-This module prints the document: one section per report, in registry order. The
-sections are in leak_sections (leaks), driver_sections (fault-rate,
-fragmentation) and here (summary, and the generic one); values are written by
-cells and tables fitted to the width by term_table.
+This module prints the document: one section per report, in registry order, the
+section a report's registry entry names (`ReportSpec.terminal`: leak_sections,
+driver_sections, `summary_section` here) or, for a report with none, the generic one
+here; values are written by cells and tables fitted to the width by term_table.
 
 Every string of the document may come from the traced host (a process names
 itself; symbols come from its binaries), so `render_terminal` first makes each
@@ -14,23 +14,23 @@ those characters.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, TextIO
 
 from rich.console import Console
 from rich.text import Text
 
 from gputrace.analyses import registry
+from gputrace.analyses.report import REPORT_FIELDS
+from gputrace.analyses.report_spec import resolve
 from gputrace.render.cells import human_bytes, num, plain, us
-from gputrace.render.driver_sections import fault_rate_section, fragmentation_section
-from gputrace.render.leak_sections import leaks_by_layer_section, leaks_section
 from gputrace.render.safe import printable_tree
 from gputrace.render.term_table import ROWS, table
 
 WIDTH = 100
 
 
-def _summary(con: Console, d: dict[str, Any], limit: int) -> None:
+def summary_section(con: Console, d: dict[str, Any], limit: int) -> None:
+    """The summary report: ioctl latency, memory per process and per GPU."""
     if d["ioctls"] is not None:
         table(con, "ioctls (latency in µs)", d["ioctls"], [
             ("device", "device", str), ("gpu_index", "gpu", num), ("name", "command", str),
@@ -51,9 +51,6 @@ def _summary(con: Console, d: dict[str, Any], limit: int) -> None:
                        f"end {num(g['imbalance_end'])}"))
 
 
-REPORT_FIELDS = ("question", "recorded", "not_recorded_layers", "warnings")
-
-
 def _generic(con: Console, d: dict[str, Any], limit: int) -> None:
     """A report without a section of its own: each figure on a line, each list of rows
     a table (columns from its first row)."""
@@ -65,13 +62,6 @@ def _generic(con: Console, d: dict[str, Any], limit: int) -> None:
             table(con, k, v, [(c, c, num) for c in cols], limit)
         elif not isinstance(v, (dict, list)):
             con.print(Text(f"{k}: {num(v)}"))
-
-
-SECTIONS: dict[str, Callable[[Console, dict[str, Any], int], None]] = {
-    "leaks": leaks_section, "fault_rate": fault_rate_section,
-    "fragmentation": fragmentation_section, "summary": _summary}
-"""The section of each report (by JSON key); titles and order are the registry's
-(gputrace/analyses/registry.py), and a report with no section here gets `_generic`."""
 
 
 def _warn(con: Console, text: str) -> None:
@@ -95,7 +85,6 @@ def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True
         rep = document.get(key)
         if rep is None:
             continue
-        fn = SECTIONS.get(key, _generic)
         con.rule(f"[bold]{spec.title}[/bold]")
         con.print(Text(rep["question"], style="dim"))
         for w in rep["warnings"]:
@@ -105,4 +94,5 @@ def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True
             con.print(Text("not recorded: layer(s) " + ", ".join(rep["not_recorded_layers"])
                            + " missing from this trace"))
             continue
-        (leaks_by_layer_section if by_layer and key == "leaks" else fn)(con, rep, limit)
+        path = (spec.terminal_by_layer if by_layer else None) or spec.terminal
+        (resolve(path) if path is not None else _generic)(con, rep, limit)
