@@ -1,6 +1,9 @@
 """`gputrace export`: the bundled fixtures (and copies renamed as other hosts) written as one
 hive-partitioned dataset to a local folder and to an S3 server started here (moto, no
-network); exporting twice changes nothing; bad input is one line."""
+network); exporting twice changes nothing; bad input is one line. A dataset is untrusted
+input too: an index naming paths outside it (`..`, absolute, links out, odd S3 keys), a
+trace id taken over by another recording and a newer schema are refused with one line,
+and nothing is deleted."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +19,9 @@ from typing import Any
 import polars as pl
 import pytest
 
+from gputrace import schema
 from gputrace.builder import MiB, TraceBuilder
+from gputrace.fleet.store import DatasetError, Store
 from tests.analyze_helpers import SCENARIO_DIR
 from tests.conftest import FIXTURES
 from tests.test_errors import assert_one_line_error, gputrace
@@ -185,3 +191,217 @@ def test_bad_dataset_manifest_is_one_line(tmp_path: Path) -> None:
                                                    '"format_version": 99, "traces": {}}')
     assert_one_line_error(gputrace("fleet", "analyze", str(tmp_path / "ds")),
                           "dataset format 99")
+
+
+# --- a hostile dataset ---------------------------------------------------------------
+
+DEFAULT = FIXTURES / "default"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default fixture exported once; tests work on copies of it."""
+    ds = tmp_path_factory.mktemp("exported") / "ds"
+    r = gputrace("export", str(DEFAULT), "--to", str(ds))
+    assert r.returncode == 0, r.stderr
+    return ds
+
+
+def dataset(exported: Path, tmp_path: Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """A copy of the exported dataset under tmp_path, its index and its one entry."""
+    ds = tmp_path / "ds"
+    shutil.copytree(exported, ds, symlinks=True)
+    index = json.loads((ds / "manifest.json").read_text())
+    (entry,) = index["traces"].values()
+    return ds, index, entry
+
+
+def write_index(ds: Path, index: dict[str, Any]) -> None:
+    (ds / "manifest.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("bad", ["../victim.txt", "ioctls/../../victim.txt", "VICTIM",
+                                 "ioctls//victim.txt", "./victim.txt", ["x"]])
+def test_export_never_deletes_what_the_index_names_outside_the_dataset(
+        exported: Path, tmp_path: Path, bad: Any) -> None:
+    """Guards: a re-export removes the stale files an index lists; one listing `../x`, an
+    absolute path or another odd key must be refused before anything is deleted or
+    written (it used to delete the file outside the dataset)."""
+    ds, index, entry = dataset(exported, tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    bad = str(victim) if bad == "VICTIM" else bad
+    entry["files"]["faults"] = bad
+    entry["fingerprint"] = "changed"  # so the export replaces the trace and removes stale files
+    write_index(ds, index)
+    before = snapshot(ds)
+    r = gputrace("export", str(DEFAULT), "--to", str(ds))
+    assert_one_line_error(r, f"trace {entry['trace_id']!r}: file")
+    assert victim.read_text() == "keep me"
+    assert snapshot(ds) == before
+
+
+@pytest.mark.parametrize("record", ["../outside.json", "OUTSIDE", "traces/../../outside.json",
+                                    "../../../../etc/hostname", "traces/other.json"])
+def test_fleet_analyze_reads_no_record_the_index_names_outside_the_dataset(
+        exported: Path, tmp_path: Path, record: str) -> None:
+    """Guards: `fleet analyze` opens each trace's record at the index's word; a record
+    path outside the dataset (or not the trace's own) is one line, never read (it used
+    to report on whatever file it named)."""
+    ds, index, entry = dataset(exported, tmp_path)
+    outside = tmp_path / "outside.json"
+    shutil.copy(ds / entry["record"], outside)
+    entry["record"] = str(outside) if record == "OUTSIDE" else record
+    write_index(ds, index)
+    assert_one_line_error(gputrace("fleet", "analyze", str(ds)), f"record {entry['record']!r}")
+
+
+def test_fleet_analyze_reads_no_table_file_a_record_names_outside(exported: Path,
+                                                                  tmp_path: Path) -> None:
+    """Guards: the table files come from the trace record, not the index; they are checked
+    the same way (a record naming `../x.parquet` is one line, the file is not read)."""
+    ds, _, entry = dataset(exported, tmp_path)
+    rec_path = ds / entry["record"]
+    rec = json.loads(rec_path.read_text())
+    shutil.copy(ds / rec["files"]["ioctls"], tmp_path / "outside.parquet")
+    rec["files"]["ioctls"] = "../outside.parquet"
+    rec_path.write_text(json.dumps(rec))
+    r = gputrace("fleet", "analyze", str(ds), "--workers", "1")
+    assert_one_line_error(r, "file '../outside.parquet'")
+
+
+def test_fleet_analyze_follows_no_link_out_of_a_local_dataset(exported: Path,
+                                                              tmp_path: Path) -> None:
+    """Guards: a record that is a symbolic link to a file outside the dataset is refused
+    (the check resolves links), though its name is the expected `traces/<id>.json`."""
+    ds, _, entry = dataset(exported, tmp_path)
+    outside = tmp_path / "outside.json"
+    shutil.move(ds / entry["record"], outside)
+    (ds / entry["record"]).symlink_to(outside)
+    r = gputrace("fleet", "analyze", str(ds), "--workers", "1")
+    assert_one_line_error(r, "a link leads out of the dataset")
+
+
+def test_export_deletes_nothing_behind_a_link_out_of_a_local_dataset(exported: Path,
+                                                                     tmp_path: Path) -> None:
+    """Guards: a stale file whose table folder is a link out of the dataset is not
+    removed (it used to be: the path was joined and deleted unchecked); the export stops
+    with one line before writing anything."""
+    ds, index, entry = dataset(exported, tmp_path)
+    tid = entry["trace_id"]
+    (table,) = [n for n in sorted(schema.TABLES) if n not in entry["files"]][:1]
+    rel = f"{table}/date=2026-01-01/host=h/{tid}.parquet"
+    victim = tmp_path / "elsewhere" / "date=2026-01-01" / "host=h" / f"{tid}.parquet"
+    victim.parent.mkdir(parents=True)
+    victim.write_bytes(b"keep me")
+    (ds / table).symlink_to(tmp_path / "elsewhere")
+    entry["files"][table] = rel
+    entry["fingerprint"] = "changed"
+    write_index(ds, index)
+    before = snapshot(ds)
+    assert_one_line_error(gputrace("export", str(DEFAULT), "--to", str(ds)),
+                          "a link leads out of the dataset")
+    assert victim.read_bytes() == b"keep me"
+    assert snapshot(ds) == before
+
+
+@pytest.mark.parametrize("key", ["../x", "/x", "a//b", "a/./b", "a/", "", "a/\x00b", "a/\x1bb"])
+def test_store_paths_stay_inside_an_object_store_prefix(key: str) -> None:
+    """Guards: the one gate every dataset path passes (`Store.path`) refuses keys that
+    leave the prefix or alias another key on S3, where no link resolution can help."""
+    pytest.importorskip("s3fs")
+    store = Store("s3://fleet/ds", {"anon": True})
+    assert store.path("traces/t1.json") == "fleet/ds/traces/t1.json"
+    with pytest.raises(DatasetError, match="not a path inside the dataset"):
+        store.path(key)
+
+
+def test_s3_export_deletes_nothing_outside_its_prefix(tmp_path: Path, s3: str) -> None:
+    """Guards: the s3:// variant of the stale-file deletion (key `../victim.txt` next to
+    the dataset's prefix): refused with one line, the object is still there."""
+    boto3 = pytest.importorskip("boto3")
+    client = boto3.client("s3", endpoint_url=s3)
+    opt = ["--storage-option", f"endpoint_url={s3}"]
+    assert gputrace("export", str(DEFAULT), "--to", "s3://fleet/hostile", *opt).returncode == 0
+    client.put_object(Bucket="fleet", Key="victim.txt", Body=b"keep me")
+    index = json.loads(client.get_object(Bucket="fleet", Key="hostile/manifest.json")
+                       ["Body"].read())
+    (entry,) = index["traces"].values()
+    entry["files"]["faults"] = "../victim.txt"
+    entry["fingerprint"] = "changed"
+    client.put_object(Bucket="fleet", Key="hostile/manifest.json", Body=json.dumps(index))
+    r = gputrace("export", str(DEFAULT), "--to", "s3://fleet/hostile", *opt)
+    assert_one_line_error(r, "file '../victim.txt'")
+    assert client.get_object(Bucket="fleet", Key="victim.txt")["Body"].read() == b"keep me"
+
+
+def test_another_recording_with_the_same_trace_id_is_refused(tmp_path: Path) -> None:
+    """Guards: a second trace carrying a trace_id already in the dataset used to replace
+    it silently (the first host's files deleted, fleet totals lower). It is refused with
+    one line naming both; the dataset is unchanged."""
+    tid = "0b7a3c1e-0000-4000-8000-000000000001"
+    first = renamed(DEFAULT, tmp_path / "first", "h1", trace_id=tid)
+    second = renamed(DEFAULT, tmp_path / "second", "h2", trace_id=tid)
+    ds = tmp_path / "ds"
+    assert gputrace("export", str(first), "--to", str(ds)).returncode == 0
+    before = snapshot(ds)
+    r = gputrace("export", str(second), "--to", str(ds))
+    assert_one_line_error(r, f"{second}: trace_id {tid} already names another recording")
+    assert str(first) in r.stderr and "'h1'" in r.stderr
+    assert snapshot(ds) == before
+    # in one command: the first is kept, the second refused
+    r = gputrace("export", str(first), str(second), "--to", str(tmp_path / "both"))
+    assert_one_line_error(r, f"{second}: trace_id {tid}")
+    index = json.loads((tmp_path / "both" / "manifest.json").read_text())
+    assert [e["host"] for e in index["traces"].values()] == ["h1"]
+
+
+def test_the_same_recording_with_its_trace_id_is_still_replaced(tmp_path: Path) -> None:
+    """Guards the other side of the refusal: the same recording (same host, start,
+    creation time, recorder) exported while `recording` and again once `complete` under
+    its manifest's trace_id replaces its earlier export, as before."""
+    tid = "0b7a3c1e-0000-4000-8000-000000000002"
+    t = renamed(DEFAULT, tmp_path / "t", "h1", trace_id=tid, status="recording")
+    ds = tmp_path / "ds"
+    assert gputrace("export", str(t), "--to", str(ds)).returncode == 0
+    m = json.loads((t / "manifest.json").read_text())
+    m["status"] = "complete"
+    (t / "manifest.json").write_text(json.dumps(m))
+    r = gputrace("export", str(t), "--to", str(ds))
+    assert "0 exported, 1 replaced" in r.stdout, r.stdout + r.stderr
+    index = json.loads((ds / "manifest.json").read_text())
+    assert [(e["trace_id"], e["status"]) for e in index["traces"].values()] == [
+        (tid, "complete")]
+
+
+def test_a_dataset_of_a_newer_schema_is_refused(exported: Path, tmp_path: Path) -> None:
+    """Guards: `fleet analyze` (and `export`) on a dataset written with a newer table
+    schema used to read it silently as this version's; now one line says so."""
+    ds, index, _ = dataset(exported, tmp_path)
+    newer = schema.SCHEMA_VERSION + 1
+    index["schema_version"] = newer
+    write_index(ds, index)
+    before = snapshot(ds)
+    needle = (f"dataset written by a newer gputrace (schema version {newer} > supported "
+              f"{schema.SCHEMA_VERSION})")
+    assert_one_line_error(gputrace("fleet", "analyze", str(ds)), needle)
+    t = renamed(DEFAULT, tmp_path / "t", "h9")
+    assert_one_line_error(gputrace("export", str(t), "--to", str(ds)), needle)
+    assert snapshot(ds) == before
+
+
+def test_errors_stay_one_line_when_the_dask_http_port_is_busy(exported: Path,
+                                                              tmp_path: Path) -> None:
+    """Guards: the local cluster's scheduler used to put its HTTP server on port 8787 and
+    warn on stderr when that was taken (another Dask, a notebook), so a worker's error was
+    no longer one line."""
+    ds, _, entry = dataset(exported, tmp_path)
+    (ds / entry["record"]).write_text("[]")
+    with socket.socket() as busy:
+        try:
+            busy.bind(("127.0.0.1", 8787))
+            busy.listen()
+        except OSError:
+            pass  # taken already, which is the case under test
+        r = gputrace("fleet", "analyze", str(ds), "--workers", "1")
+    assert_one_line_error(r, "not a trace record")

@@ -16,6 +16,7 @@ import polars as pl
 
 from gputrace import schema
 from gputrace.analyses.helpers.inputs import Inputs, inputs_from_trace
+from gputrace.fleet.export import files_problem
 from gputrace.fleet.store import DatasetError, Store
 from gputrace.tracedir import ManifestFacts
 
@@ -39,9 +40,15 @@ class _Exported(ManifestFacts):
 
 
 def read_record(store: Store, entry: dict[str, Any]) -> dict[str, Any]:
-    rec = store.read_json(str(entry["record"]))
+    """The trace record of an index entry (checked by `read_index`); its files, which
+    `read_frames` opens, are checked like the index's."""
+    rel = str(entry["record"])
+    rec = store.read_json(rel)
     if not isinstance(rec, dict) or not isinstance(rec.get("manifest"), dict):
-        raise DatasetError(f"{store.url}/{entry['record']}: not a trace record")
+        raise DatasetError(f"{store.url}/{rel}: not a trace record")
+    why = files_problem(str(entry["trace_id"]), rec.get("files", {}))
+    if why is not None:
+        raise DatasetError(f"{store.url}/{rel}: {why}")
     return rec
 
 

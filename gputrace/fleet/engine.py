@@ -71,8 +71,11 @@ def client(scheduler: str | None, workers: int) -> Iterator[Any]:
         with c:
             yield c
         return
+    # No dashboard; the scheduler's HTTP server still starts, so it takes any free
+    # port on loopback: on its default 8787, a busy port prints a warning on stderr.
     cluster = LocalCluster(  # type: ignore[no-untyped-call]
         n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+        scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
         silence_logs=logging.CRITICAL)
     with cluster, Client(cluster) as c:  # type: ignore[no-untyped-call]
         yield c

@@ -10,6 +10,10 @@ A trace's files are named by its id, so writing it again overwrites, never
 duplicates. The index is written last: a trace is in the dataset once the
 index lists it, and an export stopped midway leaves the dataset as it was
 plus files the next export overwrites.
+
+The index is untrusted input like a trace: `read_index` refuses one whose paths
+are not the ones an export writes, a trace id is never taken over by another
+recording, and a dataset of a newer schema is refused rather than misread.
 """
 
 from __future__ import annotations
@@ -20,14 +24,14 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import quote
 
 import polars as pl
 import pyarrow as pa
 
 from gputrace import schema
-from gputrace.fleet.store import DatasetError, Store
+from gputrace.fleet.store import DatasetError, Store, key_problem
 from gputrace.manifest import TRACE_ID_PATTERN
 
 DATASET_FORMAT = "gputrace-fleet"
@@ -35,6 +39,16 @@ DATASET_VERSION = 1
 INDEX = "manifest.json"
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _ID_RE = re.compile(TRACE_ID_PATTERN)
+_TABLE_RE = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def recording_key(m: dict[str, Any]) -> list[Any]:
+    """What a recording never changes while it runs (hostname, start, creation time,
+    recorder pid, clock offset): two manifests with the same key are one recording seen
+    at two moments, e.g. while `recording` and once `complete`."""
+    return [(m.get("host") or {}).get("hostname"), m.get("start_ts_ns"),
+            m.get("created_unix_s"), (m.get("recorder") or {}).get("pid"),
+            (m.get("clock") or {}).get("realtime_offset_ns")]
 
 
 def trace_id(m: dict[str, Any]) -> str:
@@ -45,9 +59,7 @@ def trace_id(m: dict[str, Any]) -> str:
     own = m.get("trace_id")
     if isinstance(own, str) and _ID_RE.fullmatch(own):
         return own
-    key = [(m.get("host") or {}).get("hostname"), m.get("start_ts_ns"), m.get("created_unix_s"),
-           (m.get("recorder") or {}).get("pid"), (m.get("clock") or {}).get("realtime_offset_ns")]
-    return "t" + hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24]
+    return "t" + hashlib.sha256(json.dumps(recording_key(m)).encode()).hexdigest()[:24]
 
 
 def start_date(m: dict[str, Any]) -> str | None:
@@ -79,6 +91,43 @@ def partition(date: str | None, host: str | None) -> str:
     return f"date={date or NULL_PARTITION}/host={quote(host, safe='') if host else NULL_PARTITION}"
 
 
+def record_path(tid: str) -> str:
+    return f"traces/{tid}.json"
+
+
+def files_problem(tid: str, files: object) -> str | None:
+    """What is wrong with a trace's `files` (table name -> key), or None: each key must be
+    the one export writes for that table of that trace (`<table>/date=D/host=H/<tid>.parquet`,
+    a key `key_problem` accepts), so an index can name no file outside the dataset and
+    no other trace's file, for reading or for deleting."""
+    if not isinstance(files, dict):
+        return "'files' is not an object"
+    for name, rel in files.items():
+        why = key_problem(rel)
+        if why is None and not (
+                isinstance(name, str) and _TABLE_RE.fullmatch(name) and re.fullmatch(
+                    rf"{name}/date=[^/]+/host=[^/]+/{re.escape(tid)}\.parquet", str(rel))):
+            why = f"not where export writes table {name!r} of this trace"
+        if why is not None:
+            return f"file {rel!r}: {why}"
+    return None
+
+
+def entry_problem(tid: object, entry: object) -> str | None:
+    """What is wrong with the index entry `entry` listed under `tid`, or None: the id is
+    a trace id, the entry says the same, and its record and files are the paths export
+    writes for that id."""
+    if not isinstance(tid, str) or not _ID_RE.fullmatch(tid):
+        return "not a trace id"
+    if not isinstance(entry, dict):
+        return "not an object"
+    if entry.get("trace_id") != tid:
+        return f"its trace_id is {entry.get('trace_id')!r}"
+    if entry.get("record") != record_path(tid):
+        return f"record {entry.get('record')!r} is not {record_path(tid)!r}"
+    return files_problem(tid, entry.get("files"))
+
+
 @dataclass
 class ExportResult:
     exported: list[str] = field(default_factory=list)
@@ -97,13 +146,28 @@ def read_index(store: Store, *, create: bool) -> dict[str, Any]:
     index = store.read_json(INDEX)
     if not isinstance(index, dict) or index.get("format") != DATASET_FORMAT:
         raise DatasetError(f"{store.url}/{INDEX} is not a gputrace dataset manifest")
-    if not isinstance(index.get("format_version"), int) or \
-            index["format_version"] > DATASET_VERSION:
+    if not _is_int(index.get("format_version")) or index["format_version"] > DATASET_VERSION:
         raise DatasetError(f"{store.url}: dataset format {index.get('format_version')!r} is "
                            f"not one this gputrace reads ({DATASET_VERSION})")
+    sv = index.get("schema_version")
+    if not _is_int(sv):
+        raise DatasetError(f"{store.url}/{INDEX}: schema_version {sv!r} is not an integer")
+    if sv > schema.SCHEMA_VERSION:
+        raise DatasetError(f"{store.url}: dataset written by a newer gputrace (schema version "
+                           f"{sv} > supported {schema.SCHEMA_VERSION}); upgrade gputrace")
     if not isinstance(index.get("traces"), dict):
         raise DatasetError(f"{store.url}/{INDEX}: 'traces' is not an object")
+    # every path a reader opens or an export deletes comes from here: all of them are
+    # checked before anything is read or written
+    for tid, entry in index["traces"].items():
+        why = entry_problem(tid, entry)
+        if why is not None:
+            raise DatasetError(f"{store.url}/{INDEX}: trace {tid!r}: {why}")
     return index
+
+
+def _is_int(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def export_traces(paths: Iterable[str], store: Store,
@@ -121,6 +185,8 @@ def export_traces(paths: Iterable[str], store: Store,
             if old is not None and old.get("fingerprint") == fingerprint(t.manifest):
                 done.unchanged.append(tid)
                 continue
+            if old is not None:
+                _refuse_other_recording(store, tid, old, t.manifest, path)
             t.validate()
             index["traces"][tid] = _write_trace(t, tid, store, old)
             (done.replaced if old is not None else done.exported).append(tid)
@@ -131,8 +197,26 @@ def export_traces(paths: Iterable[str], store: Store,
     return done
 
 
+def _refuse_other_recording(store: Store, tid: str, old: dict[str, Any], m: dict[str, Any],
+                            path: str) -> None:
+    """A changed manifest under a known id replaces that trace only if it is the same
+    recording (same `recording_key`, e.g. now `complete`); a copied or forged id would
+    otherwise delete another trace's files and drop it from the fleet's totals."""
+    rec = store.read_json(record_path(tid))
+    old_m = rec.get("manifest") if isinstance(rec, dict) else None
+    if not isinstance(old_m, dict):
+        raise DatasetError(f"{store.url}/{record_path(tid)}: not a trace record")
+    if recording_key(old_m) != recording_key(m):
+        raise DatasetError(f"{path}: trace_id {tid} already names another recording in the "
+                           f"dataset ({old.get('source')!r} on host {old.get('host')!r}); "
+                           "refusing to replace it")
+
+
 def _write_trace(t: Any, tid: str, store: Store, old: dict[str, Any] | None) -> dict[str, Any]:
     m = t.manifest
+    old_files = set((old or {}).get("files", {}).values())
+    for rel in old_files:
+        store.path(rel)  # a stale file behind a link out of the dataset: refuse before writing
     host = (m.get("host") or {}).get("hostname")
     date, model, driver = start_date(m), gpu_model(m), m.get("driver_version")
     files: dict[str, str] = {}
@@ -153,9 +237,9 @@ def _write_trace(t: Any, tid: str, store: Store, old: dict[str, Any] | None) -> 
     record = {"trace_id": tid, "host": host, "date": date, "driver_version": driver,
               "gpu_model": model, "manifest": m, "problems": t.warnings(),
               "files": files, "rows": rows}
-    rec_rel = f"traces/{tid}.json"
+    rec_rel = record_path(tid)
     store.write_json(rec_rel, record)
-    for stale in set((old or {}).get("files", {}).values()) - set(files.values()):
+    for stale in old_files - set(files.values()):
         store.remove(stale)
     return {"trace_id": tid, "host": host, "date": date, "driver_version": driver,
             "gpu_model": model, "status": t.status, "drops": t.drops,

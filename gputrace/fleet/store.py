@@ -4,12 +4,18 @@ Every read and write of a dataset goes through here, so the rest of the fleet
 code never knows whether it talks to a disk or to S3. Object stores are
 reached with fsspec's own drivers (s3fs for `s3://`); their settings come from
 the usual places (AWS_* variables, ~/.aws) or from `storage_options`.
+
+Paths inside a dataset come from its index, which may have been written by
+anyone, so `Store.path` is the one gate every read, write and delete passes:
+a key must be a plain relative path (`key_problem`) and, on a local disk, must
+still be inside the dataset once links are resolved.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,14 +53,29 @@ class Store:
         import fsspec.core
 
         _, root = fsspec.core.url_to_fs(self.url, **self.options)
-        return str(root).rstrip("/")
+        return str(root).rstrip("/") or "/"
 
     @property
     def local(self) -> bool:
         return "file" in _protocols(self.fs)
 
-    def path(self, *parts: str) -> str:
-        return posixpath.join(self.root, *parts)
+    def path(self, rel: str) -> str:
+        """Where the object `rel` of this dataset is; DatasetError unless it stays inside
+        the dataset. On a local disk links are followed first: a key whose folder (or
+        itself) is a link out of the dataset is refused, so nothing outside is read,
+        written through or deleted."""
+        why = key_problem(rel)
+        if why is not None:
+            raise DatasetError(f"{self.url}: refusing {rel!r}: not a path inside the dataset "
+                               f"({why})")
+        root = self.root
+        full = posixpath.join(root, rel)
+        if self.local:
+            real_root, real = os.path.realpath(root), os.path.realpath(full)
+            if real == real_root or os.path.commonpath([real_root, real]) != real_root:
+                raise DatasetError(f"{self.url}: refusing {rel!r}: a link leads out of the "
+                                   "dataset")
+        return full
 
     def exists(self, rel: str) -> bool:
         try:
@@ -85,7 +106,7 @@ class Store:
             fs.makedirs(posixpath.dirname(dest), exist_ok=True)
             if self.local:
                 # a local file appears by rename; an object-store PUT is atomic already
-                tmp = dest + ".tmp"
+                tmp = self.path(rel + ".tmp")
                 with fs.open(tmp, "wb") as f:
                     f.write(data)
                 fs.mv(tmp, dest)
@@ -111,12 +132,36 @@ class Store:
             raise DatasetError(f"{self.url}/{rel}: corrupt Parquet ({_first(e)})") from None
 
     def remove(self, rel: str) -> None:
+        path = self.path(rel)
         try:
-            self.fs.rm(self.path(rel))
+            self.fs.rm(path)
         except FileNotFoundError:
             pass
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: a folder (rm is not recursive)
             raise DatasetError(f"{self.url}/{rel}: cannot remove ({_first(e)})") from None
+
+
+def key_problem(rel: object) -> str | None:
+    """Why `rel` cannot name an object inside a dataset on any storage, or None.
+
+    A key is a relative POSIX path of plain names: no leading `/` (absolute on a disk,
+    another bucket on S3), no `.` or `..` segment (a disk resolves them, an object store
+    keeps them literally or not, depending on the client), no empty segment (`a//b` is
+    `a/b` on a disk and another key on S3) and no control character. Every key a
+    gputrace export writes has this form; the layout itself is checked by the reader
+    of the index (`gputrace.fleet.export.entry_problem`)."""
+    if not isinstance(rel, str) or not rel:
+        return "not a non-empty string"
+    if rel.startswith("/"):
+        return "absolute"
+    if not rel.isprintable():
+        return "control characters"
+    segments = rel.split("/")
+    if "" in segments:
+        return "an empty segment"
+    if "." in segments or ".." in segments:
+        return "a '.' or '..' segment"
+    return None
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
