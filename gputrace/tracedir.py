@@ -26,7 +26,18 @@ from gputrace.tracefiles import MANIFEST, PART_GLOB, STATUS_COMPLETE, read_manif
 if TYPE_CHECKING:  # polars is imported where a scan needs it
     import polars as pl
 
-__all__ = ["ManifestFacts", "Trace", "open_trace", "trace_warnings"]
+__all__ = ["CHOSEN_SIZES", "SIZE_LIMIT", "ManifestFacts", "Trace", "open_trace",
+           "trace_warnings"]
+
+SIZE_LIMIT = 1 << 48
+"""Bytes no allocation, mapping or reservation can span (256 TiB: more than any GPU or
+host holds). A traced process chooses the sizes it passes (`cuMemAlloc((size_t)-1)`
+through a libcuda of its own); the trace keeps them verbatim (uint64) and the
+analyses count a larger one as 0 bytes, with a warning (`trace_warnings`)."""
+
+CHOSEN_SIZES = {"cuda_calls": ("size_bytes",), "ioctls": ("size_bytes", "va_length"),
+                "mappings": ("length",)}
+"""The size columns whose values a traced process passes (what allocation lifetimes read)."""
 
 
 class ManifestFacts:
@@ -278,6 +289,14 @@ def _integrity_warnings(trace: Trace) -> list[str]:
                 f"parts, the trace holds {rows} rows in {len(parts)} parts"
                 + ("; results miss the absent rows" if short else "")
             )
+    for name, cols in CHOSEN_SIZES.items():
+        for col in cols:
+            n, largest = _impossible(trace.parts(name), col)
+            if n:
+                out.append(
+                    f"table {name}: {n} rows have a {col} over 256 TiB (largest "
+                    f"{largest} bytes), more than any GPU holds; analyses count them as 0 bytes"
+                )
     start, end = m.get("start_ts_ns"), m.get("end_ts_ns")
     if start is None and end is None:
         return out
@@ -294,23 +313,44 @@ def _integrity_warnings(trace: Trace) -> list[str]:
     return out
 
 
-def _outside(parts: list[Path], start: int | None, end: int | None) -> int:
-    """Rows of `parts` with ts_ns outside [start, end]; footers first, data only if needed."""
-    suspect = []
+def _suspect(parts: list[Path], col: str, lo: int | None, hi: int | None) -> list[Path]:
+    """The parts whose footer statistics cannot rule out a value of `col` below `lo` or
+    above `hi` (a row group without statistics is suspect)."""
+    out = []
     for p in parts:
         meta = pq.read_metadata(p)
         names = [meta.schema.column(i).path for i in range(meta.num_columns)]
-        if "ts_ns" not in names:
+        if col not in names:
             continue
-        col = names.index("ts_ns")
+        i = names.index(col)
         for rg in range(meta.num_row_groups):
-            st = meta.row_group(rg).column(col).statistics
-            lo, hi = (st.min, st.max) if st is not None and st.has_min_max else (None, None)
-            if (lo is None or hi is None
-                    or (start is not None and lo < start)
-                    or (end is not None and hi > end)):
-                suspect.append(p)
+            st = meta.row_group(rg).column(i).statistics
+            a, b = (st.min, st.max) if st is not None and st.has_min_max else (None, None)
+            if (a is None or b is None or (lo is not None and a < lo)
+                    or (hi is not None and b > hi)):
+                out.append(p)
                 break
+    return out
+
+
+def _impossible(parts: list[Path], col: str) -> tuple[int, int]:
+    """How many values of `col` exceed SIZE_LIMIT, and the largest; footers first."""
+    suspect = _suspect(parts, col, None, SIZE_LIMIT)
+    if not suspect:
+        return 0, 0
+    import polars as pl
+
+    # the parts' own type (uint64), never a cast: the value is the evidence
+    got = (pl.scan_parquet([str(p) for p in suspect]).select(pl.col(col))
+           .filter(pl.col(col) > SIZE_LIMIT)
+           .select(pl.len().alias("n"), pl.col(col).max().alias("top")).collect())
+    n = int(got["n"][0])
+    return n, (int(got["top"][0]) if n else 0)
+
+
+def _outside(parts: list[Path], start: int | None, end: int | None) -> int:
+    """Rows of `parts` with ts_ns outside [start, end]; footers first, data only if needed."""
+    suspect = _suspect(parts, "ts_ns", start, end)
     if not suspect:
         return 0
     import polars as pl

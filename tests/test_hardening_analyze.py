@@ -1,0 +1,63 @@
+"""Hostile traces, manifests and terminals against the reading, analysis and CLI layers.
+
+Each test names what it guards: a trace a traced process or a stranger shaped must give
+a report with a warning or one line and a non-zero exit, never a traceback, a hang or
+a silent wrong answer.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from gputrace.builder import GiB, TraceBuilder
+from tests.analyze_helpers import analyze
+
+SIZE_MAX = (1 << 64) - 1
+
+
+def gputrace(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gputrace.cli", *args], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert r.returncode != 0, r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("gputrace: error: "), r.stderr
+    assert needle in lines[0], r.stderr
+
+
+# ---------------------------------------------------------------- impossible sizes
+def _huge_alloc_trace(path: Path) -> Path:
+    b = TraceBuilder(layers=("api",))
+    b.process(100, "evil")
+    b.cuda_alloc(0.0, 100, SIZE_MAX, ptr=0x7E0000000000)  # cuMemAlloc_v2((size_t)-1)
+    b.cuda_alloc(0.1, 100, 1 << 63, ptr=0x7E1000000000)
+    b.process(101, "train")
+    b.cuda_alloc(0.5, 101, 1 * GiB)
+    return b.build(path)
+
+
+def test_impossible_api_size_is_a_warning_not_a_failed_analysis(tmp_path: Path) -> None:
+    """One process passing (size_t)-1 or 2^63 to cuMemAlloc used to make every analysis
+    of the whole trace fail (u64 -> i64 cast); now the reports run, the impossible sizes
+    count as 0 bytes (the real 1 GiB is the total, not swamped) and a warning carries
+    the true value."""
+    trace = _huge_alloc_trace(tmp_path / "t")
+    doc = analyze(trace)
+    assert doc["leaks"]["recorded"]
+    warned = [w for w in doc["warnings"] if "size_bytes over 256 TiB" in w]
+    assert len(warned) == 1, doc["warnings"]
+    assert "2 rows" in warned[0] and str(SIZE_MAX) in warned[0]
+    assert doc["leaks"]["total_bytes"] == 1 * GiB, doc["leaks"]["total_bytes"]
+    r = gputrace("analyze", str(trace))
+    assert r.returncode == 0, r.stderr
+    assert "256 TiB" in r.stdout + r.stderr
+    # the trace itself keeps the full value: dump shows it
+    out = gputrace("dump", str(trace), "cuda_calls", "-f", "json")
+    assert out.returncode == 0, out.stderr
+    assert SIZE_MAX in {json.loads(line)["size_bytes"] for line in out.stdout.splitlines()}
