@@ -275,8 +275,14 @@ def _integrity_warnings(trace: Trace) -> list[str]:
     m = trace.manifest
     announced: dict[str, Any] = m.get("tables", {})
     finished = trace.status == STATUS_COMPLETE
-    for name in sorted(set(announced) - set(schema.TABLES)):
-        out.append(f"the manifest lists table {name!r}, unknown to this gputrace; ignored")
+    unknown = sorted(set(announced) - set(schema.TABLES))
+    if len(unknown) == 1:
+        out.append(f"the manifest lists table {unknown[0]!r}, unknown to this gputrace; "
+                   "ignored")
+    elif unknown:  # one line however many: a manifest can name 10^5 of them
+        named = ", ".join(repr(n) for n in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        out.append(f"the manifest lists {len(unknown)} tables unknown to this gputrace "
+                   f"({named}); ignored")
     for name in schema.TABLES:
         parts = trace.parts(name)
         rows = sum(pq.read_metadata(p).num_rows for p in parts)

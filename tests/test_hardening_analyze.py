@@ -11,7 +11,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import polars as pl
+import pytest
+
+from gputrace.analyses.growth import growth
 from gputrace.builder import GiB, TraceBuilder
 from tests.analyze_helpers import analyze
 
@@ -61,3 +66,56 @@ def test_impossible_api_size_is_a_warning_not_a_failed_analysis(tmp_path: Path) 
     out = gputrace("dump", str(trace), "cuda_calls", "-f", "json")
     assert out.returncode == 0, out.stderr
     assert SIZE_MAX in {json.loads(line)["size_bytes"] for line in out.stdout.splitlines()}
+
+
+# ---------------------------------------------------------------- scale
+def _lifetimes(processes: int, allocs: int = 4) -> pl.LazyFrame:
+    """Allocation lifetimes of `processes` processes, `allocs` each, none freed."""
+    n = processes * allocs
+    return pl.LazyFrame({
+        "layer": ["api"] * n,
+        "pid": pl.Series([i // allocs for i in range(n)], dtype=pl.Int32),
+        "alloc_ts_ns": pl.Series([(i % allocs) * 2_000_000_000 for i in range(n)],
+                                 dtype=pl.Int64),
+        "free_ts_ns": pl.Series([None] * n, dtype=pl.Int64),
+        "size_bytes": pl.Series([1 << 20] * n, dtype=pl.Int64),
+    })
+
+
+def test_growth_does_not_look_up_each_process_among_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`analyze --only leaks` on 10^6 processes was killed after 590 s: growth filtered
+    the spans of every series once per series (quadratic). Guarded by counting
+    DataFrame.filter calls, which must not grow with the number of processes (a timing
+    test would be flaky on a shared machine)."""
+    calls = 0
+    real = pl.DataFrame.filter
+
+    def counting(self: pl.DataFrame, *a: Any, **k: Any) -> pl.DataFrame:
+        nonlocal calls
+        calls += 1
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(pl.DataFrame, "filter", counting)
+    counts = []
+    for n in (5, 80):
+        calls = 0
+        out = growth(_lifetimes(n))
+        assert out.height == n and out["rising_troughs"].to_list() == [3] * n
+        counts.append(calls)
+    assert counts[0] == counts[1], counts
+
+
+def test_many_unknown_manifest_tables_are_one_warning(tmp_path: Path) -> None:
+    """10^5 unknown table names in a manifest meant 10^5 warnings de-duplicated against
+    each other per report (quadratic). They are one line now, and the terminal report
+    de-duplicates through a set."""
+    b = TraceBuilder(layers=("api",))
+    b.process(1, "a")
+    b.cuda_alloc(0.0, 1, 4096)
+    trace = b.build(tmp_path / "t")
+    m = json.loads((trace / "manifest.json").read_text())
+    m["tables"].update({f"junk{i}": {"rows": 0, "parts": 0} for i in range(20_000)})
+    (trace / "manifest.json").write_text(json.dumps(m))
+    doc = analyze(trace)
+    unknown = [w for w in doc["warnings"] if "unknown to this gputrace" in w]
+    assert len(unknown) == 1 and "20000 tables" in unknown[0], unknown[:3]

@@ -78,19 +78,22 @@ def growth(lifetimes: pl.LazyFrame) -> pl.DataFrame:
               # before a series' first event nothing of it was live (0 bytes)
               .with_columns(trough=pl.min_horizontal(
                   "low", pl.col("last").shift(1).over(KEY).fill_null(0))))
-    spans_df, bins_df = pl.collect_all([spans.sort(KEY), binned])
+    spans_df, bins_df = pl.collect_all([spans, binned])
+    # one group-by and one join: each series' bins as lists beside its span (looking a
+    # span up per series would scan them all once per series: quadratic in processes)
+    per = (bins_df.group_by(KEY, maintain_order=True).agg("bin", "trough")
+           .join(spans_df, on=KEY, how="left")
+           .select(*KEY, "events", "t0", "t1", "peak_bytes", "end_bytes", "bin", "trough"))
     rows = []
-    for key, grp in bins_df.group_by(KEY, maintain_order=True):
-        span = spans_df.filter((pl.col("layer") == key[0]) & (pl.col("pid") == key[1])).row(
-            0, named=True)
-        dur_min = (span["t1"] - span["t0"]) / NS_PER_MIN
-        row = {"layer": key[0], "pid": key[1], "events": span["events"],
-               "duration_s": dur_min * 60, "peak_bytes": span["peak_bytes"],
-               "end_bytes": span["end_bytes"], "slope_bytes_per_min": None, "r2": None,
+    for layer, pid, events, t0, t1, peak, end, bins, troughs in per.iter_rows():
+        dur_min = (t1 - t0) / NS_PER_MIN
+        row = {"layer": layer, "pid": pid, "events": events,
+               "duration_s": dur_min * 60, "peak_bytes": peak,
+               "end_bytes": end, "slope_bytes_per_min": None, "r2": None,
                "mad_bytes": None, "rising_troughs": 0, "flagged": False}
-        if grp.height >= 3 and dur_min > 0:
-            x = grp["bin"].to_numpy().astype(np.float64) * dur_min / BINS
-            y = grp["trough"].to_numpy().astype(np.float64)
+        if len(bins) >= 3 and dur_min > 0:
+            x = np.asarray(bins, dtype=np.float64) * dur_min / BINS
+            y = np.asarray(troughs, dtype=np.float64)
             slope, _, r2, mad = theil_sen(x, y)
             rise = slope * dur_min
             rises = int((np.diff(y) > 0).sum())
@@ -98,7 +101,7 @@ def growth(lifetimes: pl.LazyFrame) -> pl.DataFrame:
                        flagged=bool(
                 dur_min * 60 >= MIN_DURATION_S and rises >= MIN_RISES
                 and slope > 0 and r2 >= MIN_R2 and rise >= MIN_RISE_BYTES
-                and rise >= MIN_RISE_SHARE * float(span["peak_bytes"] or 0)))
+                and rise >= MIN_RISE_SHARE * float(peak or 0)))
         rows.append(row)
     schema = {"layer": pl.String, "pid": pl.Int32, "events": pl.UInt32,
               "duration_s": pl.Float64, "peak_bytes": pl.Int64, "end_bytes": pl.Int64,
