@@ -119,3 +119,29 @@ def test_many_unknown_manifest_tables_are_one_warning(tmp_path: Path) -> None:
     doc = analyze(trace)
     unknown = [w for w in doc["warnings"] if "unknown to this gputrace" in w]
     assert len(unknown) == 1 and "20000 tables" in unknown[0], unknown[:3]
+
+
+# ---------------------------------------------------------------- diff --fail-on
+def _small(path: Path, layers: tuple[str, ...]) -> Path:
+    b = TraceBuilder(layers=layers)
+    b.process(1, "job")
+    b.cuda_alloc(0.0, 1, 4096)
+    if "syscall" in layers:
+        b.rm_alloc(t=0.1, pid=1, size=1 << 20)
+    return b.build(path)
+
+
+def test_diff_fail_on_refuses_a_layer_the_after_trace_did_not_record(tmp_path: Path) -> None:
+    """`diff --fail-on` passed (exit 0, no warning) when the after trace recorded no
+    layer the gate reads, while `analyze --fail-on` refuses that case; now diff refuses
+    too (exit 2, one line naming the metric, the layer and the trace)."""
+    before = _small(tmp_path / "b", ("syscall", "api", "driver"))
+    after = _small(tmp_path / "a", ("api",))
+    for cond, layer in (("fault_rate>+10%", "cpu_faults, driver, uvm_tools"),
+                        ("ioctl_p99>+10%", "syscall")):
+        r = gputrace("diff", str(before), str(after), "--fail-on", cond)
+        assert r.returncode == 2, (cond, r.returncode, r.stderr)
+        assert_one_line_error(r, f"(layer {layer} not recorded in the after trace)")
+    # a metric both traces measure still runs (and the same trace twice does not rise)
+    r = gputrace("diff", str(before), str(after), "--fail-on", "leak_bytes>+10%")
+    assert r.returncode == 0, r.stderr
