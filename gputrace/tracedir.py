@@ -102,7 +102,8 @@ class Trace(ManifestFacts):
         parts = self.parts(table)
         if not parts:
             return pl.LazyFrame(schema=t.polars_schema)
-        # Parts written before a nullable column was added read it as nulls.
+        # Parts of an older schema version, written before a nullable column was
+        # added, read it as nulls (`_check_part` refuses a current part without it).
         return pl.scan_parquet([str(p) for p in parts], schema=t.polars_schema,
                                missing_columns="insert").select(
             [pl.col(n).cast(dt) for n, dt in t.polars_schema.items()]
@@ -163,8 +164,15 @@ def _check_part(t: schema.Table, path: Path) -> None:
             f"{path} has schema version {version}, newer than this gputrace "
             f"({schema.SCHEMA_VERSION}); upgrade gputrace"
         )
-    missing = [c.name for c in t.columns if c.name not in arrow_schema.names
-               and not c.nullable]
+    names = arrow_schema.names
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise TraceError(f"{path}: table {t.name} column {twice[0]} appears more than once; "
+                         "refusing to guess which one is meant")
+    # A part of the current schema version holds every column; one of an older version
+    # may lack the nullable columns added since (they read as null).
+    missing = [c.name for c in t.columns if c.name not in names
+               and (not c.nullable or version >= schema.SCHEMA_VERSION)]
     if missing:
         raise TraceError(f"{path}: columns missing from table {t.name}: {', '.join(missing)}")
     for c in t.columns:
