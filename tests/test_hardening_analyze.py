@@ -7,6 +7,7 @@ a silent wrong answer.
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -247,3 +248,83 @@ def test_current_part_missing_a_nullable_column_is_refused(tmp_path: Path) -> No
     r = gputrace("analyze", str(trace))
     assert_one_line_error(r, "columns missing from table cuda_calls: stack_id")
     assert str(part) in r.stderr
+
+
+# ---------------------------------------------------------------- text a terminal acts on
+EVIL = "x\u009b2J\u202eevil\x1b]0;title\x07\u2028y"  # C1 CSI, bidi override, OSC, LS
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _evil_trace(path: Path) -> Path:
+    b = TraceBuilder(layers=("api",))
+    b.process(1, EVIL)
+    b.cuda_alloc(0.0, 1, 4096)
+    return b.build(path)
+
+
+def _raw_controls(text: str) -> list[str]:
+    return [ch for ch in text if not ch.isprintable() and ch not in "\n\r"]
+
+
+def test_dump_json_escapes_c1_and_bidi_and_keeps_the_value(tmp_path: Path) -> None:
+    """`dump -f json` wrote C1 controls and bidi overrides raw (JSON writers escape only
+    C0); they are \\u escapes now, always: the same JSON strings, harmless on a terminal."""
+    from gputrace.commands.dump import dump_table
+    from gputrace.tracedir import open_trace
+
+    trace = open_trace(_evil_trace(tmp_path / "t"))
+    for out in (io.StringIO(), _Terminal()):
+        dump_table(trace, "cuda_calls", limit=None, fmt="json", out=out)
+        text = out.getvalue()
+        assert _raw_controls(text) == [], _raw_controls(text)
+        assert [json.loads(x)["comm"] for x in text.splitlines()] == [EVIL]
+
+
+def test_dump_csv_escapes_only_on_a_terminal(tmp_path: Path) -> None:
+    """`dump -f csv` to a terminal wrote the escape sequences a traced process put in
+    its name; to a terminal they are shown escaped now (render/safe), to a file or pipe
+    the CSV stays verbatim for tools."""
+    from gputrace.commands.dump import dump_table
+    from gputrace.render.safe import printable
+    from gputrace.tracedir import open_trace
+
+    trace = open_trace(_evil_trace(tmp_path / "t"))
+    tty, pipe = _Terminal(), io.StringIO()
+    dump_table(trace, "cuda_calls", limit=None, fmt="csv", out=tty)
+    dump_table(trace, "cuda_calls", limit=None, fmt="csv", out=pipe)
+    assert _raw_controls(tty.getvalue()) == [], _raw_controls(tty.getvalue())
+    assert printable(EVIL) in tty.getvalue()
+    assert EVIL in pipe.getvalue()
+
+
+def test_convert_message_escapes_the_path(tmp_path: Path) -> None:
+    """`convert` echoed the trace path raw: a path holding an escape sequence acted on
+    the operator's terminal."""
+    from gputrace.tracewriter import TraceWriter
+
+    trace = tmp_path / "t\x1b]0;owned\x07"
+    TraceWriter(trace).close()
+    r = gputrace("convert", str(trace))
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "\\x1b]0;owned\\x07" in r.stdout, r.stdout
+
+
+def test_record_raw_hint_escapes_the_output_path(capsys: pytest.CaptureFixture[str]) -> None:
+    """The `--raw` hint (`run gputrace convert PATH`) printed the operator's -o raw;
+    it is shown escaped now, like every path the CLI prints."""
+    from unittest import mock
+
+    from gputrace.record.recorder import Recorder
+
+    rec = mock.MagicMock(opts=mock.MagicMock(raw=True))
+    rec._target_exit.return_value = None
+    session = mock.MagicMock()
+    session.w.path = Path("/tmp/t\x1b[2J\u202e")
+    Recorder._finish(rec, session, "complete")
+    err = capsys.readouterr().err
+    assert "gputrace convert /tmp/t\\x1b[2J\\u202e" in err, err
+    assert _raw_controls(err) == []
