@@ -115,7 +115,7 @@ def growth(lifetimes: pl.LazyFrame) -> pl.DataFrame:
     for i, (bins, t0, t1) in enumerate(zip(cols["bin"], cols["t0"], cols["t1"], strict=True)):
         if len(bins) >= 3 and t1 > t0:
             by_k.setdefault(len(bins), []).append(i)
-    for k, idx in by_k.items():
+    for idx in by_k.values():
         dur_min = np.array([(cols["t1"][i] - cols["t0"][i]) / NS_PER_MIN for i in idx])
         x = np.array([cols["bin"][i] for i in idx], dtype=np.float64) * dur_min[:, None] / BINS
         y = np.array([cols["trough"][i] for i in idx], dtype=np.float64)
