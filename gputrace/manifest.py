@@ -30,8 +30,13 @@ TRACE_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
 """What a manifest `trace_id` may be: it names files of a fleet dataset, so no
 path separators or leading dots. The recorder writes a random UUID."""
 
-Count = Annotated[StrictInt, Field(ge=0)]
-Stamp = Annotated[StrictInt, Field(ge=0)]
+I64_MAX = (1 << 63) - 1
+"""Every integer of a manifest is a 64-bit field: the recorder writes nothing larger, and
+a larger one overflows the Int64 columns it meets and the date it is shown as."""
+Count = Annotated[StrictInt, Field(ge=0, le=I64_MAX)]
+Stamp = Annotated[StrictInt, Field(ge=0, le=I64_MAX)]
+Offset = Annotated[StrictInt, Field(ge=-I64_MAX, le=I64_MAX)]
+"""Monotonic to Unix-epoch nanoseconds: a stamp plus it is a date between 1677 and 2554."""
 
 
 class _Model(BaseModel):
@@ -78,7 +83,7 @@ class Gpu(_Model):
 
 class Clock(_Model):
     source: StrictStr | None = None
-    realtime_offset_ns: StrictInt | None = None
+    realtime_offset_ns: Offset | None = None
     uvm_events: StrictStr | None = None
 
 
@@ -233,6 +238,8 @@ def _describe(err: Any) -> str:
         return f"manifest field {field!r} is missing"
     if kind in _EXPECTED:
         return f"manifest field {field!r} must be {_EXPECTED[kind]}, not {got}"
+    if kind == "less_than_equal" and "le" in err.get("ctx", {}):
+        return f"manifest field {field!r} must be <= {err['ctx']['le']}, not {err['input']!r}"
     if kind in ("greater_than_equal", "greater_than"):
         return f"manifest field {field!r} must be >= {err['ctx']['ge']}, not {err['input']!r}" \
             if "ge" in err.get("ctx", {}) else f"manifest field {field!r}: {err['msg']}"

@@ -99,12 +99,15 @@ def read(data: bytes, where: str) -> tuple[dict[str, Any], list[Frame]]:
         raise TraceError(f"{where}: raw part cut short in its header")
     try:
         meta = json.loads(data[pos : pos + hlen])
-        itemsize = int(meta["itemsize"])
-        codec = str(meta["codec"])
-    except (ValueError, KeyError, TypeError) as e:
+    except RecursionError:  # `[[[[...` a few thousand deep
+        raise TraceError(f"{where}: unreadable raw part header (nested too deeply)") from None
+    except ValueError as e:
         raise TraceError(f"{where}: unreadable raw part header ({type(e).__name__})") from None
-    if not isinstance(meta, dict) or itemsize <= 0 or codec != CODEC:
-        raise TraceError(f"{where}: unreadable raw part header")
+    # exact types, no conversions: `1e400` is a float (infinity), `true` a bool
+    itemsize = meta.get("itemsize") if isinstance(meta, dict) else None
+    if (not isinstance(itemsize, int) or isinstance(itemsize, bool)
+            or not 0 < itemsize <= FRAME_MAX or meta.get("codec") != CODEC):
+        raise TraceError(f"{where}: unreadable raw part header (itemsize, codec)")
     pos += hlen
     view = memoryview(data)
     out: list[Frame] = []

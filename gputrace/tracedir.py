@@ -26,7 +26,18 @@ from gputrace.tracefiles import MANIFEST, PART_GLOB, STATUS_COMPLETE, read_manif
 if TYPE_CHECKING:  # polars is imported where a scan needs it
     import polars as pl
 
-__all__ = ["ManifestFacts", "Trace", "open_trace", "trace_warnings"]
+__all__ = ["CHOSEN_SIZES", "SIZE_LIMIT", "ManifestFacts", "Trace", "open_trace",
+           "trace_warnings"]
+
+SIZE_LIMIT = 1 << 48
+"""Bytes no allocation, mapping or reservation can span (256 TiB: more than any GPU or
+host holds). A traced process chooses the sizes it passes (`cuMemAlloc((size_t)-1)`
+through a libcuda of its own); the trace keeps them verbatim (uint64) and the
+analyses count a larger one as 0 bytes, with a warning (`trace_warnings`)."""
+
+CHOSEN_SIZES = {"cuda_calls": ("size_bytes",), "ioctls": ("size_bytes", "va_length"),
+                "mappings": ("length",)}
+"""The size columns whose values a traced process passes (what allocation lifetimes read)."""
 
 
 class ManifestFacts:
@@ -91,7 +102,8 @@ class Trace(ManifestFacts):
         parts = self.parts(table)
         if not parts:
             return pl.LazyFrame(schema=t.polars_schema)
-        # Parts written before a nullable column was added read it as nulls.
+        # Parts of an older schema version, written before a nullable column was
+        # added, read it as nulls (`_check_part` refuses a current part without it).
         return pl.scan_parquet([str(p) for p in parts], schema=t.polars_schema,
                                missing_columns="insert").select(
             [pl.col(n).cast(dt) for n, dt in t.polars_schema.items()]
@@ -152,8 +164,15 @@ def _check_part(t: schema.Table, path: Path) -> None:
             f"{path} has schema version {version}, newer than this gputrace "
             f"({schema.SCHEMA_VERSION}); upgrade gputrace"
         )
-    missing = [c.name for c in t.columns if c.name not in arrow_schema.names
-               and not c.nullable]
+    names = arrow_schema.names
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise TraceError(f"{path}: table {t.name} column {twice[0]} appears more than once; "
+                         "refusing to guess which one is meant")
+    # A part of the current schema version holds every column; one of an older version
+    # may lack the nullable columns added since (they read as null).
+    missing = [c.name for c in t.columns if c.name not in names
+               and (not c.nullable or version >= schema.SCHEMA_VERSION)]
     if missing:
         raise TraceError(f"{path}: columns missing from table {t.name}: {', '.join(missing)}")
     for c in t.columns:
@@ -264,8 +283,14 @@ def _integrity_warnings(trace: Trace) -> list[str]:
     m = trace.manifest
     announced: dict[str, Any] = m.get("tables", {})
     finished = trace.status == STATUS_COMPLETE
-    for name in sorted(set(announced) - set(schema.TABLES)):
-        out.append(f"the manifest lists table {name!r}, unknown to this gputrace; ignored")
+    unknown = sorted(set(announced) - set(schema.TABLES))
+    if len(unknown) == 1:
+        out.append(f"the manifest lists table {unknown[0]!r}, unknown to this gputrace; "
+                   "ignored")
+    elif unknown:  # one line however many: a manifest can name 10^5 of them
+        named = ", ".join(repr(n) for n in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        out.append(f"the manifest lists {len(unknown)} tables unknown to this gputrace "
+                   f"({named}); ignored")
     for name in schema.TABLES:
         parts = trace.parts(name)
         rows = sum(pq.read_metadata(p).num_rows for p in parts)
@@ -278,6 +303,14 @@ def _integrity_warnings(trace: Trace) -> list[str]:
                 f"parts, the trace holds {rows} rows in {len(parts)} parts"
                 + ("; results miss the absent rows" if short else "")
             )
+    for name, cols in CHOSEN_SIZES.items():
+        for col in cols:
+            n, largest = _impossible(trace.parts(name), col)
+            if n:
+                out.append(
+                    f"table {name}: {n} rows have a {col} over 256 TiB (largest "
+                    f"{largest} bytes), more than any GPU holds; analyses count them as 0 bytes"
+                )
     start, end = m.get("start_ts_ns"), m.get("end_ts_ns")
     if start is None and end is None:
         return out
@@ -294,23 +327,44 @@ def _integrity_warnings(trace: Trace) -> list[str]:
     return out
 
 
-def _outside(parts: list[Path], start: int | None, end: int | None) -> int:
-    """Rows of `parts` with ts_ns outside [start, end]; footers first, data only if needed."""
-    suspect = []
+def _suspect(parts: list[Path], col: str, lo: int | None, hi: int | None) -> list[Path]:
+    """The parts whose footer statistics cannot rule out a value of `col` below `lo` or
+    above `hi` (a row group without statistics is suspect)."""
+    out = []
     for p in parts:
         meta = pq.read_metadata(p)
         names = [meta.schema.column(i).path for i in range(meta.num_columns)]
-        if "ts_ns" not in names:
+        if col not in names:
             continue
-        col = names.index("ts_ns")
+        i = names.index(col)
         for rg in range(meta.num_row_groups):
-            st = meta.row_group(rg).column(col).statistics
-            lo, hi = (st.min, st.max) if st is not None and st.has_min_max else (None, None)
-            if (lo is None or hi is None
-                    or (start is not None and lo < start)
-                    or (end is not None and hi > end)):
-                suspect.append(p)
+            st = meta.row_group(rg).column(i).statistics
+            a, b = (st.min, st.max) if st is not None and st.has_min_max else (None, None)
+            if (a is None or b is None or (lo is not None and a < lo)
+                    or (hi is not None and b > hi)):
+                out.append(p)
                 break
+    return out
+
+
+def _impossible(parts: list[Path], col: str) -> tuple[int, int]:
+    """How many values of `col` exceed SIZE_LIMIT, and the largest; footers first."""
+    suspect = _suspect(parts, col, None, SIZE_LIMIT)
+    if not suspect:
+        return 0, 0
+    import polars as pl
+
+    # the parts' own type (uint64), never a cast: the value is the evidence
+    got = (pl.scan_parquet([str(p) for p in suspect]).select(pl.col(col))
+           .filter(pl.col(col) > SIZE_LIMIT)
+           .select(pl.len().alias("n"), pl.col(col).max().alias("top")).collect())
+    n = int(got["n"][0])
+    return n, (int(got["top"][0]) if n else 0)
+
+
+def _outside(parts: list[Path], start: int | None, end: int | None) -> int:
+    """Rows of `parts` with ts_ns outside [start, end]; footers first, data only if needed."""
+    suspect = _suspect(parts, "ts_ns", start, end)
     if not suspect:
         return 0
     import polars as pl

@@ -61,6 +61,24 @@ def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]
     return slope, intercept, r2, float(np.median(np.abs(resid - np.median(resid))))
 
 
+def theil_sen_rows(x: np.ndarray, y: np.ndarray) -> list[tuple[float, float, float, float]]:
+    """`theil_sen` of each row of x, y (m series of k points each), computed together
+    (the same numbers: each median and sum runs over one row as it would alone)."""
+    i, j = np.triu_indices(x.shape[1], k=1)
+    dx = x[:, j] - x[:, i]
+    if not (dx != 0).all():  # never with distinct bins over a positive span
+        return [theil_sen(x[r], y[r]) for r in range(len(x))]
+    slope = np.median((y[:, j] - y[:, i]) / dx, axis=1)
+    intercept = np.median(y - slope[:, None] * x, axis=1)
+    resid = y - (slope[:, None] * x + intercept[:, None])
+    ss_tot = np.sum((y - y.mean(axis=1)[:, None]) ** 2, axis=1)
+    ss_res = np.sum(resid**2, axis=1)
+    mad = np.median(np.abs(resid - np.median(resid, axis=1)[:, None]), axis=1)
+    return [(float(slope[r]), float(intercept[r]),
+             1.0 - float(ss_res[r]) / float(ss_tot[r]) if ss_tot[r] > 0 else 0.0,
+             float(mad[r])) for r in range(len(x))]
+
+
 def growth(lifetimes: pl.LazyFrame) -> pl.DataFrame:
     """One row per (layer, pid): slope in bytes/minute, fit quality, flag."""
     series = live_series(lifetimes)
@@ -78,28 +96,40 @@ def growth(lifetimes: pl.LazyFrame) -> pl.DataFrame:
               # before a series' first event nothing of it was live (0 bytes)
               .with_columns(trough=pl.min_horizontal(
                   "low", pl.col("last").shift(1).over(KEY).fill_null(0))))
-    spans_df, bins_df = pl.collect_all([spans.sort(KEY), binned])
-    rows = []
-    for key, grp in bins_df.group_by(KEY, maintain_order=True):
-        span = spans_df.filter((pl.col("layer") == key[0]) & (pl.col("pid") == key[1])).row(
-            0, named=True)
-        dur_min = (span["t1"] - span["t0"]) / NS_PER_MIN
-        row = {"layer": key[0], "pid": key[1], "events": span["events"],
-               "duration_s": dur_min * 60, "peak_bytes": span["peak_bytes"],
-               "end_bytes": span["end_bytes"], "slope_bytes_per_min": None, "r2": None,
-               "mad_bytes": None, "rising_troughs": 0, "flagged": False}
-        if grp.height >= 3 and dur_min > 0:
-            x = grp["bin"].to_numpy().astype(np.float64) * dur_min / BINS
-            y = grp["trough"].to_numpy().astype(np.float64)
-            slope, _, r2, mad = theil_sen(x, y)
-            rise = slope * dur_min
-            rises = int((np.diff(y) > 0).sum())
-            row.update(slope_bytes_per_min=slope, r2=r2, mad_bytes=mad, rising_troughs=rises,
-                       flagged=bool(
-                dur_min * 60 >= MIN_DURATION_S and rises >= MIN_RISES
+    spans_df, bins_df = pl.collect_all([spans, binned])
+    # one group-by and one join: each series' bins as lists beside its span (looking a
+    # span up per series would scan them all once per series: quadratic in processes)
+    per = (bins_df.group_by(KEY, maintain_order=True).agg("bin", "trough")
+           .join(spans_df, on=KEY, how="left")
+           .select(*KEY, "events", "t0", "t1", "peak_bytes", "end_bytes", "bin", "trough"))
+    cols = per.to_dict(as_series=False)
+    rows = [{"layer": layer, "pid": pid, "events": events,
+             "duration_s": (t1 - t0) / NS_PER_MIN * 60, "peak_bytes": peak,
+             "end_bytes": end, "slope_bytes_per_min": None, "r2": None,
+             "mad_bytes": None, "rising_troughs": 0, "flagged": False}
+            for layer, pid, events, t0, t1, peak, end in zip(
+                cols["layer"], cols["pid"], cols["events"], cols["t0"], cols["t1"],
+                cols["peak_bytes"], cols["end_bytes"], strict=True)]
+    # series with the same number of bins are fitted together, one array each
+    by_k: dict[int, list[int]] = {}
+    for i, (bins, t0, t1) in enumerate(zip(cols["bin"], cols["t0"], cols["t1"], strict=True)):
+        if len(bins) >= 3 and t1 > t0:
+            by_k.setdefault(len(bins), []).append(i)
+    for idx in by_k.values():
+        dur_min = np.array([(cols["t1"][i] - cols["t0"][i]) / NS_PER_MIN for i in idx])
+        x = np.array([cols["bin"][i] for i in idx], dtype=np.float64) * dur_min[:, None] / BINS
+        y = np.array([cols["trough"][i] for i in idx], dtype=np.float64)
+        fits = theil_sen_rows(x, y)
+        rises = (np.diff(y, axis=1) > 0).sum(axis=1)
+        for n, i in enumerate(idx):
+            slope, _, r2, mad = fits[n]
+            d, peak = float(dur_min[n]), rows[i]["peak_bytes"]
+            rise = slope * d
+            rows[i].update(slope_bytes_per_min=slope, r2=r2, mad_bytes=mad,
+                           rising_troughs=int(rises[n]), flagged=bool(
+                d * 60 >= MIN_DURATION_S and rises[n] >= MIN_RISES
                 and slope > 0 and r2 >= MIN_R2 and rise >= MIN_RISE_BYTES
-                and rise >= MIN_RISE_SHARE * float(span["peak_bytes"] or 0)))
-        rows.append(row)
+                and rise >= MIN_RISE_SHARE * float(peak or 0)))
     schema = {"layer": pl.String, "pid": pl.Int32, "events": pl.UInt32,
               "duration_s": pl.Float64, "peak_bytes": pl.Int64, "end_bytes": pl.Int64,
               "slope_bytes_per_min": pl.Float64, "r2": pl.Float64, "mad_bytes": pl.Float64,

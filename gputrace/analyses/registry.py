@@ -201,6 +201,11 @@ def selected(wanted: list[str]) -> list[ReportSpec]:
     return [s for s in REPORTS if s.name in wanted]
 
 
+def report(name: str) -> ReportSpec:
+    """The report of CLI name `name`."""
+    return next(s for s in REPORTS if s.name == name)
+
+
 def gate_report(gate: str) -> ReportSpec:
     """The report a `--fail-on` condition reads."""
     return next(s for s in REPORTS if any(g.name == gate for g in s.gates))

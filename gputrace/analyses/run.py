@@ -60,6 +60,19 @@ Conditions = list[tuple[str, float]]
 """`--fail-on` conditions: (gate name, threshold; 0.0 when the gate takes none)."""
 
 
+def not_recorded(doc: dict[str, Any], report: str, layers: tuple[str, ...] = ()) -> str | None:
+    """The layers missing for report `report` (CLI name) of `doc` to say anything, and
+    any of `layers` the trace did not record, as text ("syscall", "api, syscall"); None
+    when all were recorded. A gate on an absent layer would pass whatever the program
+    did (`analyze --fail-on` and `diff --fail-on` both refuse it)."""
+    rep = doc[registry.report(report).key]
+    if rep is not None and not rep["recorded"]:
+        return ", ".join(rep["not_recorded_layers"]) or "needed"
+    have = set(doc.get("trace", {}).get("layers", []))
+    lacking = [x for x in layers if x not in have]
+    return ", ".join(lacking) or None
+
+
 def unmeasured(doc: dict[str, Any], conds: Conditions) -> list[str]:
     """Which --fail-on conditions cannot be checked because their layer was not recorded?
 
@@ -72,8 +85,8 @@ def unmeasured(doc: dict[str, Any], conds: Conditions) -> list[str]:
         rep = doc[spec.key]
         if rep is None:
             continue  # not asked for: refused before any work (see analyze)
-        if not rep["recorded"]:
-            missing = ", ".join(rep["not_recorded_layers"]) or "needed"
+        missing = not_recorded(doc, spec.name)
+        if missing:
             out.append(f"{name} (layer {missing} not recorded)")
             continue
         gate = next(g for g in spec.gates if g.name == name)

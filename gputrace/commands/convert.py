@@ -27,13 +27,15 @@ def register(app: typer.Typer) -> None:
 
         from gputrace.options import parse_count
         from gputrace.rawconvert import convert as run
+        from gputrace.render.safe import printable
 
         n = (parse_count(jobs, "--jobs", minimum=1, maximum=1024) if jobs is not None
              else len(os.sched_getaffinity(0)))  # fmt: skip
         done = run(trace, jobs=n)
+        where = printable(trace)  # a path may hold what a terminal acts on
         if not done.tables:
-            typer.echo(f"{trace}: no raw parts; nothing to convert")
+            typer.echo(f"{where}: no raw parts; nothing to convert")
             return
         note = f", {done.skipped} records skipped as unreadable" if done.skipped else ""
-        typer.echo(f"{trace}: {done.parts} raw parts decoded into {done.rows} rows of "
+        typer.echo(f"{where}: {done.parts} raw parts decoded into {done.rows} rows of "
                    f"{', '.join(done.tables)}{note}")  # fmt: skip

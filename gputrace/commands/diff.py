@@ -16,6 +16,10 @@ FORMATS = ("terminal", "json", "html")
 METRICS = ("leak_bytes", "peak", "ioctl_p99", "fault_rate")
 Cond = tuple[str, float, bool]
 """(metric, threshold, is_percent)."""
+NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "leak_bytes": ("leaks", ()), "peak": ("summary", ()),
+    "ioctl_p99": ("summary", ("syscall",)), "fault_rate": ("fault-rate", ())}
+"""What each --fail-on metric reads: a report (CLI name) and the layers besides it needs."""
 
 
 def parse_fail_on(text: str | None) -> list[Cond]:
@@ -80,8 +84,24 @@ def gates(d: dict[str, Any], conds: list[Cond]) -> list[str]:
     return hits
 
 
-def diff_traces(before: str, after: str) -> dict[str, Any]:
-    """Both traces analyzed with default options, then compared."""
+def unmeasured(docs: dict[str, dict[str, Any]], conds: list[Cond]) -> list[str]:
+    """The --fail-on metrics that a trace (`docs`: "before", "after" -> its document)
+    cannot measure because it did not record a layer they need (as `analyze` refuses)."""
+    from gputrace.analyses.run import not_recorded
+
+    out = []
+    for metric in dict.fromkeys(c[0] for c in conds):
+        report, layers = NEEDS[metric]
+        for which, doc in docs.items():
+            missing = not_recorded(doc, report, layers)
+            if missing:
+                out.append(f"{metric} (layer {missing} not recorded in the {which} trace)")
+    return out
+
+
+def diff_traces(before: str, after: str, conds: list[Cond] | None = None) -> dict[str, Any]:
+    """Both traces analyzed with default options, then compared; UsageError when a
+    --fail-on condition of `conds` cannot be measured in either."""
     from gputrace.analyses.diff import diff
     from gputrace.analyses.helpers.inputs import inputs_from_trace
     from gputrace.analyses.run import run_reports
@@ -93,6 +113,10 @@ def diff_traces(before: str, after: str) -> dict[str, Any]:
         inp = inputs_from_trace(open_trace(path))
         docs.append(run_reports(inp))
         stacks.append(folded_stacks(inp))
+    blind = unmeasured({"before": docs[0], "after": docs[1]}, conds or [])
+    if blind:
+        raise UsageError("--fail-on cannot check " + "; ".join(blind)
+                         + "; record that layer or drop the condition")
     out = diff(docs[0], docs[1], stacks[0], stacks[1])
     out["before_trace"], out["after_trace"] = before, after
     out["warnings"] = ([f"before: {w}" for w in docs[0]["warnings"]]
@@ -121,7 +145,7 @@ def register(app: typer.Typer) -> None:
         if fmt not in FORMATS:
             raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
         conds = parse_fail_on(fail_on)
-        d = diff_traces(before, after)
+        d = diff_traces(before, after, conds)
         with opened(output, False) as f:
             if fmt == "json":
                 f.write(render_json(d))

@@ -7,7 +7,7 @@ from typing import TextIO
 
 import polars as pl
 
-from gputrace.render.safe import printable
+from gputrace.render.safe import json_ascii_safe, printable
 from gputrace.tracedir import Trace
 
 FORMATS = ("table", "csv", "json")
@@ -19,7 +19,10 @@ def dump_table(
     """Write rows of `table` in `fmt`; returns the number of rows written.
 
     `json` writes JSON Lines (one object per row), so output streams and
-    concatenates; `csv` has a header row; `table` is for terminals.
+    concatenates, with C1 controls and bidi/format characters as `\\u` escapes
+    (the same strings, harmless on a terminal); `csv` has a header row, its text
+    verbatim unless `out` is a terminal (then escaped like `table`); `table` is for
+    terminals.
     """
     out = out if out is not None else sys.stdout  # at call time: tests swap sys.stdout
     lf = trace.scan(table)
@@ -27,9 +30,10 @@ def dump_table(
         lf = lf.head(limit)
     df = lf.collect()
     if fmt == "csv":
-        out.write(df.write_csv())
+        # verbatim for tools; escaped when a terminal would act on the text
+        out.write((_printable_strings(df) if _isatty(out) else df).write_csv())
     elif fmt == "json":
-        out.write(df.write_ndjson())
+        out.write(json_ascii_safe(df.write_ndjson()))
     else:
         df = _printable_strings(df)
         with pl.Config(
@@ -38,6 +42,11 @@ def dump_table(
         ):
             out.write(f"{table}: {df.height} rows\n{df}\n")
     return df.height
+
+
+def _isatty(out: TextIO) -> bool:
+    isatty = getattr(out, "isatty", None)
+    return bool(isatty()) if callable(isatty) else False
 
 
 def _printable_strings(df: pl.DataFrame) -> pl.DataFrame:

@@ -38,6 +38,7 @@ from gputrace.record.options import (
     spill_bytes,
 )
 from gputrace.record.session import Observer, Session, Stats, merged
+from gputrace.render.safe import printable
 from gputrace.tracefiles import STATUS_COMPLETE
 from gputrace.tracewriter import TraceWriter
 
@@ -313,8 +314,9 @@ class Recorder:
         s.w.update_manifest(end_ts_ns=mono_ns())
         s.w.close(status)
         if self.opts.raw:
+            # the operator's -o, but a terminal acts on what a path may hold
             print(f"gputrace: ioctl events were written undecoded (--raw): run "
-                  f"`gputrace convert {s.w.path}` before reading the trace",
+                  f"`gputrace convert {printable(s.w.path)}` before reading the trace",
                   file=sys.stderr, flush=True)  # fmt: skip
         elif s.w.raw_parts_written:
             self._convert_spilled(s)
@@ -334,8 +336,9 @@ class Recorder:
             print(f"gputrace: decoded {done.parts} parts ({done.rows} rows) in "
                   f"{time.process_time() - t0:.2f} s of CPU", file=sys.stderr, flush=True)
         except (GputraceError, OSError) as e:
-            print(f"gputrace: warning: {e}; the trace keeps them: run `gputrace convert "
-                  f"{s.w.path}`", file=sys.stderr, flush=True)  # fmt: skip
+            print(f"gputrace: warning: {printable(e)}; the trace keeps them: run "
+                  f"`gputrace convert {printable(s.w.path)}`", file=sys.stderr,
+                  flush=True)  # fmt: skip
 
     def _target_exit(self) -> dict[str, Any] | None:
         """How CMD ended (manifest `target_exit`); None without a CMD."""

@@ -5,8 +5,9 @@ module paths and even manifest fields come from machines and files the reader
 does not control. Printed raw, an ESC byte starts a terminal escape sequence
 (clear the screen, set the window title, plant a hyperlink), a newline forges
 a report line and a bidi override reorders what the eye reads. Terminal
-output therefore shows every such character as a visible escape; JSON, CSV and
-Parquet keep the text verbatim (JSON escapes control characters itself).
+output therefore shows every such character as a visible escape; Parquet keeps
+the text verbatim, JSON keeps its value but writes such characters as `\\u`
+escapes (`json_ascii_safe`), CSV keeps it verbatim unless written to a terminal.
 
 HTML is markup: `markup` escapes text for the page itself, and every figure the HTML
 report hands to Plotly is built by `plot_figure`, which makes each string `plot_text`
@@ -17,6 +18,7 @@ clickable link, `<span style>` restyles, `<br>` and a newline forge a line).
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Sequence
 from typing import Any, NewType
 
@@ -109,3 +111,28 @@ def plot_figure(data: Sequence[dict[str, Any]], layout: dict[str, Any],
     renderer's constants); any other raises ValueError."""
     return PlotFigure({"data": _plot_safe(list(data), "data", templates),
                        "layout": _plot_safe(layout, "layout", templates)})
+
+
+_NON_ASCII = re.compile(r"[^\x00-\x7e]")  # DEL too
+
+
+def _json_escape(m: re.Match[str]) -> str:
+    ch = m.group()
+    if ch.isprintable():
+        return ch
+    cp = ord(ch)
+    if cp < 0x10000:
+        return f"\\u{cp:04x}"
+    cp -= 0x10000  # JSON spells a code point past the BMP as a surrogate pair
+    return f"\\u{0xD800 + (cp >> 10):04x}\\u{0xDC00 + (cp & 0x3FF):04x}"
+
+
+def json_ascii_safe(text: str) -> str:
+    """JSON text (a document or JSON Lines) with every non-ASCII character a terminal
+    could act on (C1 controls such as CSI, bidi overrides, zero-width and other format
+    characters, line separators) written as a `\\uXXXX` escape: the same JSON value,
+    and safe on a terminal. Outside strings JSON is ASCII, so only strings change;
+    ASCII controls are escaped by every JSON writer already."""
+    if text.isascii() and "\x7f" not in text:
+        return text
+    return _NON_ASCII.sub(_json_escape, text)

@@ -78,6 +78,7 @@ def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True
                   highlight=False, soft_wrap=False, emoji=False)
     document = printable_tree(document)
     limit = top if top is not None else ROWS
+    shown = set(document["warnings"])  # a set: reports repeat the trace's warnings
     for w in document["warnings"]:
         _warn(con, w)
     for spec in registry.REPORTS:
@@ -88,7 +89,7 @@ def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True
         con.rule(f"[bold]{spec.title}[/bold]")
         con.print(Text(rep["question"], style="dim"))
         for w in rep["warnings"]:
-            if w not in document["warnings"]:
+            if w not in shown:
                 _warn(con, w)
         if not rep["recorded"]:
             con.print(Text("not recorded: layer(s) " + ", ".join(rep["not_recorded_layers"])

@@ -24,6 +24,7 @@ from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.helpers.pairing import pair
 from gputrace.analyses.helpers.rm_objects import rm_lifetimes
 from gputrace.analyses.helpers.uvm_ranges import UVM_VIRTUAL_LAYER, uvm_lifetimes
+from gputrace.tracedir import SIZE_LIMIT
 
 COLUMNS = {
     "layer": pl.String, "pid": pl.Int32, "comm": pl.String, "id": pl.UInt64,
@@ -90,8 +91,17 @@ def lifetimes(inp: Inputs) -> pl.LazyFrame:
         parts.append(uvm_lifetimes(inp.scan("ioctls"), inp.scan("mappings")))
     if not parts:
         return pl.LazyFrame(schema=COLUMNS)
-    return pl.concat([p.select([pl.col(k).cast(v) for k, v in COLUMNS.items()])
-                      for p in parts])
+    return pl.concat([p.select([_column(k, v) for k, v in COLUMNS.items()]) for p in parts])
+
+
+def _column(name: str, dtype: pl.DataType | type[pl.DataType]) -> pl.Expr:
+    """Column `name` of the lifetimes frame. A size past SIZE_LIMIT (a traced process
+    passed it; tracedir warns with the true value) counts as 0 bytes: it fits no Int64
+    sum, and counted it would be the whole of every total."""
+    if name != "size_bytes":
+        return pl.col(name).cast(dtype)
+    size = pl.col(name)
+    return pl.when(size > SIZE_LIMIT).then(0).otherwise(size).cast(dtype).alias(name)
 
 
 def recorded_layers(inp: Inputs) -> dict[str, bool]:
