@@ -31,6 +31,9 @@ def register(app: typer.Typer) -> None:
         n = (parse_count(jobs, "--jobs", minimum=1, maximum=1024) if jobs is not None
              else len(os.sched_getaffinity(0)))  # fmt: skip
         done = run(trace, jobs=n)
+        if done.pending:
+            typer.echo(f"{trace}: {done.pending} rows of processes still running when the "
+                       "recorder was killed kept as a part")  # fmt: skip
         if not done.tables:
             typer.echo(f"{trace}: no raw parts; nothing to convert")
             return
