@@ -7,6 +7,10 @@ recorder would have written had it decoded them itself (the same decoder,
 running it again: the Parquet part is renamed into place before its raw part is
 removed, a raw part whose Parquet part exists is only removed, and the
 manifest's row counts are taken from the parts on disk first.
+
+A recording whose recorder was killed also left the rows of processes still
+running then (`tracefiles.PENDING`): they become the table's next part, less any
+row the parts already hold.
 """
 
 from __future__ import annotations
@@ -31,14 +35,16 @@ from gputrace.record import decode
 from gputrace.tracefiles import (
     MANIFEST,
     PART_RE,
+    PENDING,
     abs_trace_path,
     lock_dir,
+    lstat_at,
     open_dir_at,
     part_name,
     read_manifest,
     reason,
 )
-from gputrace.tracewriter import stream_part, write_manifest
+from gputrace.tracewriter import stream_part, write_manifest, write_part
 
 __all__ = ["Converted", "convert"]
 
@@ -52,6 +58,7 @@ class Converted:
     rows: int = 0  # rows written
     skipped: int = 0  # records skipped as unreadable (added to decode_errors)
     tables: list[str] = field(default_factory=list)  # tables that held raw parts
+    pending: int = 0  # rows of things still in progress when a recorder was killed, kept
 
 
 def convert(path: str | os.PathLike[str], *, level: int = 3, jobs: int = 1) -> Converted:
@@ -71,6 +78,7 @@ def convert(path: str | os.PathLike[str], *, level: int = 3, jobs: int = 1) -> C
             if folder is None:
                 continue
             try:
+                _fold_pending(fd, folder, root, table, manifest, done)
                 raws = _raw_parts(folder)
                 if not raws and "raw_parts" not in announced:
                     continue
@@ -89,6 +97,52 @@ def _folder(fd: int, root: Path, table: str) -> int | None:
     if st is None or not stat.S_ISDIR(st.st_mode):
         return None
     return open_dir_at(fd, table, root / table)
+
+
+PENDING_KEYS = {"processes": ("pid", "start_ts_ns")}
+"""Columns that name one row's subject: a PENDING row whose key a part already
+holds is dropped (the recorder wrote its final row, then was killed before it
+removed PENDING)."""
+
+
+def _fold_pending(fd: int, folder: int, root: Path, table: str, manifest: dict[str, Any],
+                  done: Converted) -> None:  # fmt: skip
+    """Make a table's PENDING rows (left by a killed recorder) its next part."""
+    st = lstat_at(folder, PENDING)
+    if st is None:
+        return
+    where = root / table / PENDING
+    if not stat.S_ISREG(st.st_mode):
+        raise TraceError(f"{where}: not a regular file")
+    t = schema.table(table)
+    data = _read(folder, PENDING, where)
+    try:
+        got = pq.read_table(pa.BufferReader(data)).select(t.arrow_schema.names)
+        got = got.cast(t.arrow_schema)
+    except (pa.ArrowException, KeyError, ValueError) as e:
+        raise TraceError(f"{where}: unreadable ({str(e).splitlines()[0]})") from None
+    keys = PENDING_KEYS.get(table)
+    names = sorted(os.listdir(folder))
+    parts = [(int(m[1]), n) for n in names if (m := PART_RE.fullmatch(n)) and not m[3]]
+    if keys is not None and got.num_rows:
+        held: set[tuple[Any, ...]] = set()
+        for _n, name in parts:
+            if name.endswith(".parquet"):
+                cols = pq.read_table(pa.BufferReader(_read(folder, name, root / table / name)),
+                                     columns=list(keys)).to_pylist()  # fmt: skip
+                held.update(tuple(r[k] for k in keys) for r in cols)
+        rows = got.to_pylist()
+        keep = [i for i, r in enumerate(rows) if tuple(r[k] for k in keys) not in held]
+        got = got.take(pa.array(keep, pa.int64()))
+    if got.num_rows:
+        n = max((k for k, _ in parts), default=0) + 1
+        write_part(folder, part_name(n), got, root / table)
+    os.unlink(PENDING, dir_fd=folder)
+    rows_now, parts_now = _count(folder, root / table)
+    tables = manifest.setdefault("tables", {})
+    tables[table] = {**tables.get(table, {}), "rows": rows_now, "parts": parts_now}
+    write_manifest(fd, manifest, root)
+    done.pending += got.num_rows
 
 
 def _raw_parts(folder: int) -> list[tuple[int, str]]:

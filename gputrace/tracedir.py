@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from gputrace import schema
 from gputrace.errors import TraceError
 from gputrace.rawparts import RAW_GLOB
-from gputrace.tracefiles import MANIFEST, PART_GLOB, STATUS_COMPLETE, read_manifest
+from gputrace.tracefiles import MANIFEST, PART_GLOB, PENDING, STATUS_COMPLETE, read_manifest
 
 if TYPE_CHECKING:  # polars is imported where a scan needs it
     import polars as pl
@@ -311,6 +311,12 @@ def _integrity_warnings(trace: Trace) -> list[str]:
                     f"table {name}: {n} rows have a {col} over 256 TiB (largest "
                     f"{largest} bytes), more than any GPU holds; analyses count them as 0 bytes"
                 )
+    for name in schema.TABLES:
+        pending = trace.path / name / PENDING
+        if pending.is_file():
+            out.append(f"table {name}: rows of what was still running when the recording "
+                       f"stopped are in {pending}, not yet in the table: run `gputrace "
+                       f"convert {trace.path}` to keep them")  # fmt: skip
     start, end = m.get("start_ts_ns"), m.get("end_ts_ns")
     if start is None and end is None:
         return out

@@ -39,6 +39,12 @@ PART_GLOB = "part-*.parquet"
 PART_RE = re.compile(r"part-(\d+)\.(parquet|gtraw)(\.tmp)?")
 """A part's file name: number, kind (Parquet, or raw: gputrace.rawparts), `.tmp` while written."""
 
+PENDING = "pending.parquet"
+"""A table folder's rows of things still in progress at the last rotation (the
+processes still running), replaced at each rotation and removed when the recording
+ends; `gputrace convert` turns a recording's last one into a part (its recorder was
+killed). Not a part: readers never scan it."""
+
 STATUS_RECORDING = "recording"
 STATUS_COMPLETE = "complete"
 

@@ -22,6 +22,7 @@ from gputrace.tracefiles import (
     MANIFEST,
     MANIFEST_TMP,
     PART_RE,
+    PENDING,
     STATUS_COMPLETE,
     abs_trace_path,
     check_private,
@@ -181,6 +182,9 @@ def _plan_removal(fd: int, p: Path) -> _Plan:
                             and sub == f"part-{int(m[1]):06d}.{m[2]}{m[3] or ''}"
                             and 1 <= int(m[1]) <= last
                             and (m[3] is None or (int(m[1]) == last and not finished)))
+                    # a recording's rows still in progress (tracewriter.set_pending)
+                    ours = ours or (sub in (PENDING, PENDING + ".tmp") and sst is not None
+                                    and stat.S_ISREG(sst.st_mode))  # fmt: skip
                     if ours:
                         plan.remove.append((name, sub))
                     elif m is not None or sub.endswith((".parquet", ".gtraw")):

@@ -27,6 +27,7 @@ from gputrace.errors import TraceError
 from gputrace.tracefiles import (
     MANIFEST,
     MANIFEST_TMP,
+    PENDING,
     STATUS_COMPLETE,
     STATUS_RECORDING,
     abs_trace_path,
@@ -86,6 +87,7 @@ class TraceWriter:
         self._raw_bytes: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
         self._raw_parts: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
         self._raw_rows: dict[str, int] = dict.fromkeys(schema.TABLES, 0)
+        self._pending: set[str] = set()  # tables with a PENDING file on disk
         self.manifest: dict[str, Any] = {
             "format": schema.FORMAT_NAME,
             "format_version": schema.FORMAT_VERSION,
@@ -153,14 +155,36 @@ class TraceWriter:
         """Merge fields into the manifest; written at the next rotation or close."""
         self.manifest.update(fields)
 
+    def set_pending(self, table: str, data: pa.Table | None) -> None:
+        """Replace `table`'s PENDING rows (things still in progress, e.g. processes
+        still running) by `data` (None or no rows: remove them). Written at once,
+        whole: a recorder killed later leaves them for `gputrace convert`."""
+        if table not in schema.TABLES:
+            raise TraceError(f"unknown table {table!r}")
+        if data is None or data.num_rows == 0:
+            if table in self._pending:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(PENDING, dir_fd=self._table_dir(table))
+                self._pending.discard(table)
+            return
+        t = schema.table(table)
+        arrow = pa.Table.from_batches([_conform(t, data)], schema=t.arrow_schema)
+        write_part(self._table_dir(table), PENDING, arrow, self.path / table,
+                   self.compression_level)  # fmt: skip
+        self._pending.add(table)
+
     def rotate(self) -> None:
         """Write every buffered table as a new part, then the manifest."""
         self._flush_all()
         self._write_manifest()
 
     def close(self, status: str = STATUS_COMPLETE) -> None:
-        """Write what is buffered and the final manifest; release the directory."""
+        """Write what is buffered and the final manifest; release the directory.
+        PENDING rows are removed: the final rows of what they held are in the
+        parts now (`gputrace convert` drops any it finds in the parts)."""
         self._flush_all()
+        for table in sorted(self._pending):
+            self.set_pending(table, None)
         self.manifest["status"] = status
         self._write_manifest()
         if self.relocated():

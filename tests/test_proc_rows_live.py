@@ -174,3 +174,48 @@ def _fleet_selects_by_job(tmp_path: Path, trace: Path, a: dict[str, Any], b: dic
     if cg is not None:
         assert _pids(_fleet(ds, f"cgroup = '{cg}'")) == {a["pid"]}
     assert _fleet(ds, "exe = '/no/such/exe'")["traces"] == 0
+
+
+def _pending_pids(trace: Path) -> list[int]:
+    """Pids in the processes table's PENDING rows (empty while there are none)."""
+    try:
+        return pl.read_parquet(trace / "processes" / "pending.parquet",
+                               columns=["pid"])["pid"].to_list()  # fmt: skip
+    except Exception:  # not written yet, or being replaced: read it again next round
+        return []
+
+
+def test_sigkilled_recorder_keeps_the_rows_of_running_processes(tmp_path: Path) -> None:
+    """Guards the SIGKILL loss of the processes table: a workload seen during the
+    recording and still running has its row on disk from the next rotation (the
+    recorder's PENDING rows are what the test waits on); after SIGKILL and `gputrace
+    convert` the processes table holds its row, with its facts and no exit."""
+    from tests.standin import standin
+
+    out = tmp_path / "trace"
+    with standin.mounted_driver(tmp_path, budget=1 << 30) as dev:
+        rec = RecorderProc(record_cmd(out, "--device-dir", str(dev), *standin_driver_args(),
+                                      "-d", "300"))  # fmt: skip
+        try:
+            rec.wait_ready()
+            with standin.waiting_workload(dev) as w:
+                deadline = time.monotonic() + 60
+                while w.pid not in _pending_pids(out):
+                    assert time.monotonic() < deadline, "".join(rec.stderr)
+                    time.sleep(0.05)  # polling the recorder's output with a deadline
+                rec.proc.send_signal(signal.SIGKILL)
+                rec.wait(timeout=60)
+                w.go()
+        finally:
+            if rec.proc.poll() is None:
+                rec.proc.kill()
+                rec.proc.wait()
+    assert json.loads((out / "manifest.json").read_text())["status"] == "recording"
+    r = gputrace("convert", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = open_trace(out).scan("processes").collect().filter(pl.col("pid") == w.pid)
+    assert rows.height == 1, rows
+    row = rows.row(0, named=True)
+    assert row["comm"] == "workload" and row["exit_ts_ns"] is None
+    assert row["exe"] is not None and row["exe"].endswith("/workload")
+    assert row["cmdline"] is not None and "--wait" in row["cmdline"]

@@ -21,7 +21,8 @@ def register(app: typer.Typer) -> None:
         """Decode a trace's raw parts (record --raw) into Parquet parts, in place.
 
         Safe to run again after an interruption; a trace without raw parts is left
-        as it is.
+        as it is, but for the rows of processes still running that a killed
+        recorder left (processes/pending.parquet), which become a part.
         """
         import os
 
@@ -33,6 +34,11 @@ def register(app: typer.Typer) -> None:
              else len(os.sched_getaffinity(0)))  # fmt: skip
         done = run(trace, jobs=n)
         where = printable(trace)  # a path may hold what a terminal acts on
+        if done.pending:
+            typer.echo(f"{where}: {done.pending} rows of processes still running when the "
+                       "recorder was killed kept as a part")  # fmt: skip
+        if not done.tables and done.pending:
+            return
         if not done.tables:
             typer.echo(f"{where}: no raw parts; nothing to convert")
             return

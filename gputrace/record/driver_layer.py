@@ -35,6 +35,7 @@ from gputrace.record import (
     uvm_tools_abi,
 )
 from gputrace.record.decode_uvm import UvmStreamContext, UvmStreamDecoder
+from gputrace.record.fdtake import FdTaker, TakeError
 from gputrace.record.uvm_target import FEED_RECORDS, Target, coalesce, mono_ns
 
 DEFAULT_DRAIN_MS = 10.0
@@ -89,6 +90,7 @@ class DriverLayer:
         self.error: str | None = None
         self.clock = uvm_clock.RawClock()  # (raw, mono) points: the records' clock map
         self._last_counters_ns = 0
+        self._taker: FdTaker | None = None  # takes the targets' uvm fds (fdtake)
         self._given_uuids = dict(gpu_uuids or {})
         self._gpu_uuids: dict[bytes, int] = dict(self._given_uuids)
 
@@ -106,6 +108,10 @@ class DriverLayer:
                 self._gpu_uuids = {**self.rm.gpu_uuids(), **self._gpu_uuids}
                 self.sampler = memory_sampler.MemorySampler(self.rm, self.sample_ms)
                 self.sampler.start()
+        with contextlib.suppress(uvm_tools.ToolsError, TakeError):
+            # started before any target runs: its first answer is not its start-up
+            self._taker = FdTaker(uvm_tools.uvm_identity(self.devdir))
+            self._taker.start()
         self._thread = threading.Thread(target=self._run, name="gputrace-uvm-tools", daemon=True)
         self._thread.start()
 
@@ -129,7 +135,10 @@ class DriverLayer:
             if pid in self._targets:
                 return True
         try:
-            tr = uvm_tools.Tracker.open(pid, self.devdir, self.abi, self.queue_entries, fds)
+            if self._taker is None:
+                self._taker = FdTaker(uvm_tools.uvm_identity(self.devdir))
+            tr = uvm_tools.Tracker.open(pid, self.devdir, self.abi, self.queue_entries, fds,
+                                        self._taker)  # fmt: skip
         except uvm_tools.ToolsError as e:
             self.failures.append({"pid": pid, "error": str(e)})
             return False
@@ -163,6 +172,9 @@ class DriverLayer:
                 if t.closed_ts_ns is None:
                     t.close(self.abi.entry_size)
             self._note_clock()  # after the last drains: their records are inside the map
+        if self._taker is not None:
+            self._taker.close()
+            self._taker = None
         if self.sampler is not None:
             self.sampler.stop()
         out = self._collect(final=True)

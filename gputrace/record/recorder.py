@@ -214,6 +214,7 @@ class Recorder:
             if self.child is None or pid != self.child.pid:
                 s.procs[pid] = procfs.read_info(pid)
         s.w.rotate()  # the manifest with its targets, before they run
+        s.checkpoint_procs()
         for layer in self.layers:
             layer.seed(s)
         self._install_signals()
@@ -291,6 +292,7 @@ class Recorder:
         if layer is None:  # "rotate"
             self._merge_manifests(s)
             s.w.rotate()
+            s.checkpoint_procs()  # after the parts: a process that exited is in them
             return
         buf = layer.BUFFERS.get(kind)
         if buf is not None:

@@ -100,6 +100,7 @@ class Session:
     backlog_bytes: int = 0  # raw bytes handed to the writer thread and not yet taken
     spill_bytes: int = 32 << 20  # past this backlog, ioctl events are written raw
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _procs_pending: list[dict[str, Any]] = field(default_factory=list)  # rows on disk
 
     @property
     def w(self) -> TraceWriter:
@@ -398,10 +399,26 @@ class Session:
     def write_procs(self, infos: list[procfs.ProcInfo]) -> None:
         if not infos:
             return
-        names = [c.name for c in schema.PROCESSES.columns]
-        rows = [{n: getattr(i, n) for n in names} for i in infos]
-        self.append("processes",
-                    pa.Table.from_pylist(rows, schema=schema.PROCESSES.arrow_schema))
+        self.append("processes", _proc_table(_proc_rows(infos)))
+
+    def checkpoint_procs(self) -> None:
+        """Writer thread, at each rotation: the rows of the processes still running
+        go to disk now (the processes table's PENDING rows), so a recorder killed
+        later loses none of their facts; rewritten only when they changed."""
+        rows = _proc_rows(list(self.procs.values()))
+        if rows == self._procs_pending:
+            return
+        self.w.set_pending("processes", _proc_table(rows) if rows else None)
+        self._procs_pending = rows
 
     def mono_ns(self) -> int:
         return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def _proc_rows(infos: list[procfs.ProcInfo]) -> list[dict[str, Any]]:
+    names = [c.name for c in schema.PROCESSES.columns]
+    return [{n: getattr(i, n) for n in names} for i in infos]
+
+
+def _proc_table(rows: list[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=schema.PROCESSES.arrow_schema)

@@ -1,8 +1,9 @@
 """Client of the driver's own UVM tools interface: event and counter trackers on
 another process's UVM file, with no kernel probe.
 
-For one target process this module takes the target's `/dev/nvidia-uvm` fd with
-`pidfd_getfd(2)`, opens `nvidia-uvm-tools` twice (an event queue tracker and a
+For one target process this module takes the target's `/dev/nvidia-uvm` fd
+(through `fdtake`: only a file checked to be the UVM device ever reaches the
+recorder), opens `nvidia-uvm-tools` twice (an event queue tracker and a
 counter tracker), and drains the queue in bulk: the records are copied out as
 bytes, at most two copies per drain (wrap-around), never one object per event.
 The ABI (command numbers, parameter structs, the choice by driver version) is in
@@ -22,6 +23,7 @@ import select
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gputrace.record.fdtake import FdTaker, TakeError, device_identity
 from gputrace.record.libc import (
     LIBC,
     MADV_DONTFORK,
@@ -30,7 +32,6 @@ from gputrace.record.libc import (
     PAGE,
     PROT_RW,
     ioctl,
-    pidfd_getfd,
     pidfd_open,
 )
 from gputrace.record.uvm_tools_abi import (
@@ -79,6 +80,14 @@ class Pinned:
             LIBC.munmap(self.addr, self.size)
             self.addr = 0
 
+
+
+def uvm_identity(devdir: str) -> str:
+    """The identity (`fdtake.device_identity`) of `<devdir>/nvidia-uvm`; ToolsError."""
+    try:
+        return device_identity(os.path.join(devdir, "nvidia-uvm"))
+    except TakeError as e:
+        raise ToolsError(str(e)) from None
 
 
 def uvm_fds(pid: int, devdir: str) -> list[int]:
@@ -182,17 +191,26 @@ class Tracker:
         abi: ToolsAbi,
         queue_entries: int = DEFAULT_QUEUE_ENTRIES,
         fds: Sequence[int] | None = None,
+        taker: FdTaker | None = None,
     ) -> Tracker:
-        """Attach to `pid` (its uvm fds from /proc unless `fds` is given); ToolsError."""
+        """Attach to `pid` (its uvm fds from /proc unless `fds` is given); ToolsError.
+        `taker` takes the fds (a helper of its own, for this call, when None)."""
         t = cls(pid, abi)
+        own = None
         try:
-            t._open(devdir, queue_entries, fds)
+            if taker is None:
+                taker = own = FdTaker(uvm_identity(devdir))
+            t._open(devdir, queue_entries, fds, taker)
         except BaseException:
             t.close()
             raise
+        finally:
+            if own is not None:
+                own.close()
         return t
 
-    def _open(self, devdir: str, entries: int, fds: Sequence[int] | None) -> None:
+    def _open(self, devdir: str, entries: int, fds: Sequence[int] | None,
+              taker: FdTaker) -> None:  # fmt: skip
         candidates = list(fds) if fds is not None else uvm_fds(self.pid, devdir)
         if not candidates:
             raise ToolsError(f"pid {self.pid} has no {devdir.rstrip('/')}/nvidia-uvm fd open")
@@ -205,12 +223,13 @@ class Tracker:
         reasons = []
         # A process may hold several uvm fds (the MM_INITIALIZE one, or an fd of
         # a library that never initialized): the driver refuses those with
-        # NV_ERR_ILLEGAL_ACTION, so try each until one takes a tracker.
+        # NV_ERR_ILLEGAL_ACTION, so try each until one takes a tracker. The fd
+        # number is the target's to reuse: what is there now is checked (fdtake).
         for fd in candidates:
             try:
-                dup = pidfd_getfd(self.pidfd, fd)
-            except OSError as e:
-                reasons.append(f"pidfd_getfd(fd {fd}): {e.strerror}")
+                dup = taker.take(self.pidfd, fd)
+            except TakeError as e:
+                reasons.append(str(e))
                 continue
             try:
                 tools = os.open(tools_path, os.O_RDWR | os.O_CLOEXEC)
@@ -351,4 +370,5 @@ class Tracker:
         self.closed = True
 
 
-__all__ = ["DEFAULT_QUEUE_ENTRIES", "EventQueue", "ToolsError", "Tracker", "uvm_fds"]
+__all__ = ["DEFAULT_QUEUE_ENTRIES", "EventQueue", "ToolsError", "Tracker", "uvm_fds",
+           "uvm_identity"]

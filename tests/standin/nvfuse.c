@@ -2120,6 +2120,14 @@ static void tools_init(struct call *c, uint64_t arg, int v2)
          (vm_rw(tg, p.queueBuffer, probe, 1, 0) ||
           vm_rw(tg, p.queueBuffer + p.queueBufferSize * esz - 1, probe, 1, 0))))
         return reply_status(c, arg, soff, NV_ERR_INVALID_ADDRESS);
+    /* The driver only fget()s uvmFd, which never runs the file's FLUSH: this server
+     * must take a reference to learn which file it is, and closing a foreign file
+     * would run its FLUSH (a hostile FUSE file never answers one). Names first. */
+    char plink[64], ptarget[4096];
+    snprintf(plink, sizeof plink, "/proc/%d/fd/%d", (int)tg, (int)p.uvmFd);
+    ssize_t pn = readlink(plink, ptarget, sizeof ptarget - 1);
+    if (pn <= 0 || (ptarget[pn] = 0, strcmp(ptarget, u.uvm_path)))
+        return reply_status(c, arg, soff, NV_ERR_INSUFFICIENT_PERMISSIONS);
     int pfd = (int)syscall(SYS_pidfd_open, tg, 0);
     int sfd = pfd < 0 ? -1 : (int)syscall(SYS_pidfd_getfd, pfd, (int)p.uvmFd, 0);
     if (pfd >= 0)

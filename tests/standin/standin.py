@@ -88,7 +88,7 @@ def build(*targets: str) -> Binaries:
     missing or the build fails.
     """
     wanted = targets or ("nvfuse", "workload")
-    problem = _toolchain_problem(need_fuse="nvfuse" in wanted)
+    problem = _toolchain_problem(need_fuse="nvfuse" in wanted or "noflushfs" in wanted)
     if problem:
         raise StandinUnavailable(problem)
     r = subprocess.run(
@@ -154,6 +154,48 @@ def mounted_driver(
         yield mnt
     finally:
         _unmount(mnt, proc)
+
+
+@dataclass
+class NoFlushMount:
+    """A mounted noflushfs: `file` never answers FLUSH but to its openers; `log`
+    holds one "HUNG FLUSH pid N" line per close left hanging."""
+
+    mnt: Path
+    file: Path
+    log: Path
+
+    def hung_pids(self) -> list[int]:
+        return [int(x.split()[-1]) for x in self.log.read_text().splitlines()
+                if x.startswith("HUNG FLUSH pid ")]  # fmt: skip
+
+
+@contextlib.contextmanager
+def noflush_mount(tmp_path: Path) -> Iterator[NoFlushMount]:
+    """Mount the hostile noflushfs on tmp_path/"hostile"; on the way out its server
+    is killed (which aborts every FLUSH left hanging, so the stuck closes return)
+    and the mount detached."""
+    build("noflushfs")
+    mnt = tmp_path / "hostile"
+    mnt.mkdir(exist_ok=True)
+    log = tmp_path / "noflushfs.log"
+    with log.open("wb") as logf:
+        proc = subprocess.Popen([str(BUILD_DIR / "noflushfs"), str(mnt)],
+                                stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
+    try:
+        deadline = time.monotonic() + MOUNT_TIMEOUT_S
+        while not os.path.ismount(mnt):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise StandinUnavailable("noflushfs did not mount:\n"
+                                         + log.read_text(errors="replace"))
+            time.sleep(0.01)
+        yield NoFlushMount(mnt, mnt / "f", log)
+    finally:
+        proc.kill()
+        proc.wait()
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True,
+                       check=False)  # fmt: skip
 
 
 def run_workload(
