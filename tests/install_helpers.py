@@ -23,4 +23,4 @@ def python_sh(snippet: str, *args: str, env: dict[str, str] | None = None,
               ) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """`snippet` run by bash in the checkout after sourcing scripts/python.sh."""
     return subprocess.run(["bash", "-c", f"source scripts/python.sh && {snippet}", "_", *args],
-                          cwd=ROOT, capture_output=True, text=True, env=env, check=False)  # fmt: skip
+                          cwd=ROOT, capture_output=True, text=True, env=env, check=False)
