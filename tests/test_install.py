@@ -158,3 +158,17 @@ def test_bcc_visible_makes_debian_bcc_alone_importable(tmp_path: Path) -> None:
     assert imports("bcc")
     if (SYSTEM_BCC.parent / "apt").is_dir():  # Debian's python3-apt: still not importable
         assert not imports("apt")
+
+
+def test_live_options_without_the_record_extra_are_a_one_line_error() -> None:
+    """Guards the base install (no `[record]` extra, so no prometheus_client): the live
+    options' module says which extra to install instead of an ImportError traceback."""
+    r = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.modules['prometheus_client'] = None\n"
+         "from gputrace.errors import GputraceError\n"
+         "try:\n    import gputrace.live.metrics\n"
+         "except GputraceError as e:\n    print(e)"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "pip install 'gputrace[record]'" in r.stdout
