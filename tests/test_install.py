@@ -27,7 +27,7 @@ RESOLVE_LIMIT_S = 600
 """How long resolving `.[dev]` may take. Without the lock pip backtracked through
 botocore releases (s3fs/aiobotocore pins beside moto and boto3) for over 20 minutes;
 with it, pip resolved it in 223 s (cold cache, a 2-core host at load 15: the time
-is downloads, pip reads each wheel whole; docs/testing.md)."""
+is downloads, pip reads each wheel whole), 41 s from its cache (docs/testing.md)."""
 
 
 def _pins(python: Path) -> dict[str, str]:
