@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: set-up, then pytest (extra args pass through).
-# As root it also installs what the live BPF tests need, so they run instead of skipping.
+# It installs the rest of what the demo does not: the dev tools and chromium and, as
+# root, what the live BPF tests need (bcc, kernel headers, FUSE), so they run instead
+# of skipping.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ $(id -u) -eq 0 && -f scripts/setup-record.sh ]]; then
-    bash scripts/setup.sh --record
+    bash scripts/setup.sh --dev --record
 else
-    bash scripts/setup.sh
+    bash scripts/setup.sh --dev
 fi
-exec "${PYTHON:-python3}" -m pytest "$@"
+# shellcheck source=scripts/python.sh
+source scripts/python.sh
+pick_python
+exec "$PY" -m pytest "$@"

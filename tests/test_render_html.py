@@ -1,5 +1,5 @@
 """The HTML report: every bundled fixture renders to one self-contained page; the page
-opens in headless Debian chromium (installed by scripts/setup.sh) with every plot drawn
+opens in headless Debian chromium (installed by scripts/setup.sh --dev) with every plot drawn
 and no console message; absent layers say "not recorded"; host text is escaped; plot
 series are downsampled by the min/max rule."""
 
@@ -144,7 +144,7 @@ def test_icicle_keeps_the_total_past_its_stack_limit() -> None:
 
 def _chromium(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
     if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail("chromium is missing: run scripts/setup.sh (it installs Debian's chromium)")
+        pytest.fail("chromium is missing: scripts/setup.sh --dev installs Debian's")
     return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp / 'profile'}", *args],
                           capture_output=True, text=True, timeout=180, check=False)
 

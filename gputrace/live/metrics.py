@@ -26,15 +26,21 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from gputrace.errors import GputraceError, UsageError
 
-from gputrace.errors import UsageError
+try:
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
+except ImportError:
+    # an extra, not a base dependency: the base install only analyzes
+    raise GputraceError(
+        "the live view and metrics need prometheus_client: pip install 'gputrace[record]'"
+    ) from None
 from gputrace.live.aggregates import LATENCY_BUCKETS_S
 from gputrace.live.snapshot import ProcView, Snapshot
 from gputrace.render.safe import printable

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.resources
 import os
 import platform
 import re
@@ -26,8 +27,28 @@ from gputrace.record.bpf_load import check_headers as check_headers  # re-export
 from gputrace.record.bpf_load import load_bpf as load_bpf
 from gputrace.record.driver import DriverInfo, slot
 
-PROBES = Path(__file__).resolve().parent.parent.parent / "probes"
 MAIN = "syscalls.bpf.c"
+
+
+def probes_dir() -> Path:
+    """Which directory holds the BPF C sources: the checkout's probes/ when gputrace
+    runs from a source tree (no install, or an editable one), else the installed
+    package's `gputrace.probes` (package data; setup.py maps probes/ to it). The source
+    tree comes first: an editable install of another checkout would otherwise supply
+    its probes to this one's code. A path, never an error: probe_source says what is
+    missing when it is used."""
+    tree = Path(__file__).resolve().parent.parent.parent
+    if (tree / "pyproject.toml").is_file() and (tree / "probes" / MAIN).is_file():
+        return tree / "probes"
+    try:
+        found = importlib.resources.files("gputrace.probes")
+    except ModuleNotFoundError:
+        return tree / "probes"
+    # bcc compiles from files (-I): sources inside a zip could not be used as they are
+    return found if isinstance(found, Path) else tree / "probes"
+
+
+PROBES = probes_dir()
 FLUSH_CMD = 0x47545246
 IOCTL_RB_PAGES = 16384  # 64 MiB: ~0.4 s of events at 1 M/s
 FAULT_RB_PAGES = 8192  # 32 MiB: ~0.6 s of CPU faults at 1 M/s
@@ -62,6 +83,11 @@ def probe_source(probes: Path = PROBES, main: str = MAIN) -> str:
     """The BPF C text of `main` (the syscall layer's by default; cuda.py: the API
     layer's), with its `*.bpf.h` parts inlined, each once (bcc only finds
     TRACEPOINT_PROBEs in the main text); gputrace_events.h stays an include."""
+    if not (probes / main).is_file():
+        raise GputraceError(
+            f"the BPF sources are missing ({probes / main}): this gputrace install is "
+            "incomplete; reinstall it, or run it from a checkout"
+        )
     done: set[str] = set()
 
     def inline(name: str) -> str:
