@@ -8,4 +8,6 @@ if [[ $(id -u) -eq 0 && -f scripts/setup-record.sh ]]; then
 else
     bash scripts/setup.sh
 fi
-exec "${PYTHON:-python3}" -m pytest "$@"
+# Parallel workers (pytest-xdist, docs/testing.md): GPUTRACE_TEST_WORKERS=0 runs in one
+# process; a -n among the arguments overrides it.
+exec "${PYTHON:-python3}" -m pytest -n "${GPUTRACE_TEST_WORKERS:-auto}" "$@"
