@@ -8,6 +8,11 @@ if [[ $(id -u) -eq 0 && -f scripts/setup-record.sh ]]; then
 else
     bash scripts/setup.sh
 fi
+# Bytecode cached outside the tree, even where PYTHONDONTWRITEBYTECODE is set: the suite
+# starts hundreds of python processes (CLI runs, recorders, pytest workers and sessions),
+# and each would compile gputrace and rewrite the test modules again.
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/gputrace/pycache}"
+unset PYTHONDONTWRITEBYTECODE
 # Parallel workers (pytest-xdist, docs/testing.md): GPUTRACE_TEST_WORKERS=0 runs in one
 # process; a -n among the arguments overrides it.
 exec "${PYTHON:-python3}" -m pytest -n "${GPUTRACE_TEST_WORKERS:-auto}" "$@"

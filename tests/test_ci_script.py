@@ -154,6 +154,54 @@ def test_report_names_grouped_tests_without_the_xdist_group() -> None:
     assert plain_nodeid("tests/a.py::C::test_x@g") == "tests/a.py::C::test_x"
 
 
+EXCLUSIVE_DEMO = """
+import os, time, pytest
+
+def _span(name):
+    with open(os.environ["SPANS"], "a") as f:
+        f.write(f"{name} start {time.monotonic_ns()}\\n")
+    time.sleep(0.3)
+    with open(os.environ["SPANS"], "a") as f:
+        f.write(f"{name} end {time.monotonic_ns()}\\n")
+
+@pytest.mark.parametrize("i", range(3))
+def test_before(i):
+    _span(f"before{i}")
+
+@pytest.mark.exclusive
+def test_alone():
+    _span("alone")
+
+@pytest.mark.parametrize("i", range(5))
+def test_after(i):
+    _span(f"after{i}")
+"""
+
+
+def test_exclusive_test_overlaps_no_other_under_xdist(tmp_path: Path) -> None:
+    """A test marked `exclusive` (tests/conftest.py) runs while no other worker is in a
+    test, and no test starts until it ends: two workers run nine tests of 0.3 s, one of
+    them exclusive; its span overlaps none of the others' (without the lock the other
+    worker runs its tests meanwhile)."""
+    pytest.importorskip("xdist")
+    (tmp_path / "test_demo.py").write_text(EXCLUSIVE_DEMO)
+    spans = tmp_path / "spans.txt"
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
+         "-n", "2", "--rootdir", str(tmp_path), str(tmp_path / "test_demo.py")],
+        cwd=ROOT, env={**os.environ, "SPANS": str(spans)}, capture_output=True, text=True,
+        timeout=600)  # fmt: skip
+    assert r.returncode == 0 and "9 passed" in r.stdout, r.stdout + r.stderr
+    at: dict[str, dict[str, int]] = {}
+    for line in spans.read_text().splitlines():
+        name, what, ns = line.split()
+        at.setdefault(name, {})[what] = int(ns)
+    assert len(at) == 9
+    alone = at.pop("alone")
+    for name, other in at.items():
+        assert other["end"] < alone["start"] or other["start"] > alone["end"], name
+
+
 def test_setup_installs_what_the_stand_in_toolchain_checks() -> None:
     """Every tool the stand-ins' skip checks look for is installed by the set-up."""
     import re
