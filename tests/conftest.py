@@ -43,6 +43,17 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the modules holding live tests first (each module kept whole,
+    in its own order): the recordings take minutes, the pure tests a second or less, so
+    the pure ones fill the workers' last minutes instead of one long recording running
+    alone at the end. Every worker sorts alike, as xdist requires."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return
+    live = {item.path for item in items if item.get_closest_marker("live") is not None}
+    items.sort(key=lambda item: item.path not in live)
+
+
 @pytest.fixture(autouse=True)
 def _one_at_a_time_when_exclusive(request: pytest.FixtureRequest,
                                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
