@@ -45,9 +45,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist, the modules holding live tests first (each module kept whole,
-    in its own order): the recordings take minutes, the pure tests a second or less, so
-    the pure ones fill the workers' last minutes instead of one long recording running
-    alone at the end. Every worker sorts alike, as xdist requires."""
+    in its own order): each recording takes tens of seconds, most pure tests well under
+    one, so the pure ones fill the workers' last minutes instead of one long recording
+    running alone at the end. Every worker sorts alike, as xdist requires."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return
     live = {item.path for item in items if item.get_closest_marker("live") is not None}
