@@ -13,4 +13,11 @@ fi
 # shellcheck source=scripts/python.sh
 source scripts/python.sh
 pick_python
-exec "$PY" -m pytest "$@"
+# Bytecode cached outside the tree, even where PYTHONDONTWRITEBYTECODE is set: the suite
+# starts hundreds of python processes (CLI runs, recorders, pytest workers and sessions),
+# and each would compile gputrace and rewrite the test modules again.
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/gputrace/pycache}"
+unset PYTHONDONTWRITEBYTECODE
+# Parallel workers (pytest-xdist, docs/testing.md): GPUTRACE_TEST_WORKERS=0 runs in one
+# process; a -n among the arguments overrides it.
+exec "$PY" -m pytest -n "${GPUTRACE_TEST_WORKERS:-auto}" "$@"

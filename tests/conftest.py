@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,3 +35,37 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     live_report.configure(config)
+    config.addinivalue_line(
+        "markers",
+        "exclusive: runs with no other test of the session at the same time (pytest-xdist "
+        "workers wait): for tests whose exact result depends on having the CPUs to "
+        "themselves, such as a recording that must keep up with an ioctl storm",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the modules holding live tests first (each module kept whole,
+    in its own order): each recording takes tens of seconds, most pure tests well under
+    one, so the pure ones fill the workers' last minutes instead of one long recording
+    running alone at the end. Every worker sorts alike, as xdist requires."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return
+    live = {item.path for item in items if item.get_closest_marker("live") is not None}
+    items.sort(key=lambda item: item.path not in live)
+
+
+@pytest.fixture(autouse=True)
+def _one_at_a_time_when_exclusive(request: pytest.FixtureRequest,
+                                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Under pytest-xdist, every test holds a shared lock on one file of the session and
+    a test marked `exclusive` an exclusive one: it starts when no other worker is inside
+    a test, and none starts until it ends. Without workers it does nothing."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        yield
+        return
+    # each worker's basetemp is <the session's basetemp>/popen-gwN: the parent is shared
+    path = tmp_path_factory.getbasetemp().parent / "gputrace-exclusive.lock"
+    mode = fcntl.LOCK_EX if request.node.get_closest_marker("exclusive") else fcntl.LOCK_SH
+    with path.open("a") as f:
+        fcntl.flock(f, mode)
+        yield

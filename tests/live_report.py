@@ -12,6 +12,11 @@ tests/conftest.py) writes there, at the end of the session::
 `python3 -m tests.live_report REPORT` (run by .ci/run) exits 1, naming each
 problem, when no live test is defined, when any defined live test did not run
 or was skipped, or when fewer ran than are defined.
+
+Under pytest-xdist (`-n N`) the controller collects nothing: each worker sends its
+`defined` and `selected` lists back with its results (`workeroutput`), the controller
+sees every test report as the workers send them, and only the controller writes the
+file, merged from all workers.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import pytest
 
 REPORT_ENV = "GPUTRACE_LIVE_REPORT"
 MARKER = "live"
+WORKER_KEY = "gputrace_live"
+"""Where a pytest-xdist worker leaves its live lists for the controller (workeroutput)."""
 RAN = ("passed", "failed", "xfailed", "xpassed")
 _RANK = {"passed": 0, "xpassed": 1, "xfailed": 2, "skipped": 3, "failed": 4}
 
@@ -34,47 +41,89 @@ def _is_live(item: pytest.Item) -> bool:
     return item.get_closest_marker(MARKER) is not None
 
 
-class LiveRecorder:
-    """pytest plugin: collects the live items and their outcomes; writes the report."""
+def plain_nodeid(nodeid: str) -> str:
+    """The node id without the `@GROUP` that pytest-xdist (`--dist loadgroup`) appends to
+    the ids of tests marked `xdist_group`, so a report names a test the same way with
+    workers and without. Only a suffix after the last `::` and the last `]` is one: a
+    test's name cannot hold `@`, its parameter ids can (inside the brackets)."""
+    head, sep, tail = nodeid.rpartition("::")
+    at = tail.rfind("@")
+    if sep and at > tail.rfind("]"):
+        return head + sep + tail[:at]
+    return nodeid
 
-    def __init__(self, path: Path) -> None:
+
+class LiveRecorder:
+    """pytest plugin: collects the live items and their outcomes; writes the report.
+
+    In a pytest-xdist worker it only hands its lists to the controller; the controller
+    (or a plain session) writes the file."""
+
+    def __init__(self, path: Path, config: pytest.Config) -> None:
         self.path = path
+        self.config = config
         self.defined: list[str] = []
         self.selected: list[str] = []
-        self.outcomes: dict[str, str] = {}
+        self.outcomes: dict[str, str] = {}  # every test's worst phase; filtered at the end
+
+    @property
+    def _worker_output(self) -> dict[str, Any] | None:
+        out: dict[str, Any] | None = getattr(self.config, "workeroutput", None)
+        return out
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         # tryfirst: before -m/-k/--deselect remove anything
-        self.defined = [i.nodeid for i in items if _is_live(i)]
+        self.defined = [plain_nodeid(i.nodeid) for i in items if _is_live(i)]
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.selected = [i.nodeid for i in session.items if _is_live(i)]
+        self.selected = [plain_nodeid(i.nodeid) for i in session.items if _is_live(i)]
+        out = self._worker_output
+        if out is not None:
+            out[WORKER_KEY] = {"defined": self.defined, "selected": self.selected}
+
+    @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without it
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        """xdist controller: a worker finished; merge what it collected."""
+        got = getattr(node, "workeroutput", {}).get(WORKER_KEY)
+        if got is None:
+            return  # crashed before collecting: its tests are reported failed by xdist
+        self.defined = _merged(self.defined, got["defined"])
+        self.selected = _merged(self.selected, got["selected"])
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.nodeid not in self.selected:
-            return
         if report.when != "call" and report.passed:
             return  # a passing setup/teardown says nothing about the test
         if hasattr(report, "wasxfail"):
             outcome = "xfailed" if report.skipped else "xpassed"
         else:
             outcome = report.outcome
-        old = self.outcomes.get(report.nodeid)
+        nodeid = plain_nodeid(report.nodeid)
+        old = self.outcomes.get(nodeid)
         if old is None or _RANK[outcome] > _RANK[old]:
-            self.outcomes[report.nodeid] = outcome
+            self.outcomes[nodeid] = outcome
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self._worker_output is not None:
+            return  # a worker: the controller writes the one report
+        selected = set(self.selected)
         data = {"defined": self.defined, "selected": self.selected,
-                "outcomes": self.outcomes}
+                "outcomes": {n: o for n, o in self.outcomes.items() if n in selected}}
         self.path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def _merged(old: list[str], new: list[str]) -> list[str]:
+    """`old` then the node ids of `new` not in it (every worker collects the same items)."""
+    seen = set(old)
+    return old + [n for n in new if n not in seen]
 
 
 def configure(config: pytest.Config) -> None:
     """Register the recorder when GPUTRACE_LIVE_REPORT names a file (from conftest)."""
     path = os.environ.get(REPORT_ENV)
     if path and not config.pluginmanager.has_plugin("gputrace-live-report"):
-        config.pluginmanager.register(LiveRecorder(Path(path)), "gputrace-live-report")
+        config.pluginmanager.register(LiveRecorder(Path(path), config),
+                                      "gputrace-live-report")
 
 
 def problems(report: dict[str, Any]) -> list[str]:

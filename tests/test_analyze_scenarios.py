@@ -12,6 +12,10 @@ from gputrace.builder import T0_NS, GiB, MiB
 from tests.analyze_helpers import GOLDEN, SCENARIO_DIR, analyze, scenarios
 from tests.goldens import check_text
 
+# One pytest-xdist worker runs every test here: they share `docs` (every scenario
+# analyzed), built once per worker.
+pytestmark = pytest.mark.xdist_group("analyze_scenarios")
+
 NAMES = list(scenarios().SCENARIOS)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.live_report import REPORT_ENV, main, problems
+from tests.live_report import REPORT_ENV, main, plain_nodeid, problems
 
 CHECK = ROOT / ".ci" / "check-live"
 FUSE_TEST = "tests/test_standin.py::test_vid_heap_control"
@@ -111,6 +111,95 @@ def test_ci_passes_when_the_fuse_test_runs(tmp_path: Path) -> None:
     gate = subprocess.run(["bash", str(CHECK), str(report)], capture_output=True, text=True,
                           timeout=120)
     assert gate.returncode == 0, gate.stderr
+
+
+XDIST_TESTS = [FUSE_TEST, "tests/test_standin.py::test_expected_json_counts",
+               "tests/test_standin.py::test_expected_json_is_json",
+               "tests/test_standin.py::test_print_expected_matches_expected_json"]
+
+
+@pytest.mark.live
+def test_report_merges_every_worker_under_xdist(tmp_path: Path) -> None:
+    """With pytest-xdist workers (`-n 2`, as scripts/test.sh runs the suite) the one
+    report lists every live test and its outcome, whichever worker ran it: the
+    controller collects nothing itself, so it must merge what the workers send (a
+    report written by a worker, or by the controller alone, lists only part of them)."""
+    from tests.standin.standin import skip_reason
+
+    pytest.importorskip("xdist")
+    if (why := skip_reason()) is not None:
+        pytest.skip(why)
+    report = tmp_path / "live.json"
+    env = {**os.environ, REPORT_ENV: str(report)}
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "2",
+         *XDIST_TESTS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "4 passed" in r.stdout, r.stdout + r.stderr
+    assert "[gw0] " in r.stdout and "[gw1] " in r.stdout, r.stdout  # both workers ran tests
+    data = json.loads(report.read_text())
+    assert sorted(data["defined"]) == sorted(data["selected"]) == sorted(XDIST_TESTS)
+    assert data["outcomes"] == dict.fromkeys(XDIST_TESTS, "passed")
+    gate = subprocess.run(["bash", str(CHECK), str(report)], capture_output=True, text=True,
+                          timeout=120)
+    assert gate.returncode == 0, gate.stderr
+
+
+def test_report_names_grouped_tests_without_the_xdist_group() -> None:
+    """`--dist loadgroup` appends `@GROUP` to the ids of tests marked xdist_group; the
+    report strips it (so ids match a run without workers) and nothing else."""
+    assert plain_nodeid("tests/a.py::test_x@grp") == "tests/a.py::test_x"
+    assert plain_nodeid("tests/a.py::test_x[v2-16]@grp") == "tests/a.py::test_x[v2-16]"
+    assert plain_nodeid("tests/a.py::test_x[a@b]") == "tests/a.py::test_x[a@b]"
+    assert plain_nodeid("tests/a@b.py::test_x") == "tests/a@b.py::test_x"
+    assert plain_nodeid("tests/a.py::C::test_x@g") == "tests/a.py::C::test_x"
+
+
+EXCLUSIVE_DEMO = """
+import os, time, pytest
+
+def _span(name):
+    with open(os.environ["SPANS"], "a") as f:
+        f.write(f"{name} start {time.monotonic_ns()}\\n")
+    time.sleep(0.3)
+    with open(os.environ["SPANS"], "a") as f:
+        f.write(f"{name} end {time.monotonic_ns()}\\n")
+
+@pytest.mark.parametrize("i", range(3))
+def test_before(i):
+    _span(f"before{i}")
+
+@pytest.mark.exclusive
+def test_alone():
+    _span("alone")
+
+@pytest.mark.parametrize("i", range(5))
+def test_after(i):
+    _span(f"after{i}")
+"""
+
+
+def test_exclusive_test_overlaps_no_other_under_xdist(tmp_path: Path) -> None:
+    """A test marked `exclusive` (tests/conftest.py) runs while no other worker is in a
+    test, and no test starts until it ends: two workers run nine tests of 0.3 s, one of
+    them exclusive; its span overlaps none of the others' (without the lock the other
+    worker runs its tests meanwhile)."""
+    pytest.importorskip("xdist")
+    (tmp_path / "test_demo.py").write_text(EXCLUSIVE_DEMO)
+    spans = tmp_path / "spans.txt"
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
+         "-n", "2", "--rootdir", str(tmp_path), str(tmp_path / "test_demo.py")],
+        cwd=ROOT, env={**os.environ, "SPANS": str(spans)}, capture_output=True, text=True,
+        timeout=600)  # fmt: skip
+    assert r.returncode == 0 and "9 passed" in r.stdout, r.stdout + r.stderr
+    at: dict[str, dict[str, int]] = {}
+    for line in spans.read_text().splitlines():
+        name, what, ns = line.split()
+        at.setdefault(name, {})[what] = int(ns)
+    assert len(at) == 9
+    alone = at.pop("alone")
+    for name, other in at.items():
+        assert other["end"] < alone["start"] or other["start"] > alone["end"], name
 
 
 def test_setup_installs_what_the_stand_in_toolchain_checks() -> None:

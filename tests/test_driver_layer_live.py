@@ -29,7 +29,9 @@ from gputrace.record.driver_layer import DriverLayer
 from tests.standin import standin
 
 _SKIP = standin.skip_reason()
-pytestmark = [pytest.mark.live]
+# One pytest-xdist worker runs every test here: they share four recordings (_RUNS),
+# made once per process.
+pytestmark = [pytest.mark.live, pytest.mark.xdist_group("driver_layer_live")]
 if _SKIP is not None:
     pytestmark.append(pytest.mark.skip(reason=_SKIP))
 

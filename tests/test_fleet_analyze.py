@@ -17,6 +17,10 @@ from tests.analyze_helpers import SCENARIO_DIR
 from tests.test_errors import assert_one_line_error, gputrace
 from tests.test_fleet_export import fleet_traces
 
+# One pytest-xdist worker runs every test here: most share `world` (an exported fleet
+# and its analysis, the slowest set-up of the suite), built once per worker.
+pytestmark = pytest.mark.xdist_group("fleet_analyze")
+
 
 def fleet(dataset: Path, *args: str) -> dict[str, Any]:
     r = gputrace("fleet", "analyze", str(dataset), "--workers", "2", "-f", "json", *args)

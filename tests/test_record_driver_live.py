@@ -38,7 +38,9 @@ from tests.record_helpers import (
 from tests.standin import standin
 
 _SKIP = live_skip_reason()
-pytestmark = [pytest.mark.live]
+# One pytest-xdist worker runs every test here: they share two recordings (_DONE),
+# made once per process.
+pytestmark = [pytest.mark.live, pytest.mark.xdist_group("record_driver_live")]
 if _SKIP is not None:
     pytestmark.append(pytest.mark.skip(reason=_SKIP))
 

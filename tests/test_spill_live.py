@@ -17,7 +17,9 @@ import pytest
 from gputrace.tracedir import open_trace
 from tests.record_helpers import ROOT, RUN_S, live_skip_reason, record_cmd
 
-pytestmark = [pytest.mark.live]
+# exclusive: the decoded recording of the storm must keep up with it, no drops, so no
+# other test (pytest-xdist worker) competes for the CPUs meanwhile
+pytestmark = [pytest.mark.live, pytest.mark.exclusive]
 _SKIP = live_skip_reason()
 if _SKIP is not None:
     pytestmark.append(pytest.mark.skip(reason=_SKIP))

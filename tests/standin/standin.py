@@ -19,6 +19,7 @@ Typical use in a test::
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -91,15 +92,34 @@ def build(*targets: str) -> Binaries:
     problem = _toolchain_problem(need_fuse="nvfuse" in wanted or "noflushfs" in wanted)
     if problem:
         raise StandinUnavailable(problem)
-    r = subprocess.run(
-        ["make", "-C", str(HERE), *(f"build/{t}" for t in wanted)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if r.returncode != 0:
+    r = locked_make(HERE, [f"build/{t}" for t in wanted])
+    if r is not None and r.returncode != 0:
         raise StandinUnavailable(f"building the stand-in failed:\n{r.stdout}{r.stderr}")
     return Binaries(nvfuse=BUILD_DIR / "nvfuse", workload=BUILD_DIR / "workload")
+
+
+_MADE: set[tuple[Path, tuple[str, ...]]] = set()
+
+
+def locked_make(directory: Path, targets: list[str]) -> subprocess.CompletedProcess[str] | None:
+    """`make -C directory targets` once per test process (None when already made here).
+
+    Parallel test workers (pytest-xdist) share the build directory: the lock keeps two
+    of them from writing the same binary at once, or one from running a binary another
+    is still writing. Sources do not change during a test session, so a second build of
+    the same targets in one process would only cost a make run (hundreds of calls)."""
+    key = (directory, tuple(targets))
+    if key in _MADE:
+        return None
+    build_dir = directory / "build"
+    build_dir.mkdir(exist_ok=True)
+    with (build_dir / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        r = subprocess.run(["make", "-C", str(directory), *targets], capture_output=True,
+                           text=True, check=False)  # fmt: skip
+    if r.returncode == 0:
+        _MADE.add(key)
+    return r
 
 
 def _unmount(mnt: Path, proc: subprocess.Popen[bytes]) -> None:

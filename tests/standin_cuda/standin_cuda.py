@@ -30,7 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tests.standin.standin import WaitingWorkload, print_expected, started_waiting
+from tests.standin.standin import (
+    WaitingWorkload,
+    locked_make,
+    print_expected,
+    started_waiting,
+)
 
 HERE = Path(__file__).resolve().parent
 BUILD_DIR = HERE / "build"
@@ -104,8 +109,8 @@ def build() -> Paths:
     problem = skip_reason()
     if problem:
         raise StandinCudaUnavailable(problem)
-    r = subprocess.run(["make", "-C", str(HERE)], capture_output=True, text=True, check=False)
-    if r.returncode != 0:
+    r = locked_make(HERE, [])
+    if r is not None and r.returncode != 0:
         raise StandinCudaUnavailable(f"building the CUDA stand-in failed:\n{r.stdout}{r.stderr}")
     return Paths(lib_dir=BUILD_DIR, libcuda=BUILD_DIR / "libcuda.so.1",
                  workload=BUILD_DIR / "cuda_workload")
