@@ -115,6 +115,24 @@ def _fragmentation(ctx: Context) -> Report:
     return fragmentation(ctx.inp)
 
 
+def _tensors(ctx: Context) -> Report:
+    from gputrace.analyses.allocator_tensors import tensors
+
+    return tensors(ctx.inp, ctx.opts.top)
+
+
+def _allocator_pool(ctx: Context) -> Report:
+    from gputrace.analyses.allocator_pool import pool
+
+    return pool(ctx.inp, ctx.opts.top)
+
+
+def _allocator_growth(ctx: Context) -> Report:
+    from gputrace.analyses.allocator_growth import growth
+
+    return growth(ctx.inp, ctx.opts.top)
+
+
 REPORTS: list[ReportSpec] = [
     ReportSpec("leaks", "leaks", "Leaks", ("api", "syscall"), _leaks, _leaks_part,
                (Gate("leaks", fail_on.leaks_hit), Gate("growth", fail_on.growth_hit))),
@@ -126,6 +144,11 @@ REPORTS: list[ReportSpec] = [
                gates=(Gate("fragmentation", fail_on.fragmentation_hit, threshold=True),)),
     ReportSpec("summary", "summary", "Summary", ("api", "driver", "syscall"), _summary,
                _summary_part, prepare=_pmm),
+    ReportSpec("tensors", "tensors", "Tensors alive (PyTorch)", ("allocator",), _tensors),
+    ReportSpec("allocator-pool", "allocator_pool", "PyTorch allocator pool", ("allocator",),
+               _allocator_pool),
+    ReportSpec("allocator-growth", "allocator_growth", "PyTorch allocator growth",
+               ("allocator",), _allocator_growth),
 ]
 """Every report, in the order the CLI, JSON document and terminal list them."""
 

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.text import Text
 
 from gputrace.analyses import registry
+from gputrace.render.allocator_sections import growth_section, pool_section, tensors_section
 from gputrace.render.cells import human_bytes, num, plain, us
 from gputrace.render.driver_sections import fault_rate_section, fragmentation_section
 from gputrace.render.leak_sections import leaks_by_layer_section, leaks_section
@@ -69,7 +70,9 @@ def _generic(con: Console, d: dict[str, Any], limit: int) -> None:
 
 SECTIONS: dict[str, Callable[[Console, dict[str, Any], int], None]] = {
     "leaks": leaks_section, "fault_rate": fault_rate_section,
-    "fragmentation": fragmentation_section, "summary": _summary}
+    "fragmentation": fragmentation_section, "summary": _summary,
+    "tensors": tensors_section, "allocator_pool": pool_section,
+    "allocator_growth": growth_section}
 """The section of each report (by JSON key); titles and order are the registry's
 (gputrace/analyses/registry.py), and a report with no section here gets `_generic`."""
 
