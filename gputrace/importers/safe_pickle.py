@@ -104,6 +104,10 @@ def load_plain(path: str | os.PathLike[str]) -> Loaded:
             kind, stream = "none", buffered
         try:
             value = PlainUnpickler(stream).load()
+            # read the container to its end: its check (CRC) and a cut-off end show
+            # only there, after the pickle's last opcode
+            while stream.read(1 << 20):
+                pass
         except PickleRefused:
             raise
         except (EOFError, lzma.LZMAError, gzip.BadGzipFile) as e:
@@ -112,9 +116,12 @@ def load_plain(path: str | os.PathLike[str]) -> Loaded:
         except MemoryError:
             raise PickleRefused(f"{path}: not enough memory to read the snapshot") from None
         except Exception as e:  # noqa: BLE001 -- untrusted bytes: any failure is one line
+            if "truncated" in str(e):  # the unpickler's own word for a short stream
+                raise PickleRefused(f"{path}: truncated or damaged file ({_first_line(e)})"
+                                    ) from None
             raise PickleRefused(f"{path}: not a readable pickle ({type(e).__name__}: "
                                 f"{_first_line(e)})") from None
-        raw.drain()
+        raw.drain()  # an uncompressed file's bytes after STOP
         return Loaded(value, raw.sha256.hexdigest(), raw.bytes, kind)
 
 
