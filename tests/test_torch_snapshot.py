@@ -92,7 +92,7 @@ def test_hostile_pickle_cli_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     marker = tmp_path / "ran"
     f = tmp_path / "evil.pickle"
     f.write_bytes(pickle.dumps(_Reduce(os.system, f"touch {marker}")))
-    rc, out, err = run(capsys, "import", "torch-snapshot", str(f), "-o", str(tmp_path / "t"))
+    rc, _, err = run(capsys, "import", "torch-snapshot", str(f), "-o", str(tmp_path / "t"))
     assert rc == 1 and not marker.exists()
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("gputrace: error: refused: the snapshot names the global posix.system")

@@ -15,6 +15,7 @@ taken from the same bytes as they pass.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -87,21 +88,20 @@ def load_plain(path: str | os.PathLike[str]) -> Loaded:
     """The plain-data value of the pickle at `path` (xz, gzip or uncompressed, told
     apart by their magic bytes). PickleRefused, one line, for anything else: a file
     naming a global, a truncated or damaged file, a file that is not a pickle."""
-    try:
-        f = open(path, "rb")  # noqa: SIM115 -- closed below, after hashing the rest
-    except OSError as e:
-        raise PickleRefused(f"{path}: cannot read ({e.strerror or e})") from None
-    with f:
+    with contextlib.ExitStack() as files:
+        try:
+            f = files.enter_context(open(path, "rb"))
+        except OSError as e:
+            raise PickleRefused(f"{path}: cannot read ({e.strerror or e})") from None
         raw = _Hashing(f)
         buffered = io.BufferedReader(raw, 1 << 20)
         head = buffered.peek(6)[:6]
-        stream: IO[bytes]
+        stream: io.BufferedIOBase = buffered
+        kind = "none"
         if head.startswith(XZ_MAGIC):
-            kind, stream = "xz", lzma.open(buffered)
+            kind, stream = "xz", files.enter_context(lzma.open(buffered))
         elif head.startswith(GZIP_MAGIC):
-            kind, stream = "gzip", gzip.open(buffered)
-        else:
-            kind, stream = "none", buffered
+            kind, stream = "gzip", files.enter_context(gzip.open(buffered))
         try:
             value = PlainUnpickler(stream).load()
             # read the container to its end: its check (CRC) and a cut-off end show
@@ -115,7 +115,7 @@ def load_plain(path: str | os.PathLike[str]) -> Loaded:
                                 ) from None
         except MemoryError:
             raise PickleRefused(f"{path}: not enough memory to read the snapshot") from None
-        except Exception as e:  # noqa: BLE001 -- untrusted bytes: any failure is one line
+        except Exception as e:  # untrusted bytes: any failure is one line
             if "truncated" in str(e):  # the unpickler's own word for a short stream
                 raise PickleRefused(f"{path}: truncated or damaged file ({_first_line(e)})"
                                     ) from None
