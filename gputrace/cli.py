@@ -23,7 +23,9 @@ from gputrace.options import parse_rows
 from gputrace.render.safe import printable, printable_tree
 
 # one module per command in gputrace/commands/, each with register(app)
-COMMANDS = ("record", "convert", "analyze", "diff", "doctor", "export", "fleet", "top")
+COMMANDS = ("record", "convert", "analyze", "diff", "doctor", "export", "fleet", "top", "import")
+# a command whose name is a Python keyword lives in a module of another name
+_MODULES = {"import": "import_cmd"}
 _registered: set[str] = set()
 
 EPILOG = """\b
@@ -103,7 +105,7 @@ def register(names: tuple[str, ...] = COMMANDS) -> typer.Typer:
     """Add these commands to `app` (once each, in COMMANDS order); returns it."""
     for name in COMMANDS:
         if name in names and name not in _registered:
-            importlib.import_module(f"gputrace.commands.{name}").register(app)
+            importlib.import_module(f"gputrace.commands.{_MODULES.get(name, name)}").register(app)
             _registered.add(name)
     return app
 

@@ -18,7 +18,8 @@ def test_required_tables_and_columns() -> None:
     assert set(schema.TABLES) == {
         "processes", "ioctls", "files", "mappings", "cuda_calls", "stacks",
         "faults", "fault_batches", "migrations", "chunks", "uvm_events", "uvm_counters",
-        "gpu_memory", "alerts",
+        "gpu_memory", "alerts", "allocator_segments", "allocator_blocks", "allocator_events",
+        "allocator_frames",
     }
     ioctls = {c.name for c in schema.IOCTLS.columns}
     assert {

@@ -119,6 +119,24 @@ def _fragmentation(ctx: Context) -> Report:
 
 _SECTIONS = "gputrace.render.html_sections"
 
+def _tensors(ctx: Context) -> Report:
+    from gputrace.analyses.allocator_tensors import tensors
+
+    return tensors(ctx.inp, ctx.opts.top)
+
+
+def _allocator_pool(ctx: Context) -> Report:
+    from gputrace.analyses.allocator_pool import pool
+
+    return pool(ctx.inp, ctx.opts.top)
+
+
+def _allocator_growth(ctx: Context) -> Report:
+    from gputrace.analyses.allocator_growth import growth
+
+    return growth(ctx.inp, ctx.opts.top)
+
+
 REPORTS: list[ReportSpec] = [
     ReportSpec(
         "leaks", "leaks", "Leaks",
@@ -170,6 +188,23 @@ REPORTS: list[ReportSpec] = [
                         add_up=False)),
         fleet=FleetUse(why_not="per-process and per-GPU figures of one trace: pids and GPU "
                                "indices name different things on different hosts")),
+    ReportSpec(
+        "tensors", "tensors", "Tensors alive (PyTorch)",
+        "Which tensors are still alive in PyTorch's allocator, and from which Python line?",
+        ("allocator",), _tensors,
+        terminal="gputrace.render.allocator_sections:tensors_section"),
+    ReportSpec(
+        "allocator-pool", "allocator_pool", "PyTorch allocator pool",
+        "How much memory does PyTorch's caching allocator reserve but not use, and could "
+        "its largest free block serve a request?",
+        ("allocator",), _allocator_pool,
+        terminal="gputrace.render.allocator_sections:pool_section"),
+    ReportSpec(
+        "allocator-growth", "allocator_growth", "PyTorch allocator growth",
+        "Do the allocator's active bytes grow over the snapshot's history, and from which "
+        "line?",
+        ("allocator",), _allocator_growth,
+        terminal="gputrace.render.allocator_sections:growth_section"),
 ]
 """Every report, in the order the CLI, JSON document, terminal, HTML page, diff and
 fleet documents list them."""

@@ -75,6 +75,7 @@ def trace_info(trace: Trace) -> dict[str, Any]:
         "decode_errors": m.get("decode_errors", {}),
         "target_exit": m.get("target_exit"),
         "drops": drops,
+        "imported": m.get("imported"),
         "rows": rows,
         "warnings": warnings,
     }
@@ -134,9 +135,15 @@ def render_info(info: dict[str, Any], fmt: str = "text") -> str:
     lines.append(
         "drops      " + (", ".join(f"{k}={v}" for k, v in sorted(drops.items())) or "none")
     )
+    for imp in info.get("imported") or []:
+        if isinstance(imp, dict):  # `gputrace import`: say where the rows came from
+            how = "joined to this recording" if imp.get("joined") else "on its own"
+            lines.append(f"imported   {imp.get('kind')} {imp.get('file')} ({how}; "
+                         f"sha256 {str(imp.get('sha256'))[:16]}...)")
     lines.append("rows")
+    width = max([14, *(len(n) for n in info["rows"])])
     for name, n in info["rows"].items():
-        lines.append(f"  {name:<14} {n:>12,}")
+        lines.append(f"  {name:<{width}} {n:>12,}")
     for w in info["warnings"]:
         lines.append(f"warning: {w}")
     return "\n".join(lines)

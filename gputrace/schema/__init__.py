@@ -7,7 +7,8 @@ test keeps them in step). Each fact is written once, in one module:
 
 - `model`: `Column`, `Table`, the schema and format versions;
 - `enums`: every enumeration (code -> name) and the UVM tools codes mapped to ours;
-- `syscall`, `api`, `driver`, `live`: the tables, by the layer that writes them;
+- `syscall`, `api`, `driver`, `live`, `allocator`: the tables, by the layer that
+  writes them;
 - here: the catalog (`TABLES`, `LAYERS`, `table()`), the manifest keys readers
   rely on, and the columns a fleet dataset adds.
 
@@ -18,6 +19,12 @@ enumerations and versions it is built with (`__all__`).
 
 from __future__ import annotations
 
+from gputrace.schema.allocator import (
+    ALLOCATOR_BLOCKS,
+    ALLOCATOR_EVENTS,
+    ALLOCATOR_FRAMES,
+    ALLOCATOR_SEGMENTS,
+)
 from gputrace.schema.api import CUDA_CALLS, STACKS
 from gputrace.schema.driver import (
     CHUNKS,
@@ -30,6 +37,8 @@ from gputrace.schema.driver import (
 )
 from gputrace.schema.enums import (
     ACCESS_TYPES,
+    ALLOCATOR_ACTIONS,
+    BLOCK_STATES,
     CHUNK_MEM_TYPES,
     CHUNK_OPS,
     DEV_CTL,
@@ -66,7 +75,9 @@ from gputrace.schema.model import (
 from gputrace.schema.syscall import FILES, IOCTL_COMMANDS, IOCTLS, MAPPINGS, PROCESSES
 
 __all__ = [
-    "ACCESS_TYPES", "ALERTS", "CHUNKS", "CHUNK_MEM_TYPES", "CHUNK_OPS", "CUDA_CALLS",
+    "ACCESS_TYPES", "ALERTS", "ALLOCATOR_ACTIONS", "ALLOCATOR_BLOCKS", "ALLOCATOR_EVENTS",
+    "ALLOCATOR_FRAMES", "ALLOCATOR_SEGMENTS", "BLOCK_STATES", "CHUNKS", "CHUNK_MEM_TYPES",
+    "CHUNK_OPS", "CUDA_CALLS",
     "DEVICE_KINDS", "DEV_CTL", "DEV_GPU", "DEV_UVM", "DEV_UVM_TOOLS",
     "ENUMS", "FAULTS", "FAULT_BATCHES", "FAULT_SOURCES", "FAULT_TYPES",
     "FD_OPS", "FILES", "FLEET_COLUMNS", "FLEET_PARTITIONS", "FORMAT_NAME", "FORMAT_VERSION",
@@ -95,17 +106,24 @@ TABLES: dict[str, Table] = {
         UVM_COUNTERS_TABLE,
         GPU_MEMORY,
         ALERTS,
+        ALLOCATOR_SEGMENTS,
+        ALLOCATOR_BLOCKS,
+        ALLOCATOR_EVENTS,
+        ALLOCATOR_FRAMES,
     )
 }
 
 LAYERS: dict[str, tuple[str, ...]] = {
     layer: tuple(t.name for t in TABLES.values() if layer in t.layers)
-    for layer in ("syscall", "api", "cpu_faults", "driver", "uvm_tools", "rm_query", "live")
+    for layer in ("syscall", "api", "cpu_faults", "driver", "uvm_tools", "rm_query", "live",
+                  "allocator")
 }
 """Tables each layer writes. `driver` is in-kernel driver hooks (PMM chunks, fault
 batches); `uvm_tools` is the driver's own UVM tools event stream and counters
 (no kernel hooks); `rm_query` is RM queries of our own client (GPU memory); `live` is
-what the recorder concluded while recording (alerts)."""
+what the recorder concluded while recording (alerts); `allocator` is PyTorch's caching
+allocator (segments, tensors, its memory history), imported from a memory snapshot
+(`gputrace import torch-snapshot`), never recorded."""
 
 
 MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
@@ -135,6 +153,12 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
     ("driver_layer.sample_interval_ms", "period of the gpu_memory and uvm_counters samples"),
     ("gpus", "GPUs: index (the trace GPU index every table uses), memory_bytes, name, uuid"),
     ("synthetic", "true for traces built by gputrace.builder, never recorded"),
+    ("imported", "list of what `gputrace import` added: {kind (`torch-snapshot`), layer, "
+     "file (its name), sha256, bytes (compressed, as read), gputrace_version, unix_s, "
+     "joined (true when written `--into` a recording), plus for a join: pid, "
+     "segments_matched, segments}; docs/importers.md"),
+    ("clock.source", "`CLOCK_MONOTONIC` for a recording; `unix-epoch` for a trace imported "
+     "on its own, whose ts_ns are Unix-epoch ns (realtime_offset_ns is then 0)"),
     ("tables.<table>.rows, .parts", "rows and Parquet parts written per table"),
     ("tables.<table>.raw_parts, .raw_records",
      "raw parts (`part-NNNNNN.gtraw`) and the records they hold, until `gputrace convert` "

@@ -125,6 +125,28 @@ TOOLS_FATAL_REASONS: dict[int, int] = {v: v for v in range(7)}
 TOOLS_MAP_REMOTE_CAUSES: dict[int, int] = {0: 0, 1: 7, 2: 8, 3: 9, 4: 4, 5: 10}
 """UvmEventMapRemoteCause -> UVM_EVENT_REASONS."""
 
+# ------------------------------------------------ PyTorch caching allocator
+ALLOCATOR_ACTIONS: dict[int, str] = {
+    0: "alloc",
+    1: "free_requested",
+    2: "free_completed",
+    3: "segment_alloc",
+    4: "segment_free",
+    5: "segment_map",
+    6: "segment_unmap",
+    7: "snapshot",
+    8: "oom",
+}
+"""Trace entry actions of a PyTorch memory snapshot (`TraceEntry::Action`, by the
+names the snapshot spells them)."""
+BLOCK_STATES: dict[int, str] = {
+    0: "inactive",
+    1: "active_allocated",
+    2: "active_pending_free",
+}
+"""States of a block of a PyTorch memory snapshot: cached and free; held by a tensor;
+freed by the program but still in use by another stream."""
+
 ENUMS: dict[str, dict[int, str]] = {
     "device": DEVICE_KINDS,
     "op": MAPPING_OPS,
@@ -138,4 +160,6 @@ ENUMS: dict[str, dict[int, str]] = {
     "kind": UVM_EVENT_KINDS,
     "reason": UVM_EVENT_REASONS,
     "counter": UVM_COUNTERS,
+    "action": ALLOCATOR_ACTIONS,
+    "state": BLOCK_STATES,
 }

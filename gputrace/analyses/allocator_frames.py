@@ -1,0 +1,30 @@
+"""How an allocator stack reads: each frame as `function (file:line)`, innermost first.
+Shared by the allocator reports (tensors, pool, growth)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from gputrace.analyses.helpers.inputs import Inputs
+
+
+def frame_label() -> pl.Expr:
+    """`function (file:line)` of an allocator_frames row; `?` for what is missing."""
+    return pl.format("{} ({}:{})", pl.col("function").fill_null("?"),
+                     pl.col("filename").fill_null("?"),
+                     pl.col("line").cast(pl.String).fill_null("?"))
+
+
+def stack_labels(inp: Inputs) -> pl.LazyFrame:
+    """One row per stack_id: `top_frame` (innermost) and `frames` (innermost first)."""
+    return (inp.scan("allocator_frames").sort("stack_id", "depth")
+            .group_by("stack_id", maintain_order=True)
+            .agg(frame_label().first().alias("top_frame"), frame_label().alias("frames")))
+
+
+def with_labels(inp: Inputs, rows: pl.LazyFrame) -> pl.LazyFrame:
+    """`rows` (with a stack_id) plus top_frame and frames; a row without a stack says
+    `(no stack recorded)`."""
+    return (rows.join(stack_labels(inp), on="stack_id", how="left")
+            .with_columns(pl.col("top_frame").fill_null("(no stack recorded)"),
+                          pl.col("frames").fill_null([])))

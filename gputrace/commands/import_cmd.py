@@ -1,0 +1,47 @@
+"""`gputrace import torch-snapshot SNAPSHOT -o TRACE [--into RECORDING]`: a PyTorch
+CUDA memory snapshot as a trace with an `allocator` layer (docs/importers.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    imp = typer.Typer(name="import", help="Make a trace from another tool's file.",
+                      no_args_is_help=True, rich_markup_mode=None)
+    app.add_typer(imp)
+
+    @imp.command("torch-snapshot")
+    def torch_snapshot(
+        snapshot: Annotated[str, typer.Argument(
+            help="torch.cuda.memory._dump_snapshot file (.pickle, .pickle.xz, .pickle.gz).")],
+        output: Annotated[str, typer.Option("--output", "-o", help="Trace directory to write.")],
+        into: Annotated[str | None, typer.Option(
+            "--into", metavar="RECORDING",
+            help="Join to this recording of the same process (written to -o, a copy).")
+        ] = None,
+        force: Annotated[bool, typer.Option(
+            "--force", help="Replace an existing trace directory at -o.")] = False,
+    ) -> None:
+        """Import a PyTorch caching-allocator snapshot: segments, tensors, history.
+
+        The pickle is read as plain data only: a file naming any Python global is
+        refused, nothing in it runs.
+        """
+        from gputrace.importers.torch_snapshot import read_snapshot, write_alone
+
+        snap = read_snapshot(snapshot)
+        r = snap.rows
+        what = (f"{len(r.segments['address'])} segments, {len(r.blocks['address'])} blocks, "
+                f"{len(r.events['time_us'])} trace entries, {len(r.stacks)} stacks")
+        if into is None:
+            path = write_alone(snap, output, force=force)
+            typer.echo(f"{path}: {what} from {snap.name}")
+            return
+        from gputrace.importers.torch_join import write_joined
+
+        path, join = write_joined(snap, into, output, force=force)
+        typer.echo(f"{path}: {into} plus {what} from {snap.name}; pid {join.pid}, "
+                   f"{len(join.api_ts)} of {join.segments} segments matched cuMemAlloc calls")

@@ -1,0 +1,146 @@
+"""Joining a PyTorch snapshot to a recording of the same process (`import --into`).
+
+Two facts tie them, and both must hold or the join is refused with one line:
+
+- Addresses: each segment of the caching allocator is one `cudaMalloc`, which the API
+  layer recorded as a successful `cuMemAlloc*` returning the segment's address. At
+  least one segment's address must be such a pointer; the process of those calls is
+  the snapshot's (the most matched one, when several processes reused an address).
+- Time: a trace entry's `time_us` is CLOCK_REALTIME (Unix-epoch µs, PyTorch's
+  `getTime()`); a recording stamps CLOCK_MONOTONIC ns and its manifest holds
+  `clock.realtime_offset_ns` (Unix-epoch ns minus CLOCK_MONOTONIC ns, measured when
+  recording started). `ts_ns = time_us * 1000 - realtime_offset_ns` puts an entry on the
+  recording's clock. Every entry must then fall inside the recording's span, give or
+  take `SLACK_NS` (the wall clock may be slewed by NTP during a long recording).
+
+The joined trace is written to a new directory: the recording's tables copied part for
+part, plus the allocator tables; the recording itself is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from gputrace import schema
+from gputrace.errors import GputraceError, UsageError
+from gputrace.importers.torch_snapshot import Snapshot, import_record
+
+SLACK_NS = 1_000_000_000
+"""How far outside the recording an entry may be stamped and still join: wall-clock
+corrections during a recording move CLOCK_REALTIME against CLOCK_MONOTONIC."""
+
+ALLOC_FUNCS = ("cuMemAlloc_v2", "cuMemAlloc", "cuMemAllocPitch_v2", "cuMemAllocPitch",
+               "cuMemAllocAsync", "cuMemAllocFromPoolAsync")
+"""API calls that hand out a pointer the caching allocator may take as a segment."""
+
+# manifest keys the writer owns: the joined trace gets its own
+_WRITER_KEYS = ("format", "format_version", "schema_version", "gputrace_version", "status",
+                "tables")
+
+
+class JoinRefused(GputraceError):
+    """The snapshot and the recording do not line up."""
+
+
+@dataclass(frozen=True)
+class Join:
+    """How the snapshot lines up with the recording."""
+
+    pid: int
+    offset_ns: int
+    api_ts: dict[int, int]
+    """Segment address -> ts_ns of the cuMemAlloc* call that returned it."""
+    segments: int
+
+
+def _utc(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def line_up(snap: Snapshot, trace: Any) -> Join:
+    """Where the snapshot's segments and entries fall in the recording `trace` (an open
+    gputrace.tracedir.Trace), or JoinRefused saying what does not line up."""
+    import polars as pl
+
+    m = trace.manifest
+    where = str(trace.path)
+    if "allocator" in trace.layers:
+        raise JoinRefused(f"refused: {where} already holds an allocator layer")
+    if "api" not in trace.layers:
+        raise JoinRefused(f"refused: {where} has no API layer (cuMemAlloc calls) to join "
+                          "the snapshot's segments to; record with the api layer")
+    offset = (m.get("clock") or {}).get("realtime_offset_ns")
+    start, end = m.get("start_ts_ns"), m.get("end_ts_ns")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (offset, start, end)):
+        raise JoinRefused(f"refused: {where} lacks clock.realtime_offset_ns or its time span; "
+                          "the snapshot's wall-clock times cannot be placed in it")
+    assert isinstance(offset, int) and isinstance(start, int) and isinstance(end, int)
+    seg_addr = snap.rows.segments["address"]
+    calls = (trace.scan("cuda_calls")
+             .filter(pl.col("func").is_in(ALLOC_FUNCS) & (pl.col("result") == 0)
+                     & pl.col("ptr").is_in(sorted(set(seg_addr))))
+             .select("ptr", "pid", "ts_ns").sort("ts_ns").collect())
+    by_ptr: dict[int, list[tuple[int, int]]] = {}
+    for ptr, pid, ts in calls.iter_rows():
+        by_ptr.setdefault(int(ptr), []).append((int(ts), int(pid)))
+    pids = Counter(pid for ptr in set(seg_addr) for _, pid in by_ptr.get(ptr, ()))
+    if not pids:
+        raise JoinRefused(
+            f"refused: none of the snapshot's {len(seg_addr)} segment addresses was returned "
+            f"by a cuMemAlloc call in {where}; not a recording of the snapshot's process")
+    pid = pids.most_common(1)[0][0]
+    span = snap.rows.time_us_span()
+    if span is not None:
+        lo, hi = span[0] * 1000 - offset, span[1] * 1000 - offset
+        if lo < start - SLACK_NS or hi > end + SLACK_NS:
+            raise JoinRefused(
+                f"refused: the snapshot's trace entries ({_utc(lo + offset)} to "
+                f"{_utc(hi + offset)}) fall outside the recording {where} "
+                f"({_utc(start + offset)} to {_utc(end + offset)}); not the same run")
+    # the latest allocation of each address by that process: addresses are reused
+    api_ts: dict[int, int] = {}
+    for ptr in set(seg_addr):
+        mine = [ts for ts, p in by_ptr.get(ptr, ()) if p == pid]
+        if mine:
+            api_ts[ptr] = mine[-1]
+    return Join(pid, offset, api_ts, len(seg_addr))
+
+
+def write_joined(snap: Snapshot, recording: str | os.PathLike[str],
+                 out: str | os.PathLike[str], *, force: bool = False) -> tuple[Path, Join]:
+    """Write the recording plus the snapshot's allocator tables to `out`."""
+    from gputrace.tracedir import open_trace
+    from gputrace.tracewriter import TraceWriter
+
+    if Path(out).resolve() == Path(recording).resolve():
+        raise UsageError("-o must name a new directory: the recording is never rewritten")
+    trace = open_trace(recording)
+    join = line_up(snap, trace)
+    rows = snap.rows
+    rows.place(join.offset_ns, join.pid)
+    rows.segments["api_alloc_ts_ns"] = [join.api_ts.get(a) for a in rows.segments["address"]]
+    manifest = {k: v for k, v in trace.manifest.items() if k not in _WRITER_KEYS}
+    manifest["layers"] = [*trace.layers, "allocator"]
+    manifest["imported"] = [*(manifest.get("imported") or []), import_record(
+        snap, joined=True, pid=join.pid, segments=join.segments,
+        segments_matched=len(join.api_ts))]
+    w = TraceWriter(out, manifest=manifest, force=force)
+    try:
+        for name in schema.TABLES:
+            for part in trace.parts(name):  # one part in, one part out: bounded memory
+                w.append(name, pq.read_table(part))
+                w.rotate()
+        for name, table in rows.tables().items():
+            w.append(name, table)
+    except BaseException:
+        w.close(status="incomplete")
+        raise
+    w.close(status=trace.status)
+    return w.path, join
