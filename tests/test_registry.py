@@ -228,7 +228,8 @@ def test_toy_report_in_fleet(toy: None) -> None:
              for p in (LEAK, OTHER)]
     doc = _fleet([LEAK, OTHER, NO_API])
     assert doc["report_totals"]["toy_count"] == {"traces": 2, "toys": 14, "span_ms": sum(spans)}
-    assert [r["report"] for r in doc["not_aggregated"]] == ["summary"]
+    assert [r["report"] for r in doc["not_aggregated"]] == [
+        "summary", "tensors", "allocator-pool", "allocator-growth"]
     buf = io.StringIO()
     render_fleet_terminal(doc, buf)
     text = buf.getvalue()
@@ -239,8 +240,9 @@ def test_toy_report_in_fleet(toy: None) -> None:
     plain = dataclasses.replace(TOY, name="toy-plain", key="toy_plain", fleet=FleetUse())
     with registered(plain):
         doc = _fleet([LEAK])
-    assert [r["report"] for r in doc["not_aggregated"]] == ["summary", "toy-plain"]
-    assert doc["not_aggregated"][1]["why"] == "no fleet aggregation declared"
+    assert [r["report"] for r in doc["not_aggregated"]] == [
+        "summary", "tensors", "allocator-pool", "allocator-growth", "toy-plain"]
+    assert doc["not_aggregated"][-1]["why"] == "no fleet aggregation declared"
 
 
 def test_fleet_answers_are_fleet_document_keys() -> None:

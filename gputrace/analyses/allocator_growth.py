@@ -27,8 +27,21 @@ from gputrace.analyses.helpers.common import NS_PER_S
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.report import Report, not_recorded
 
-QUESTION = ("Does memory held by tensors grow over the allocator's history, and which "
-            "Python lines keep what they allocate?")
+
+def _question() -> str:
+    """The report's question, from its registry entry (the one place it is written)."""
+    from gputrace.analyses.registry import spec
+
+    return spec("allocator-growth").question
+
+
+def _layers() -> list[str]:
+    """The layers the report reads, from its registry entry."""
+    from gputrace.analyses.registry import spec
+
+    return list(spec("allocator-growth").layers)
+
+
 MAX_POINTS = 400
 """Points of the active-bytes series; a longer history keeps every k-th entry plus the
 entry at its peak and the last one."""
@@ -93,7 +106,7 @@ def growth(inp: Inputs, top: int | None = None) -> Report:
     """The allocator growth report: active bytes over the history, retained by stack."""
     warnings = trace_warnings(inp)
     if not inp.has("allocator"):
-        return not_recorded("allocator-growth", QUESTION, ["allocator"], warnings)
+        return not_recorded("allocator-growth", _question(), _layers(), warnings)
     events = replay(inp)
     stacks, rep = pl.collect_all([retained_by_stack(inp, events), events.select(
         "i", "ts_ns", "seq", "device", "action", "size", "active_bytes", "reserved_bytes")])
@@ -105,7 +118,7 @@ def growth(inp: Inputs, top: int | None = None) -> Report:
     if rep.height == 0:
         warnings.append("allocator-growth: the snapshot holds no trace entries (history not "
                         "recorded: torch.cuda.memory._record_memory_history() before the run)")
-        return Report("allocator-growth", QUESTION, True, data, [], warnings)
+        return Report("allocator-growth", _question(), True, data, [], warnings)
     first, last = rep.row(0, named=True), rep.row(-1, named=True)
     start_active = first["active_bytes"] - _delta(first, _ACTIVE)
     start_reserved = first["reserved_bytes"] - _delta(first, _RESERVED)
@@ -127,7 +140,7 @@ def growth(inp: Inputs, top: int | None = None) -> Report:
         series=[{"t_s": (r["ts_ns"] - inp.start_ns) / NS_PER_S, "entry": r["i"],
                  "action": r["action"], "active_bytes": r["active_bytes"],
                  "reserved_bytes": r["reserved_bytes"]} for r in pts.iter_rows(named=True)])
-    return Report("allocator-growth", QUESTION, True, data, [], warnings)
+    return Report("allocator-growth", _question(), True, data, [], warnings)
 
 
 def _delta(row: dict[str, Any], table: dict[str, int]) -> int:

@@ -137,6 +137,9 @@ def _allocator_growth(ctx: Context) -> Report:
     return growth(ctx.inp, ctx.opts.top)
 
 
+_ONE_PROCESS = FleetUse(why_not="a PyTorch snapshot describes one process's allocator: "
+                                "its blocks and lines do not add up across hosts")
+
 REPORTS: list[ReportSpec] = [
     ReportSpec(
         "leaks", "leaks", "Leaks",
@@ -190,21 +193,24 @@ REPORTS: list[ReportSpec] = [
                                "indices name different things on different hosts")),
     ReportSpec(
         "tensors", "tensors", "Tensors alive (PyTorch)",
-        "Which tensors are still alive in PyTorch's allocator, and from which Python line?",
+        "Which tensors are still alive, and which Python lines allocated them?",
         ("allocator",), _tensors,
-        terminal="gputrace.render.allocator_sections:tensors_section"),
+        terminal="gputrace.render.allocator_sections:tensors_section",
+        fleet=_ONE_PROCESS),
     ReportSpec(
         "allocator-pool", "allocator_pool", "PyTorch allocator pool",
-        "How much memory does PyTorch's caching allocator reserve but not use, and could "
-        "its largest free block serve a request?",
+        "How much memory did PyTorch's caching allocator reserve but not allocate, and how "
+        "big is its largest free block?",
         ("allocator",), _allocator_pool,
-        terminal="gputrace.render.allocator_sections:pool_section"),
+        terminal="gputrace.render.allocator_sections:pool_section",
+        fleet=_ONE_PROCESS),
     ReportSpec(
         "allocator-growth", "allocator_growth", "PyTorch allocator growth",
-        "Do the allocator's active bytes grow over the snapshot's history, and from which "
-        "line?",
+        "Does memory held by tensors grow over the allocator's history, and which Python "
+        "lines keep what they allocate?",
         ("allocator",), _allocator_growth,
-        terminal="gputrace.render.allocator_sections:growth_section"),
+        terminal="gputrace.render.allocator_sections:growth_section",
+        fleet=_ONE_PROCESS),
 ]
 """Every report, in the order the CLI, JSON document, terminal, HTML page, diff and
 fleet documents list them."""
