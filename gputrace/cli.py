@@ -70,7 +70,7 @@ def info(
 ) -> None:
     """Summarize a trace: status, host, layers, hooks, drops, rows per table."""
     from gputrace.commands.info import render_info, trace_info
-    from gputrace.tracedir import open_trace
+    from gputrace.trace.reader import open_trace
 
     t = open_trace(trace, raw_ok=True)
     facts = trace_info(t)
@@ -92,7 +92,7 @@ def dump(
 ) -> None:
     """Print the rows of one table."""
     from gputrace.commands.dump import FORMATS, dump_table
-    from gputrace.tracedir import open_trace
+    from gputrace.trace.reader import open_trace
 
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")

@@ -3,7 +3,7 @@ numbers and their names, RM object classes, the UVM commands a probe tests by va
 and the status codes reports interpret. What each means, and the driver tags they
 were read from: docs/driver-facts.md (§1-2). Pure constants, importable everywhere
 (the recorder, the analyses and the probes' -D defines read them from here;
-tests/test_bpf_defines.py checks the C side against them).
+tests/unit/record/test_bpf_defines.py checks the C side against them).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
  *
  * Only tracepoint arguments (and, with tp_btf, the saved user registers) are
  * read: no kernel struct layouts. Settings come from the `config` and
- * `uvm_layouts` maps and from -D defines that gputrace/record/driver.py and
+ * `uvm_layouts` maps and from -D defines that gputrace/record/driver_version.py and
  * loader.cflags validate; nothing user-supplied is pasted here.
  */
 #ifndef GT_COMMON_BPF_H

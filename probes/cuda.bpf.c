@@ -1,11 +1,11 @@
 /* gputrace API layer: uprobes/uretprobes on libcuda memory calls.
  *
- * Its own bcc program (gputrace/record/cuda.py): uprobes are attached per
+ * Its own bcc program (gputrace/record/api/libcuda.py): uprobes are attached per
  * library path at run time, so this object lives beside the syscall one and
  * follows targets itself (fork/exit). Settings come from the `cuda_config`
  * map; nothing user-supplied is pasted here. Function ids and argument shapes
  * are listed once in gputrace/record/hooks.py (CUDA_FUNCS) and mirrored by the
- * GT_API3 lines below (tests/test_event_structs.py checks they agree).
+ * GT_API3 lines below (tests/unit/record/test_event_structs.py checks they agree).
  */
 #include <uapi/linux/ptrace.h>
 #include "gputrace_events.h"

@@ -1,4 +1,4 @@
-/* gputrace API layer, part of cuda.bpf.c (inlined by gputrace/record/cuda.py):
+/* gputrace API layer, part of cuda.bpf.c (inlined by gputrace/record/api/libcuda.py):
  * the state the calls (cuda.bpf.c) and the library loads and fork/exit
  * following (cuda_load.bpf.h) share: ring buffer and stack sizes, the
  * per-thread pending call, the layer's maps, and (cuda_shared.bpf.h, which the

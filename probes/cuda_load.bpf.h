@@ -1,4 +1,4 @@
-/* gputrace API layer, part of cuda.bpf.c (inlined by gputrace/record/cuda.py):
+/* gputrace API layer, part of cuda.bpf.c (inlined by gputrace/record/api/libcuda.py):
  * libcuda loads seen at openat (the recorder attaches uprobes to that file),
  * and targets followed across fork/exit.
  */

@@ -10,7 +10,7 @@
  * these maps (GT_CUDA_SHARE: bcc shares them by name within the recorder
  * process) and the API program uses them (GT_CUDA_EXTERN). Alone, or beside
  * the syscalls:* tracepoints, the API program has its own maps and its own
- * openat tracepoints (cuda_load.bpf.h). gputrace/record/cuda.py chooses.
+ * openat tracepoints (cuda_load.bpf.h). gputrace/record/api/libcuda.py chooses.
  */
 #ifndef GT_CUDA_SHARED_BPF_H
 #define GT_CUDA_SHARED_BPF_H

@@ -2,7 +2,7 @@
  *
  * Every field is naturally aligned and every hole is an explicit _pad field,
  * so the layout is the same for clang -target bpf and for host gcc;
- * tests/test_event_structs.py compiles this header with gcc and checks each
+ * tests/unit/record/test_event_structs.py compiles this header with gcc and checks each
  * offsetof/sizeof against the numpy dtypes. Units are in the field names.
  */
 #ifndef GPUTRACE_EVENTS_H
@@ -221,7 +221,7 @@ struct fd_event {
 
 /* ---------------------------------------------------------------------------
  * API layer: uprobes on libcuda, probes/cuda.bpf.c, its own BPF
- * object; decoded by gputrace/record/cuda.py (numpy mirrors in decode.py).
+ * object; decoded by gputrace/record/api/libcuda.py (numpy mirrors in decode.py).
  */
 
 /* cuda_event.valid: which argument fields hold a value. */
@@ -276,7 +276,7 @@ struct cuda_config {
 
 /* ---------------------------------------------------------------------------
  * CPU page faults on managed memory: exceptions:page_fault_user,
- * probes/nv_faults.bpf.h, decoded by gputrace/record/cpufaults.py.
+ * probes/nv_faults.bpf.h, decoded by gputrace/record/cpu_faults/managed_ranges.py.
  */
 
 /* One user page fault inside a managed range (56 bytes). */

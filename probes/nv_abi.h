@@ -1,6 +1,6 @@
 /* The NVIDIA driver numbers the probes test by value: RM escapes, RM classes and
  * the UVM initialize commands (docs/driver-facts.md §1.1, §2.2, §2.4). Their Python
- * twins are in gputrace/nvabi.py; tests/test_bpf_defines.py checks every one. */
+ * twins are in gputrace/nvabi.py; tests/unit/record/test_bpf_defines.py checks every one. */
 #ifndef GT_NV_ABI_H
 #define GT_NV_ABI_H
 

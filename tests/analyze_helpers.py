@@ -14,7 +14,7 @@ from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.analyses.report_spec import ReportOptions
 from gputrace.analyses.run import run_reports
 from gputrace.render.json_doc import render_json
-from gputrace.tracedir import open_trace
+from gputrace.trace.reader import open_trace
 from tests.conftest import FIXTURES
 
 SCENARIO_DIR = FIXTURES / "scenarios"

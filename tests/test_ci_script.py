@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 from tests.live_report import REPORT_ENV, main, plain_nodeid, problems
 
 CHECK = ROOT / ".ci" / "check-live"
-FUSE_TEST = "tests/test_standin.py::test_vid_heap_control"
+FUSE_TEST = "tests/live/test_standin.py::test_vid_heap_control"
 
 
 def _report(outcomes: dict[str, str], defined: list[str] | None = None) -> dict[str, object]:
@@ -113,9 +113,9 @@ def test_ci_passes_when_the_fuse_test_runs(tmp_path: Path) -> None:
     assert gate.returncode == 0, gate.stderr
 
 
-XDIST_TESTS = [FUSE_TEST, "tests/test_standin.py::test_expected_json_counts",
-               "tests/test_standin.py::test_expected_json_is_json",
-               "tests/test_standin.py::test_print_expected_matches_expected_json"]
+XDIST_TESTS = [FUSE_TEST, "tests/live/test_standin.py::test_expected_json_counts",
+               "tests/live/test_standin.py::test_expected_json_is_json",
+               "tests/live/test_standin.py::test_print_expected_matches_expected_json"]
 
 
 @pytest.mark.live

@@ -45,10 +45,10 @@ def test_deleting_a_committed_golden_fails_its_test(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "tests" / "golden", gold)
     (gold / "analyze_two_gpus.json").unlink()
     code = (
-        "import sys, pytest, tests.analyze_helpers as h, tests.test_analyze_scenarios as t;"
+        "import sys, pytest, tests.analyze_helpers as h, tests.scenarios.test_analyze_scenarios as t;"
         f"h.GOLDEN = t.GOLDEN = __import__('pathlib').Path({str(gold)!r});"
         "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', "
-        "'tests/test_analyze_scenarios.py::test_golden_json[two_gpus]']))"
+        "'tests/scenarios/test_analyze_scenarios.py::test_golden_json[two_gpus]']))"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                        text=True, timeout=300, env=_env_without_update())

@@ -45,7 +45,7 @@ def loaded(body: str) -> list[str]:
     "body",
     [
         "import gputrace.commands.record, gputrace.record.recorder",
-        "import gputrace, gputrace.schema, gputrace.tracewriter, gputrace.tracedir",
+        "import gputrace, gputrace.schema, gputrace.trace.writer, gputrace.trace.reader",
         # the CLI as `gputrace record --help` runs it (help exits through SystemExit)
         "import gputrace.cli\ntry:\n    gputrace.cli.main(['record', '--help'])\n"
         "except SystemExit:\n    pass",

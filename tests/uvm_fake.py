@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from gputrace.record import uvm_tools_abi as ut
+from gputrace.record.uvm_tools import abi as ut
 
 GPU_UUID = bytes(range(0x10, 0x20))
 CPU_UUID = bytes.fromhex("a65e0f4ed7d47ba25047412c142a7773")

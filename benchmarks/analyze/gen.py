@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from gputrace import schema
-from gputrace.tracewriter import TraceWriter
+from gputrace.trace.writer import TraceWriter
 
 T0 = 1_000_000_000_000
 STEP_NS = 1_000  # one event per microsecond

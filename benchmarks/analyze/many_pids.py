@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 
 from gputrace import schema
-from gputrace.builder import T0_NS, MiB
-from gputrace.tracewriter import write_tables
+from gputrace.trace.builder import T0_NS, MiB
+from gputrace.trace.writer import write_tables
 
 
 def _table(name: str, cols: dict[str, object], n: int) -> pa.Table:

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gputrace.record import decode  # noqa: E402
-from gputrace.tracewriter import TraceWriter  # noqa: E402
+from gputrace.trace.writer import TraceWriter  # noqa: E402
 
 FRAME = 64 * decode.IOCTL_DTYPE.itemsize * 800  # ~51 k events: a recorder work item
 

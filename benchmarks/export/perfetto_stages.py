@@ -20,7 +20,7 @@ import polars as pl
 from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.analyses.timeseries import timeline
 from gputrace.render.perfetto import render_perfetto
-from gputrace.tracedir import open_trace
+from gputrace.trace.reader import open_trace
 
 
 def main() -> None:

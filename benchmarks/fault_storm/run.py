@@ -81,7 +81,7 @@ def run(storm: Path, tmp: Path, mib: int, procs: int, anon: bool, traced: bool) 
     }
     if rec is not None:
         assert rec.wait(timeout=300) == 0
-        from gputrace.tracedir import open_trace
+        from gputrace.trace.reader import open_trace
 
         t = open_trace(out)
         r["recorded"] = t.rows("faults")

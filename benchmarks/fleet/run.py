@@ -3,7 +3,7 @@ Dask workers; wall times and each worker's peak memory.
 
     python3 benchmarks/fleet/run.py --traces 1000 --events 100000 --out /tmp/fleetbench
 
-Traces (synthetic, gputrace.builder.TraceBuilder): a few templates are built, each a
+Traces (synthetic, gputrace.trace.builder.TraceBuilder): a few templates are built, each a
 workload of `--events` rows (RM alloc/free pairs with 1 % leaked, cuMemAlloc/cuMemFree
 pairs, GPU faults and migrations, PMM chunk events); each of the N traces is a copy of a
 template renamed as another host and recording (manifest hostname, creation time, driver
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gputrace.builder import MiB, TraceBuilder  # noqa: E402
+from gputrace.trace.builder import MiB, TraceBuilder  # noqa: E402
 
 TEMPLATES = 4
 DRIVERS = ("580.142", "575.57.08", "570.133.20")

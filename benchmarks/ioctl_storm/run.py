@@ -100,7 +100,7 @@ def traced(storm: Path, dev: Path, n: int, tmp: Path, procs: int = 1,
     # CPU is the recorder's, but spent after the targets, as `convert` after --raw
     spill_cpu = sum(float(line.split(" in ")[1].split()[0]) for line in recp.stderr
                     if line.startswith("gputrace: decoded "))  # fmt: skip
-    from gputrace.tracedir import open_trace
+    from gputrace.trace.reader import open_trace
 
     raw_size = sum(p.stat().st_size for p in (out / "ioctls").glob("part-*.gtraw"))
     convert_cpu = None

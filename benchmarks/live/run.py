@@ -82,7 +82,7 @@ def run_once(storm: Path, dev: Path, n: int, out: Path, live: bool) -> dict[str,
     _, status, ru = os.wait4(rec.pid, 0)
     stop.set()
     cpu = ru.ru_utime + ru.ru_stime - c0
-    from gputrace.tracedir import open_trace
+    from gputrace.trace.reader import open_trace
 
     t = open_trace(out)
     rows = t.rows("ioctls")

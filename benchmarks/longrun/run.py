@@ -102,7 +102,7 @@ def main() -> int:
                   f"{du(out) / 2**20:12.1f}", flush=True)  # fmt: skip
             last_t, last_cpu = now, cpu
         rc = rec.wait(600)
-        from gputrace.tracedir import open_trace
+        from gputrace.trace.reader import open_trace
 
         t = open_trace(out)
         rows, drops = t.rows("ioctls"), sum(t.drops.values())

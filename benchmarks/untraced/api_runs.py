@@ -57,7 +57,7 @@ def under_uprobe_floor(lib: Path, work: Callable[[], T]) -> T:
 def traced(argv: list[str], tree: Path | None, out: Path, *flags: str) -> tuple[str, Any]:
     """The program (argv in its --wait mode: it prints "READY PID" and waits for a
     line) under `gputrace record -p PID FLAGS` of `tree`: (its stdout, the trace)."""
-    from gputrace.tracedir import open_trace
+    from gputrace.trace.reader import open_trace
 
     w = subprocess.Popen(argv, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          env=env())  # fmt: skip

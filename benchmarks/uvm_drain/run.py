@@ -57,10 +57,13 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gputrace.record import decode_uvm, memory_sampler, rm_client, uvm_tools  # noqa: E402
-from gputrace.record.decode_uvm import UvmStreamContext, UvmStreamDecoder  # noqa: E402
-from gputrace.record.driver import parse_version  # noqa: E402
-from gputrace.record.driver_layer import DriverLayer  # noqa: E402
+from gputrace.record.driver_layer.poller import DriverLayer  # noqa: E402
+from gputrace.record.driver_version import parse_version  # noqa: E402
+from gputrace.record.rm_query import client as rm_client  # noqa: E402
+from gputrace.record.rm_query import sampler as memory_sampler  # noqa: E402
+from gputrace.record.uvm_tools import decode as decode_uvm  # noqa: E402
+from gputrace.record.uvm_tools import tracker as uvm_tools  # noqa: E402
+from gputrace.record.uvm_tools.decode import UvmStreamContext, UvmStreamDecoder  # noqa: E402
 from tests.standin import standin  # noqa: E402
 
 CAPTURE = ROOT.parent / "shared" / "real-h200" / "uvm-tools-events.v2.raw.xz"
@@ -203,8 +206,8 @@ def synthetic_stream(records: int, delay: int = 2000, seed: int = 1) -> bytes:
 
 
 def load_decoder(rev: str) -> Any:
-    """gputrace/record/decode_uvm.py as of git revision `rev`, as a module."""
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:gputrace/record/decode_uvm.py"],
+    """gputrace/record/uvm_tools/decode.py as of git revision `rev`, as a module."""
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:gputrace/record/uvm_tools/decode.py"],
                          capture_output=True, text=True, check=False)  # fmt: skip
     if src.returncode:
         sys.exit(f"uvm_drain: error: git show {rev}: {src.stderr.strip()}")

@@ -120,19 +120,19 @@ def _fragmentation(ctx: Context) -> Report:
 _SECTIONS = "gputrace.render.html_sections"
 
 def _tensors(ctx: Context) -> Report:
-    from gputrace.analyses.allocator_tensors import tensors
+    from gputrace.analyses.allocator.tensors import tensors
 
     return tensors(ctx.inp, ctx.opts.top)
 
 
 def _allocator_pool(ctx: Context) -> Report:
-    from gputrace.analyses.allocator_pool import pool
+    from gputrace.analyses.allocator.pool import pool
 
     return pool(ctx.inp, ctx.opts.top)
 
 
 def _allocator_growth(ctx: Context) -> Report:
-    from gputrace.analyses.allocator_growth import growth
+    from gputrace.analyses.allocator.growth import growth
 
     return growth(ctx.inp, ctx.opts.top)
 
@@ -158,7 +158,7 @@ REPORTS: list[ReportSpec] = [
         "How often does managed memory fault, and does it thrash or oversubscribe the GPU?",
         ("cpu_faults", "driver", "uvm_tools"), _fault_rate,
         gates=(Gate("thrashing", fail_on.thrashing_hit, blind=fail_on.thrashing_blind),),
-        terminal="gputrace.render.driver_sections:fault_rate_section",
+        terminal="gputrace.render.fault_fragmentation_sections:fault_rate_section",
         html=(f"{_SECTIONS}:fault_rate",),
         diff=(DiffTable("fault_rates", "Fault rates", ("rates",),
                         ("source", "access_type", "gpu_index"),
@@ -169,7 +169,7 @@ REPORTS: list[ReportSpec] = [
         "Is free GPU memory usable, or scattered into pieces too small for 2 MiB chunks?",
         ("driver", "rm_query"), _fragmentation,
         gates=(Gate("fragmentation", fail_on.fragmentation_hit, threshold=True),),
-        terminal="gputrace.render.driver_sections:fragmentation_section",
+        terminal="gputrace.render.fault_fragmentation_sections:fragmentation_section",
         html=(f"{_SECTIONS}:fragmentation",),
         diff=(),  # per-GPU samples over time: no figure of one trace pairs with another's
         fleet=FleetUse(answers=("gpus",))),

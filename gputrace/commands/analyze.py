@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
         from gputrace.analyses.helpers.common import NS_PER_S
         from gputrace.analyses.helpers.inputs import inputs_from_trace
         from gputrace.analyses.run import gate_hits, unmeasured
-        from gputrace.tracedir import open_trace
+        from gputrace.trace.reader import open_trace
 
         if fmt not in FORMATS:
             raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")

@@ -45,8 +45,8 @@ def opened(output: str | None, binary: bool) -> Iterator[IO[Any]]:
 def export(inp: Inputs, fmt: str, output: str | None, allocated: bool = False,
            show: bool = False) -> None:
     """Write the Perfetto timeline or the folded stacks of a trace."""
-    from gputrace.analyses.stacks_by_bytes import folded_stacks
     from gputrace.analyses.timeseries import timeline
+    from gputrace.analyses.timeseries.stacks_by_bytes import folded_stacks
 
     with progress(show, 2) as step:
         if fmt == "folded":

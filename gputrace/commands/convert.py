@@ -1,5 +1,5 @@
 """`gputrace convert TRACE`: decode the raw parts of a `record --raw` trace into
-Parquet, in place (gputrace.rawconvert); any machine, no root."""
+Parquet, in place (gputrace.importers.raw); any machine, no root."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def register(app: typer.Typer) -> None:
         """
         import os
 
+        from gputrace.importers.raw import convert as run
         from gputrace.options import parse_count
-        from gputrace.rawconvert import convert as run
         from gputrace.render.safe import printable
 
         n = (parse_count(jobs, "--jobs", minimum=1, maximum=1024) if jobs is not None

@@ -105,8 +105,8 @@ def diff_traces(before: str, after: str, conds: list[Cond] | None = None) -> dic
     from gputrace.analyses.diff import diff
     from gputrace.analyses.helpers.inputs import inputs_from_trace
     from gputrace.analyses.run import run_reports
-    from gputrace.analyses.stacks_by_bytes import folded_stacks
-    from gputrace.tracedir import open_trace
+    from gputrace.analyses.timeseries.stacks_by_bytes import folded_stacks
+    from gputrace.trace.reader import open_trace
 
     docs, stacks = [], []
     for path in (before, after):

@@ -185,7 +185,7 @@ def check_lockdown(h: Host) -> Check:
 
 def driver_version(h: Host) -> tuple[str | None, str]:
     """(version, where it was read) of the loaded NVIDIA driver."""
-    from gputrace.record.driver import detect_version
+    from gputrace.record.driver_version import detect_version
 
     for src in ("/sys/module/nvidia_uvm/version", "/sys/module/nvidia/version",
                 "/proc/driver/nvidia/version"):  # fmt: skip
@@ -225,8 +225,8 @@ def check_tools(h: Host) -> Check:
 
 
 def check_rm(h: Host) -> Check:
-    from gputrace.record import rm_client
-    from gputrace.record.driver import LATEST, parse_version
+    from gputrace.record.driver_version import LATEST, parse_version
+    from gputrace.record.rm_query import client as rm_client
 
     ver, _ = driver_version(h)
     try:

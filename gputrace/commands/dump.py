@@ -8,7 +8,7 @@ from typing import TextIO
 import polars as pl
 
 from gputrace.render.safe import json_ascii_safe, printable
-from gputrace.tracedir import Trace
+from gputrace.trace.reader import Trace
 
 FORMATS = ("table", "csv", "json")
 

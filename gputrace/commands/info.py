@@ -7,8 +7,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gputrace import schema
-from gputrace.tracedir import Trace, raw_parts_held, trace_warnings
-from gputrace.tracefiles import STATUS_COMPLETE
+from gputrace.trace.files import STATUS_COMPLETE
+from gputrace.trace.reader import Trace, raw_parts_held, trace_warnings
 
 
 def trace_info(trace: Trace) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def trace_info(trace: Trace) -> dict[str, Any]:
     if dl.get("error"):
         warnings.append(str(dl["error"]))
     if m.get("synthetic"):
-        warnings.append("synthetic trace: built by gputrace.builder, not recorded")
+        warnings.append("synthetic trace: built by gputrace.trace.builder, not recorded")
     held = raw_parts_held(trace)
     if held is not None:  # its rows are not counted above; reports refuse it
         raws = {t: v["raw_records"] for t, v in (m.get("tables") or {}).items()

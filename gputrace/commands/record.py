@@ -169,7 +169,7 @@ def register(app: typer.Typer) -> None:
             raw=raw,
         )
         if ebpf:
-            from gputrace.record import cuda
+            from gputrace.record.api import libcuda as cuda
 
             source, flags, _drv, _plan = build_program(opts)
             typer.echo("// ---- syscall layer (one bcc program: tracepoints)")

@@ -18,7 +18,7 @@ from gputrace import schema
 from gputrace.analyses.helpers.inputs import Inputs, inputs_from_trace
 from gputrace.fleet.export import files_problem
 from gputrace.fleet.store import DatasetError, Store
-from gputrace.tracedir import ManifestFacts
+from gputrace.trace.reader import ManifestFacts
 
 DEVICE_TABLES = ("chunks", "gpu_memory")
 """Tables a job filter keeps whole: they describe the GPU, not one process."""

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from gputrace import schema
 from gputrace.fleet.store import DatasetError, Store, key_problem
-from gputrace.manifest import TRACE_ID_PATTERN
+from gputrace.trace.manifest import TRACE_ID_PATTERN
 
 DATASET_FORMAT = "gputrace-fleet"
 DATASET_VERSION = 1
@@ -173,7 +173,7 @@ def _is_int(v: object) -> TypeGuard[int]:
 def export_traces(paths: Iterable[str], store: Store,
                   note: Callable[[str], None] = lambda _: None) -> ExportResult:
     """Add traces to the dataset at `store`; a trace already there unchanged is skipped."""
-    from gputrace.tracedir import open_trace
+    from gputrace.trace.reader import open_trace
 
     index = read_index(store, create=True)
     done = ExportResult()

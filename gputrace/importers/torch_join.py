@@ -66,7 +66,7 @@ def _utc(ns: int) -> str:
 
 def line_up(snap: Snapshot, trace: Any) -> Join:
     """Where the snapshot's segments and entries fall in the recording `trace` (an open
-    gputrace.tracedir.Trace), or JoinRefused saying what does not line up."""
+    gputrace.trace.reader.Trace), or JoinRefused saying what does not line up."""
     import polars as pl
 
     m = trace.manifest
@@ -116,8 +116,8 @@ def line_up(snap: Snapshot, trace: Any) -> Join:
 def write_joined(snap: Snapshot, recording: str | os.PathLike[str],
                  out: str | os.PathLike[str], *, force: bool = False) -> tuple[Path, Join]:
     """Write the recording plus the snapshot's allocator tables to `out`."""
-    from gputrace.tracedir import open_trace
-    from gputrace.tracewriter import TraceWriter
+    from gputrace.trace.reader import open_trace
+    from gputrace.trace.writer import TraceWriter
 
     if Path(out).resolve() == Path(recording).resolve():
         raise UsageError("-o must name a new directory: the recording is never rewritten")

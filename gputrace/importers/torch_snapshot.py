@@ -279,7 +279,7 @@ def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
 
 def import_record(snap: Snapshot, **more: Any) -> dict[str, Any]:
     """The manifest's `imported` entry for this snapshot."""
-    from gputrace.tracewriter import _version
+    from gputrace.trace.writer import _version
 
     return {"kind": KIND, "layer": "allocator", "file": snap.name, "sha256": snap.sha256,
             "bytes": snap.bytes, "compression": snap.compression,
@@ -288,7 +288,7 @@ def import_record(snap: Snapshot, **more: Any) -> dict[str, Any]:
 
 def write_alone(snap: Snapshot, out: str | os.PathLike[str], *, force: bool = False) -> Path:
     """Write the snapshot as a trace of its own: ts_ns are Unix-epoch ns."""
-    from gputrace.tracewriter import write_tables
+    from gputrace.trace.writer import write_tables
 
     snap.rows.place(0, None)
     span = snap.rows.time_us_span()

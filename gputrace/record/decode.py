@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from gputrace import nvabi, schema
 from gputrace.record.arrow_columns import masked
-from gputrace.record.driver import UVM_NAMES
+from gputrace.record.driver_version import UVM_NAMES
 
 IOCTL_DTYPE = np.dtype(
     [

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from gputrace.errors import GputraceError
-from gputrace.record import decode, decode_faults, hooks
+from gputrace.record import decode, hooks
 from gputrace.record.bpf_load import attach_tp_btf, keep_names, load_tp_btf
 from gputrace.record.bpf_load import check_headers as check_headers  # re-exported
 from gputrace.record.bpf_load import load_bpf as load_bpf
-from gputrace.record.driver import DriverInfo, slot
+from gputrace.record.cpu_faults import decode as decode_faults
+from gputrace.record.driver_version import DriverInfo, slot
 
 MAIN = "syscalls.bpf.c"
 

@@ -11,8 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from gputrace.errors import GputraceError, UsageError
-from gputrace.record import cuda, driver, hooks, loader, memory_sampler, uvm_tools
-from gputrace.traceoutput import check_output
+from gputrace.record import driver_version as driver
+from gputrace.record import hooks, loader
+from gputrace.record.api import libcuda as cuda
+from gputrace.record.rm_query import sampler as memory_sampler
+from gputrace.record.uvm_tools import tracker as uvm_tools
+from gputrace.trace.output import check_output
 
 MAX_DURATION_S = 10 * 365 * 86400.0
 """-d at most ten years: past that a number is a typo, not a plan (and 1e300 s

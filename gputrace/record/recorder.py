@@ -24,7 +24,6 @@ from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
 from gputrace.record import hooks, loader, procfs
 from gputrace.record.layers import LAYERS, Due, Layer
-from gputrace.record.layers.syscall import PID_MAX
 from gputrace.record.options import (
     MAX_DURATION_S,
     SPILL_DEFAULT_MIB,
@@ -38,9 +37,10 @@ from gputrace.record.options import (
     spill_bytes,
 )
 from gputrace.record.session import Observer, Session, Stats, merged
+from gputrace.record.syscall.layer import PID_MAX
 from gputrace.render.safe import printable
-from gputrace.tracefiles import STATUS_COMPLETE
-from gputrace.tracewriter import TraceWriter
+from gputrace.trace.files import STATUS_COMPLETE
+from gputrace.trace.writer import TraceWriter
 
 __all__ = ["MAX_DURATION_S", "PID_MAX", "Options", "Recorder", "Stats", "build_program",
            "exit_status"]
@@ -137,7 +137,7 @@ class Recorder:
 
     def _driver_layer(self, prefix: str) -> Any:
         """The driver layer `validate` would build for this device folder (None: off)."""
-        from gputrace.record.layers.driver import DriverLayer
+        from gputrace.record.driver_layer.layer import DriverLayer
 
         return DriverLayer.validate(self.opts, prefix)
 
@@ -327,7 +327,7 @@ class Recorder:
     def _convert_spilled(self, s: Session) -> None:
         """Decode what was written raw while the writer thread was behind (the
         targets are done or no longer watched: this costs them nothing)."""
-        from gputrace.rawconvert import convert
+        from gputrace.importers.raw import convert
 
         n = s.w.raw_parts_written
         print(f"gputrace: decoding {n} parts written undecoded while the recorder was "

@@ -18,11 +18,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gputrace import schema
-from gputrace.record import decode, driver, hooks, procfs
-from gputrace.tracewriter import TraceWriter
+from gputrace.record import decode, hooks, procfs
+from gputrace.record import driver_version as driver
+from gputrace.trace.writer import TraceWriter
 
 if TYPE_CHECKING:  # the layers import this module
-    from gputrace.record.layers.base import Batch, Buffer
+    from gputrace.record.layer import Batch, Buffer
 
 Observer = Callable[[str, pa.Table], None]
 MERGED_KEYS = ("drops", "clock", "decode_errors")

@@ -26,7 +26,7 @@ from gputrace.schema.allocator import (
     ALLOCATOR_SEGMENTS,
 )
 from gputrace.schema.api import CUDA_CALLS, STACKS
-from gputrace.schema.driver import (
+from gputrace.schema.driver_evidence import (
     CHUNKS,
     FAULT_BATCHES,
     FAULTS,
@@ -152,7 +152,7 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
      "attached is missing (processes already running when recording began)"),
     ("driver_layer.sample_interval_ms", "period of the gpu_memory and uvm_counters samples"),
     ("gpus", "GPUs: index (the trace GPU index every table uses), memory_bytes, name, uuid"),
-    ("synthetic", "true for traces built by gputrace.builder, never recorded"),
+    ("synthetic", "true for traces built by gputrace.trace.builder, never recorded"),
     ("imported", "list of what `gputrace import` added: {kind (`torch-snapshot`), layer, "
      "file (its name), sha256, bytes (compressed, as read), gputrace_version, unix_s, "
      "joined (true when written `--into` a recording), plus for a join: pid, "

@@ -2,7 +2,7 @@
 mapped to ours: the one place each of these constants is written.
 
 Codes are what the BPF programs and decoders emit; names are what users read.
-The BPF `GT_*` defines are checked against these by tests/test_bpf_defines.py.
+The BPF `GT_*` defines are checked against these by tests/unit/record/test_bpf_defines.py.
 """
 
 from __future__ import annotations

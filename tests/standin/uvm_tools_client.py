@@ -1,6 +1,6 @@
 """TEST STAND-IN tracker client: the UVM tools protocol from user space, for tests only.
 
-Not gputrace code (the recorder's client is gputrace/record/uvm_tools.py). It speaks the
+Not gputrace code (the recorder's client is gputrace/record/uvm_tools/tracker.py). It speaks the
 driver-580 protocol of docs/driver-facts.md sections 1.3 and 5 against the
 stand-in (tests/standin/nvfuse): INIT_EVENT_TRACKER(_V2) on a nvidia-uvm-tools fd naming
 a queue and control buffer in this process and a nvidia-uvm fd (possibly taken from

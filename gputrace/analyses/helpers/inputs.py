@@ -63,10 +63,10 @@ def _data_span(tables: Mapping[str, pl.LazyFrame]) -> tuple[int | None, int | No
 
 
 def _trace_problems(trace: Any) -> list[str]:
-    """The trace directory's own integrity warnings (`gputrace.tracedir.trace_warnings`:
+    """The trace directory's own integrity warnings (`gputrace.trace.reader.trace_warnings`:
     rows or parts the manifest announces but the directory lacks, rows outside
     the time span), where this version of tracedir has them."""
-    from gputrace import tracedir
+    from gputrace.trace import reader as tracedir
 
     check = getattr(tracedir, "trace_warnings", None)
     if check is None or not isinstance(trace, tracedir.Trace):
@@ -75,7 +75,7 @@ def _trace_problems(trace: Any) -> list[str]:
 
 
 def inputs_from_trace(trace: Any) -> Inputs:
-    """Inputs of a `gputrace.tracedir.Trace` (scans stay lazy; manifest and footers are read).
+    """Inputs of a `gputrace.trace.reader.Trace` (scans stay lazy; manifest and footers are read).
 
     A time span the manifest lacks is taken from the rows. One whose end is
     before its start would give negative durations and absurd rates: the rows'

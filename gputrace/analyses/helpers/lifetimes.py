@@ -24,7 +24,7 @@ from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.helpers.pairing import pair
 from gputrace.analyses.helpers.rm_objects import rm_lifetimes
 from gputrace.analyses.helpers.uvm_ranges import UVM_VIRTUAL_LAYER, uvm_lifetimes
-from gputrace.tracedir import SIZE_LIMIT
+from gputrace.trace.reader import SIZE_LIMIT
 
 COLUMNS = {
     "layer": pl.String, "pid": pl.Int32, "comm": pl.String, "id": pl.UInt64,

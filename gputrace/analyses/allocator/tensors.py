@@ -1,0 +1,73 @@
+"""Which tensors are still alive, and which Python lines made them?
+
+The leak report in tensor terms, from the allocator layer (a PyTorch memory snapshot,
+`gputrace import torch-snapshot`): every active block of the caching allocator when
+the snapshot was taken is a tensor's memory (or one freed by the program that another
+stream still uses: `active_pending_free`). Grouped by the Python stack that allocated
+it, largest first. The API layer sees only the segments the tensors live in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from gputrace.analyses.allocator.frames import with_labels
+from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
+from gputrace.analyses.report import Report, not_recorded
+
+
+def _question() -> str:
+    """The report's question, from its registry entry (the one place it is written)."""
+    from gputrace.analyses.registry import spec
+
+    return spec("tensors").question
+
+
+def _layers() -> list[str]:
+    """The layers the report reads, from its registry entry."""
+    from gputrace.analyses.registry import spec
+
+    return list(spec("tensors").layers)
+
+
+
+
+def alive_blocks(inp: Inputs) -> pl.LazyFrame:
+    """The active blocks (allocated or pending free) of the snapshot."""
+    return inp.scan("allocator_blocks").filter(pl.col("state") != "inactive")
+
+
+def tensors(inp: Inputs, top: int | None = None) -> Report:
+    """The tensors report: alive tensors by allocating stack, and their totals."""
+    warnings = trace_warnings(inp)
+    if not inp.has("allocator"):
+        return not_recorded("tensors", _question(), _layers(), warnings)
+    alive = alive_blocks(inp)
+    by_stack = with_labels(inp, alive.group_by("pid", "device", "stack_id").agg(
+        pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes"),
+        pl.col("requested_size_bytes").sum().alias("requested_bytes"),
+        (pl.col("state") == "active_pending_free").sum().alias("pending_free"),
+    )).sort(["bytes", "count", "top_frame"], descending=[True, True, False])
+    totals = alive.select(
+        pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes"),
+        (pl.col("state") == "active_pending_free").sum().alias("pending_free_count"),
+        pl.col("size_bytes").filter(pl.col("state") == "active_pending_free").sum()
+        .alias("pending_free_bytes"))
+    stacks, tot = pl.collect_all([by_stack, totals])
+    rows: list[dict[str, Any]] = stacks.to_dicts()
+    t = tot.row(0, named=True)
+    if not rows and t["count"] == 0:
+        warnings.append("tensors: the snapshot holds no active blocks")
+    data = {
+        "total_count": int(t["count"]), "total_bytes": int(t["bytes"] or 0),
+        "pending_free_count": int(t["pending_free_count"]),
+        "pending_free_bytes": int(t["pending_free_bytes"] or 0),
+        "by_stack": rows[:top] if top is not None else rows,
+        "stacks": len(rows),
+    }
+    if rows and not any(s["frames"] for s in rows):
+        warnings.append("tensors: the snapshot holds no stacks (history not recorded: "
+                        "torch.cuda.memory._record_memory_history() before the run)")
+    return Report("tensors", _question(), True, data, [], warnings)

@@ -1,0 +1,147 @@
+"""What memory was never given back, by whom, and is it growing?
+
+An allocation is a leak of kind `alive_at_end` when it is unfreed at the end
+of the trace and its process is still running, and `unfreed_at_exit` when
+its process exited before any free, so only the driver's teardown reclaimed
+it (compute-sanitizer's notion of a leak). Lifetimes come from
+`lifetimes.lifetimes` (as-of pairing, RM subtree frees); failed allocations
+never count. The headline (`total_bytes`) and the joined view, each piece of
+memory told once, come from the `allocations` model (leaks_joined); the
+per-layer lists (`allocations`, `by_process`, ...) stay for `--by-layer`.
+See docs/analyses/leaks.md and docs/analyses/allocations.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from gputrace.analyses.helpers.common import records, size_class
+from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
+from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS, recorded_layers
+from gputrace.analyses.helpers.partition import Slice, per_slice
+from gputrace.analyses.helpers.rm_objects import VIRTUAL_LAYER
+from gputrace.analyses.helpers.stacks import stack_frames
+from gputrace.analyses.leaks.allocation_rows import leak_kind, with_exits
+from gputrace.analyses.leaks.growth import growth
+from gputrace.analyses.leaks.leaks_joined import joined_part, joined_report
+from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.report import Report
+
+__all__ = ["LeakOptions", "classify", "leak_part", "leaks", "with_exits"]
+
+SPEC = spec("leaks")
+QUESTION = SPEC.question
+FIELDS = ["layer", "pid", "comm", "kind", "id", "size_bytes", "alloc_ts_ns", "stack_id",
+          "what", "age_s"]
+
+
+@dataclass(frozen=True)
+class LeakOptions:
+    older_ns: int = 0
+    min_size_bytes: int = 0
+    top: int | None = None
+
+
+def classify(lt: pl.LazyFrame, processes: pl.LazyFrame, end_ns: int) -> pl.LazyFrame:
+    """Leaked allocations with `kind` and `age_s` (age at trace end or process exit)."""
+    exit_ = pl.col("exit_ts_ns")
+    kind = leak_kind()
+    return (with_exits(lt, processes, "alloc_ts_ns")
+            .with_columns(kind=kind, comm=pl.coalesce("pcomm", "comm"))
+            .filter(pl.col("kind").is_not_null())
+            .with_columns(age_s=(pl.coalesce(exit_, pl.lit(end_ns)) - pl.col("alloc_ts_ns"))
+                          / 1e9))
+
+
+def leak_part(sl: Slice, opts: LeakOptions | None = None) -> dict[str, pl.DataFrame]:
+    """The leak findings of one pid slice (its lifetimes, virtual included, and its
+    allocations model): per-process frames to concatenate and sums to add up."""
+    o = opts or LeakOptions()
+    inp, every = sl.inp, sl.lifetimes
+    lt = every.filter(~pl.col("layer").is_in(list(VIRTUAL_LAYERS)))
+    # the model's rows carry each memory row's leak kind and age: no second classify
+    leaked = sl.model(held_only=True)[0].lazy().filter(pl.col("kind").is_not_null()).filter(
+        (pl.col("age_s") * 1e9 >= o.older_ns) & (pl.col("size_bytes") >= o.min_size_bytes))
+    count_bytes = [pl.len().cast(pl.Int64).alias("count"), pl.col("size_bytes").sum()]
+    by_stack = (leaked.filter(pl.col("stack_id").is_not_null())
+                .group_by("layer", "pid", "stack_id")
+                .agg(pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes"))
+                .join(stack_frames(inp.scan("stacks")), on=["pid", "stack_id"], how="left"))
+    virt = classify(every.filter(pl.col("layer") == VIRTUAL_LAYER), inp.scan("processes"),
+                    inp.end_ns)
+    # Memory the program never freed but the driver tore down when the control fd
+    # holding its client was released: not a leak, but worth knowing.
+    closed = lt.filter((pl.col("layer") == "rm") & (pl.col("freed_by") == "close"))
+    names = ["allocations", "totals", "by_process", "by_stack", "by_size", "virt", "closed"]
+    frames = pl.collect_all([
+        leaked.select(FIELDS), leaked.group_by("layer").agg(count_bytes),
+        leaked.group_by("layer", "pid", "comm", "kind").agg(
+            pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes")),
+        by_stack, leaked.group_by("layer", size_class=size_class()).agg(count_bytes),
+        virt.select(count_bytes), closed.select(count_bytes)])
+    return {**dict(zip(names, frames, strict=True)), "growth": growth(lt),
+            **joined_part(sl, o.older_ns, o.min_size_bytes)}
+
+
+def _sums(parts: list[dict[str, pl.DataFrame]], name: str, *by: str) -> pl.DataFrame:
+    """Per-slice counts and byte sums of `name` added up (grouped by `by`)."""
+    df = pl.concat([p[name] for p in parts])
+    agg = [pl.col("count").sum(), pl.col("size_bytes").sum()]
+    return df.group_by(by).agg(agg) if by else df.select(agg)
+
+
+def leaks(inp: Inputs, opts: LeakOptions | None = None,
+          parts: list[dict[str, pl.DataFrame]] | None = None) -> Report:
+    """The leak report, from the `leak_part` of each pid slice (computed when not given)."""
+    o = opts or LeakOptions()
+    warnings = trace_warnings(inp)
+    if (absent := unrecorded(SPEC, inp, warnings)) is not None:
+        return absent
+    layers = recorded_layers(inp)
+    missing = [x for x in SPEC.layers if not inp.has(x)]
+    if parts is None:
+        parts = per_slice(inp, {"leaks": lambda sl: leak_part(sl, o)})["leaks"]
+    allocs = pl.concat([p["allocations"] for p in parts]).sort(
+        "size_bytes", "alloc_ts_ns", "layer", "pid", "id",
+        descending=[True, False, False, False, False])
+    tot = _sums(parts, "totals", "layer")
+    procs = pl.concat([p["by_process"] for p in parts]).sort(
+        "bytes", "layer", "pid", "kind", descending=[True, False, False, False])
+    stacks = pl.concat([p["by_stack"] for p in parts]).sort(
+        "bytes", "layer", "pid", "stack_id", descending=[True, False, False, False])
+    sizes = (_sums(parts, "by_size", "layer", "size_class").sort("layer", "size_class")
+             .select("layer", "size_class", "count", pl.col("size_bytes").alias("bytes")))
+    virt_df, closed_df = _sums(parts, "virt"), _sums(parts, "closed")
+    grow = pl.concat([p["growth"] for p in parts]).sort("layer", "pid")
+    if o.top is not None:
+        allocs, procs, stacks = allocs.head(o.top), procs.head(o.top), stacks.head(o.top)
+    by_layer = {k: (int(tot.filter(pl.col("layer") == k)["size_bytes"].sum()) if v else None)
+                for k, v in layers.items()}
+    counts = {k: (int(tot.filter(pl.col("layer") == k)["count"].sum()) if v else None)
+              for k, v in layers.items()}
+    data = {
+        "allocations": records(allocs),
+        **joined_report(parts, o.top, layers["api"]),
+        "bytes_by_layer": by_layer,
+        "count_by_layer": counts,
+        "layers": {k: ("recorded" if v else "not recorded") for k, v in layers.items()},
+        "by_process": records(procs),
+        "by_stack": records(stacks),
+        "by_size_class": records(sizes),
+        "growth": records(grow),
+        "growing_pids": sorted({int(p) for p in grow.filter("flagged")["pid"]}),
+        "rm_virtual_unreleased": {"count": int(virt_df["count"][0]),
+                                  "bytes": int(virt_df["size_bytes"][0] or 0)}
+        if layers["rm"] else None,
+        "rm_freed_by_fd_close": {"count": int(closed_df["count"][0]),
+                                 "bytes": int(closed_df["size_bytes"][0] or 0)}
+        if layers["rm"] else None,
+        "filters": {"older_s": o.older_ns / 1e9, "min_size_bytes": o.min_size_bytes,
+                    "top": o.top},
+    }
+    for k, v in layers.items():
+        if not v:
+            warnings.append(f"leaks: layer {k} not recorded; its allocations are unknown")
+    return Report("leaks", QUESTION, True, data, missing, warnings)

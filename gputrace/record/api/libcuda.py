@@ -1,0 +1,367 @@
+"""The API layer: uprobes/uretprobes on libcuda memory calls (probes/cuda.bpf.c).
+
+Its own bcc object beside the syscall one (bcc comes from loader.import_bcc).
+libcuda is found in /proc/PID/maps of the targets (every process in host mode),
+in the loader cache (`ldconfig -p`) and from `--libcuda PATH`; a process that
+opens a `libcuda.so*` file later is stopped by the probe (SIGSTOP, filter mode
+only), the recorder attaches to that file and lets it go (SIGCONT). Uprobes
+belong to the inode, so one attach covers every process mapping the library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from gputrace import schema
+from gputrace.errors import GputraceError, UsageError
+from gputrace.record import bpf_load, decode, elf, hooks, loader, procfs
+from gputrace.record.api import decode as decode_cuda
+from gputrace.record.api import watchdog
+from gputrace.record.api.symbolize import Symbolizer
+
+MAIN = "cuda.bpf.c"
+BUFFER = "cuda_events"
+CUDA_RB_PAGES = 1024  # 4 MiB: ~40k calls between polls
+PAUSE_LOAD, PAUSE_FIRST = 1, 2
+STACK_DEPTH = 127  # frames per allocation stack (`record --stack-depth`); the kernel's most
+# what sees libcuda loads (the manifest's api.library_loads)
+LOADS_TP_BTF = "tp_btf sys_enter/sys_exit (syscall layer)"
+LOADS_TRACEPOINT = "syscalls:sys_enter_openat/sys_exit_openat"
+_LIB_RE = re.compile(r"^libcuda\.so(\.[\w.]+)?$")
+
+
+def probe_source(probes: Path = loader.PROBES) -> str:
+    """The API layer's BPF C text (loader.probe_source of cuda.bpf.c)."""
+    return loader.probe_source(probes, MAIN)
+
+
+def cflags(probes: Path = loader.PROBES, stack_depth: int = STACK_DEPTH) -> list[str]:
+    """The API program's compiler flags: its include folder, ring buffer size and
+    the most frames each allocation's stack walk reads (--stack-depth)."""
+    if not 1 <= stack_depth <= STACK_DEPTH:  # a number, never text, reaches the C source
+        raise UsageError(f"--stack-depth must be from 1 to {STACK_DEPTH}, not {stack_depth}")
+    return [f"-I{probes}", f"-DGT_CUDA_RB_PAGES={CUDA_RB_PAGES}",
+            f"-DGT_CUDA_STACK_DEPTH={int(stack_depth)}"]  # fmt: skip
+
+
+def load_program(bcc: Any, probes: Any = None, stack_depth: int = STACK_DEPTH) -> tuple[Any, str]:
+    """The API layer's compiled program, and what sees library loads. Beside a
+    syscall layer whose tp_btf program made the maps of probes/cuda_shared.bpf.h
+    (`probes.cuda_maps`), it uses those maps and attaches no syscalls:openat
+    tracepoint; alone, or if the maps it got are not those, it has its own."""
+    shared = tuple(getattr(probes, "cuda_maps", ()))
+    flags = cflags(stack_depth=stack_depth)
+    if shared:
+        with contextlib.suppress(GputraceError):
+            bpf = loader.load_bpf(bcc, probe_source(), [*flags, "-DGT_CUDA_EXTERN"],
+                                  "api-layer")  # fmt: skip
+            ours = [loader.map_id(bpf[n].map_fd) for n in shared]
+            if None not in ours and ours == [loader.map_id(probes.bpf[n].map_fd) for n in shared]:
+                return bpf, LOADS_TP_BTF
+            bpf.cleanup()
+    return loader.load_bpf(bcc, probe_source(), flags, "api-layer"), LOADS_TRACEPOINT
+
+
+def is_libcuda(path: str) -> bool:
+    return bool(_LIB_RE.match(os.path.basename(path.removesuffix(" (deleted)"))))
+
+
+def check_libcuda(path: str) -> str:
+    """`--libcuda PATH`: an existing ELF shared object; returns its absolute path."""
+    p = os.path.abspath(path)
+    if not os.path.isfile(p):
+        raise UsageError(f"--libcuda {path}: no such file")
+    try:
+        e = elf.read(p, symbols=False)
+    except elf.ElfError as err:
+        raise UsageError(f"--libcuda {path}: {err}") from None
+    if e.e_type != elf.ET_DYN:
+        raise UsageError(f"--libcuda {path}: not an ELF shared object")
+    return p
+
+
+def from_maps(pid: int) -> set[str]:
+    """libcuda files mapped by `pid`, as paths the recorder can open."""
+    out = set()
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[5].startswith("/") and is_libcuda(parts[5]):
+                path = parts[5].removesuffix(" (deleted)")
+                out.add(path if os.path.exists(path) else f"/proc/{pid}/root{path}")
+    return out
+
+
+def from_ldconfig() -> set[str]:
+    exe = shutil.which("ldconfig") or next(
+        (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.exists(p)), None
+    )
+    if exe is None:
+        return set()
+    try:
+        r = subprocess.run([exe, "-p"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    arch = "x86-64" if os.uname().machine == "x86_64" else os.uname().machine
+    out = set()
+    for line in r.stdout.splitlines():
+        name, _, rest = line.strip().partition(" (")
+        if is_libcuda(name) and "=>" in rest and (arch in rest or "64" in rest):
+            out.add(rest.split("=>", 1)[1].strip())
+    return out
+
+
+class ApiLayer:
+    """The loaded API program, its attachments and its stack symbolizer."""
+
+    def __init__(self, libcuda: str | None = None, probes: Any = None,
+                 stack_depth: int = STACK_DEPTH) -> None:
+        self.libcuda = libcuda
+        self.stack_depth = stack_depth
+        bcc = loader.import_bcc()
+        self.bpf, self.library_loads = load_program(bcc, probes, stack_depth)
+        self._fds, self.comm_cache_note = bpf_load.keep_names(self.bpf, "cuda_task_rename")
+        self.raw: list[bytes] = []
+        self._cb = self._collector()
+        self.bpf[BUFFER].open_ring_buffer(self._cb)
+        self.names = {v: k for k, v in hooks.cuda_symbols().items()}
+        self.inodes: set[tuple[int, int]] = set()
+        self.libraries: list[str] = []
+        self.attached: list[str] = []
+        self.skipped: list[dict[str, str]] = []
+        self.sym = Symbolizer()
+        self.stacks_done: set[tuple[int, int]] = set()
+        self.stack_errors = 0
+        self.pauses = 0
+        self.changed = True
+        self.guard: watchdog.Watchdog | None = None  # set before pausing is turned on
+
+    def _collector(self) -> Any:
+        sink, string_at = self.raw, ctypes.string_at
+
+        def cb(_ctx: Any, data: int, size: int) -> int:
+            sink.append(string_at(data, size))
+            return 0
+
+        return cb
+
+    # -- settings
+    def configure(self, *, self_tgid: int, filter_targets: bool, pause: bool) -> None:
+        tbl = self.bpf["cuda_config"]
+        leaf = tbl.Leaf()
+        leaf.self_tgid = self_tgid
+        leaf.filter = 1 if filter_targets else 0
+        leaf.pause = 1 if pause else 0
+        leaf.comm_cache = 1 if self._fds else 0
+        tbl[ctypes.c_int(0)] = leaf
+
+    def add_targets(self, pids: list[int]) -> None:
+        tbl = self.bpf["cuda_targets"]
+        for pid in pids:
+            tbl[ctypes.c_uint(pid)] = ctypes.c_ubyte(1)
+
+    def start(self, targets: list[int], filtered: bool) -> None:
+        """Attach to every libcuda found now; read the maps of targets using it."""
+        found: set[str] = set()
+        for pid in targets if filtered else procfs.all_pids():
+            libs = from_maps(pid)
+            if libs:
+                found |= libs
+                self.sym.refresh(pid)
+        found |= from_ldconfig()
+        if self.libcuda:
+            found.add(self.libcuda)
+        for path in sorted(found):
+            self.attach(path)
+
+    def attach(self, path: str, shown: str | None = None) -> bool:
+        """Uprobes on every probed symbol `path` exports (once per inode)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        key = (st.st_dev, st.st_ino)
+        if key in self.inodes:
+            return False
+        self.inodes.add(key)
+        shown = shown or path
+        try:
+            exported = elf.read(path).exported
+        except elf.ElfError as e:
+            self.skipped.append({"name": f"uprobe:*@{shown}", "reason": str(e)})
+            return False
+        self.libraries.append(shown)
+        for sym in hooks.cuda_symbols():
+            name = f"uprobe:{sym}@{shown}"
+            if sym not in exported:
+                self.skipped.append({"name": name, "reason": "symbol not exported"})
+                continue
+            try:
+                self.bpf.attach_uprobe(name=path, sym=sym, fn_name=f"uprobe_{sym}")
+                self.bpf.attach_uretprobe(name=path, sym=sym, fn_name="uretprobe_cuda")
+            except Exception as e:
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                self.skipped.append({"name": name, "reason": f"attach failed: {first}"})
+                continue
+            self.attached += [name, f"uretprobe:{sym}@{shown}"]
+        self.changed = True
+        return True
+
+    @property
+    def count(self) -> int:
+        return len(self.attached)
+
+    # -- pauses
+    def service_pauses(self) -> None:
+        """Handle processes the probes flagged: attach to the libcuda they opened,
+        read maps at their first call, then let stopped ones continue."""
+        tbl = self.bpf["cuda_paused"]
+        items = [(k.value, v.kinds, v.fd, v.stopped, v.stop_boot_ns) for k, v in tbl.items()]
+        for pid, kinds, fd, stopped, boot in items:
+            if kinds & PAUSE_LOAD and fd >= 0:
+                link = f"/proc/{pid}/fd/{fd}"
+                with contextlib.suppress(OSError):
+                    target = os.readlink(link)
+                    plain = os.path.exists(target) and os.path.samefile(target, link)
+                    self.attach(target if plain else link, shown=target)
+            if kinds & PAUSE_FIRST:
+                self.sym.refresh(pid)
+            if stopped:
+                self.pauses += 1
+            self._release(tbl, pid, stopped, boot)
+
+    def _release(self, tbl: Any, pid: int, stopped: int, boot: int) -> None:
+        """Take `pid` out of the map and continue it if the probe stopped it. The
+        entry goes first (its next pause must find none); the watchdog holds the
+        pid meanwhile, in case the recorder dies in between."""
+        if stopped and self.guard is not None:
+            self.guard.hold(pid, boot)
+        with contextlib.suppress(KeyError):
+            del tbl[ctypes.c_uint(pid)]
+        if stopped:
+            watchdog.continue_stopped(pid, boot)
+            if self.guard is not None:
+                self.guard.forget(pid)
+
+    def forget(self, gone: set[int]) -> None:
+        """Drop the stacks and symbols of exited processes: a recorder that runs
+        for hours on a host whose processes come and go keeps bounded memory."""
+        self.stacks_done = {k for k in self.stacks_done if k[0] not in gone}
+        for pid in gone:
+            self.sym.forget(pid)
+
+    def resume_all(self) -> None:
+        """Continue everyone stopped now. Entries are removed one by one, never
+        cleared at once: a stop the probe makes meanwhile stays in the map, where
+        the watchdog finds it once the programs are detached."""
+        tbl = self.bpf["cuda_paused"]
+        for k, v in list(tbl.items()):
+            self._release(tbl, k.value, v.stopped, v.stop_boot_ns)
+
+    @property
+    def paused_map_fd(self) -> int:
+        """Descriptor of the `cuda_paused` map (for the watchdog)."""
+        return int(self.bpf["cuda_paused"].map_fd)
+
+    # -- data
+    def drain(self) -> list[tuple[str, Any]]:
+        """Work items for the writer: raw events, stack rows, manifest facts."""
+        self.service_pauses()
+        self.bpf.ring_buffer_consume()
+        items: list[tuple[str, Any]] = []
+        if self.raw:
+            data = b"".join(self.raw)
+            self.raw.clear()
+            items.append(("api:cuda_calls", data))
+            rows = self._stacks(decode.records(data, decode_cuda.CUDA_DTYPE)[0])
+            if rows:
+                items.append(("api:stacks", rows))
+        if self.changed or items:
+            self.changed = False
+            items.append(("api:manifest", self.manifest()))
+        return items
+
+    def _stacks(self, ev: np.ndarray[Any, Any]) -> list[dict[str, Any]]:
+        sid = ev["stack_id"].astype(np.int64)
+        self.stack_errors += int(((sid < 0) & (sid != -1)).sum())
+        ok = sid >= 0
+        keys = np.unique((ev["pid"].astype(np.int64)[ok] << 32) | sid[ok])
+        rows: list[dict[str, Any]] = []
+        tbl = self.bpf["cuda_stacks"]
+        for k in keys.tolist():
+            pid, stack_id = k >> 32, k & 0xFFFFFFFF
+            if (pid, stack_id) in self.stacks_done:
+                continue
+            self.stacks_done.add((pid, stack_id))
+            try:
+                st = tbl[tbl.Key(stack_id)]
+                # frames up to the first 0, as the kernel's stack map gave them
+                ips = [int(ip) for ip in itertools.takewhile(bool, st.ip[: st.n])]
+            except Exception:
+                self.stack_errors += 1
+                continue
+            rows += self.sym.stack_rows(pid, stack_id, ips)
+        return rows
+
+    def drops(self) -> dict[str, int]:
+        return {BUFFER: int(sum(self.bpf["cuda_drops"][ctypes.c_int(0)]))}
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "libraries": list(self.libraries),
+            "attached": list(self.attached),
+            "skipped": list(self.skipped),
+            "stack_frames": self.sym.frames,
+            "unresolved_frames": self.sym.unresolved,
+            "stack_errors": self.stack_errors,
+            "pauses": self.pauses,
+            "stack_depth": self.stack_depth,
+            "library_loads": self.library_loads,
+            "comm_cache": self.comm_cache_note,
+        }
+
+    def decode_calls(self, data: bytes) -> tuple[pa.RecordBatch | None, int]:
+        """`api:cuda_calls` bytes as a `cuda_calls` batch (None when empty), and the
+        records skipped as unreadable (cut short, or a function id not probed)."""
+        ev, bad = decode.records(data, decode_cuda.CUDA_DTYPE)
+        ev, unknown = decode.known(ev, {"func": self.names})
+        batch = decode_cuda.cuda_calls_batch(ev, self.names) if len(ev) else None
+        return batch, bad + unknown
+
+    def write(self, kind: str, data: Any, writer: Any) -> None:
+        """Writer-thread side of the items `drain` made (calls: see `decode_calls`)."""
+        if kind == "api:stacks":
+            writer.append("stacks", pa.Table.from_pylist(data, schema=schema.STACKS.arrow_schema))
+        elif kind == "api:manifest":
+            m = writer.manifest
+            h = m.get("hooks", {"attached": [], "skipped": []})
+            keep = [x for x in h["attached"] if not str(x).startswith(("uprobe:", "uretprobe:"))]
+            skip = [x for x in h["skipped"] if not str(x.get("name", "")).startswith("uprobe:")]
+            layers = list(m.get("layers", []))
+            if data["attached"] and "api" not in layers:
+                layers.append("api")
+            writer.update_manifest(
+                layers=layers,
+                hooks={**h, "attached": keep + data["attached"], "skipped": skip + data["skipped"]},
+                api={k: v for k, v in data.items() if k not in ("attached", "skipped")},
+            )
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.resume_all()
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds = []
+        self.bpf.cleanup()

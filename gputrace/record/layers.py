@@ -1,0 +1,32 @@
+"""The recorder's layers, registered in one table.
+
+`LAYERS` is the one registration: each entry is a `Layer` class whose `BUFFERS`
+maps the work items it hands the writer thread (buffer -> table, record dtype,
+decoder). The recorder runs every step over these in this order (the syscall
+layer loads the program the cpu_faults layer reads; the driver layer attaches
+trackers from the UVM_INITIALIZEs the syscall layer collected). Adding a layer
+is one module and one entry here.
+"""
+
+from __future__ import annotations
+
+from gputrace.record.api.layer import ApiLayer
+from gputrace.record.cpu_faults.layer import CpuFaultsLayer
+from gputrace.record.driver_layer.layer import DriverLayer
+from gputrace.record.layer import Buffer, Due, Layer
+from gputrace.record.syscall.layer import SyscallLayer
+
+LAYERS: tuple[type[Layer], ...] = (SyscallLayer, CpuFaultsLayer, ApiLayer, DriverLayer)
+
+
+def buffer_table() -> dict[str, tuple[type[Layer], Buffer]]:
+    """Every work item kind with a decoder: kind -> (layer, Buffer)."""
+    out: dict[str, tuple[type[Layer], Buffer]] = {}
+    for cls in LAYERS:
+        for kind, buf in cls.BUFFERS.items():
+            assert kind not in out, f"two layers hand over {kind!r}"
+            out[kind] = (cls, buf)
+    return out
+
+
+__all__ = ["LAYERS", "Buffer", "Due", "Layer", "buffer_table"]

@@ -1,0 +1,2 @@
+"""Live tests: real BPF probes (root, bcc) and the FUSE stand-ins.
+"""

@@ -1,0 +1,100 @@
+"""`record --stack-depth N`: allocation stacks cut at exactly N frames (live, on
+the stand-in libcuda with a known deep stack), and invalid values refused with a
+one-line error before anything is started."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gputrace.errors import UsageError
+from gputrace.record.api import libcuda as cuda
+from gputrace.trace.reader import open_trace
+from tests.record_helpers import ROOT, live_skip_reason, record_cmd
+
+STORM = ROOT / "benchmarks" / "alloc_storm" / "storm.c"
+DEPTH = 60  # frames of storm.c's descend() below main: a framework's deep stack
+CALLS = 50
+
+
+def _storm(tmp: Path) -> Path:
+    """storm.c built against the stand-in libcuda (frame pointers kept)."""
+    from tests.standin_cuda.standin_cuda import link_program
+
+    return link_program(STORM, tmp / "alloc_storm")
+
+
+Frame = tuple[str | None, int | None]
+
+
+def _record(tmp: Path, exe: Path, *opts: str) -> tuple[dict[str, object], list[list[Frame]]]:
+    """The api manifest and each allocation's stack as (module, offset) frames,
+    innermost first (offsets do not move between runs, addresses do)."""
+    out = tmp / f"trace{'-'.join(opts)}"
+    env = {k: v for k, v in os.environ.items() if k != "GPUTRACE_STANDIN_DEVDIR"}
+    r = subprocess.run(record_cmd(out, *opts, "--", str(exe), str(CALLS), "-", str(DEPTH)),
+                       cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    t = open_trace(out)
+    assert t.status == "complete" and sum(t.drops.values()) == 0
+    api = t.manifest["api"]
+    assert api["stack_errors"] == 0
+    calls = t.scan("cuda_calls").collect()
+    allocs = calls.filter(calls["func"] == "cuMemAlloc_v2")
+    assert allocs.height == CALLS + 1  # storm.c's warm-up call, then the storm
+    frames: dict[int, list[Frame]] = {}
+    rows = t.scan("stacks").collect().sort("stack_id", "depth")
+    for sid, depth, module, offset in rows.select("stack_id", "depth", "module",
+                                                  "offset").rows():  # fmt: skip
+        frames.setdefault(sid, []).append((module, offset))
+        assert len(frames[sid]) == depth + 1
+    return api, [frames[sid] for sid in allocs["stack_id"].to_list()]
+
+
+@pytest.mark.live
+@pytest.mark.skipif(live_skip_reason() is not None, reason=str(live_skip_reason()))
+def test_stack_depth_cuts_stacks_exactly(tmp_path: Path) -> None:
+    exe = _storm(tmp_path)
+    full_api, full = _record(tmp_path, exe)
+    cut_api, cut = _record(tmp_path, exe, "--stack-depth", "8")
+    assert full_api["stack_depth"] == 127 and cut_api["stack_depth"] == 8
+    # the storm's allocations come from DEPTH + 1 frames of descend() below main
+    assert max(len(s) for s in full) > DEPTH + 2
+    assert [len(s) for s in cut] == [min(len(s), 8) for s in full]
+    assert sum(len(s) == 8 for s in cut) == CALLS  # the warm-up's stack is shallower
+    # the same calls, each stack its full one's innermost 8 frames
+    assert cut == [s[:8] for s in full]
+    # one stack id per distinct stack still: the warm-up call and the storm
+    assert len({tuple(s) for s in cut}) == 2
+
+
+@pytest.mark.parametrize("value", ["0", "128", "-1", "8x", "", "1e2", "99999999999999999999"])
+def test_stack_depth_rejected(tmp_path: Path, value: str) -> None:
+    out = tmp_path / "t"
+    r = subprocess.run(record_cmd(out, "--stack-depth", value, "--", "true"), cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gputrace: error: --stack-depth"), r.stderr
+    assert not out.exists()
+
+
+def test_stack_depth_reaches_the_probe_as_a_number() -> None:
+    assert "-DGT_CUDA_STACK_DEPTH=127" in cuda.cflags()
+    assert "-DGT_CUDA_STACK_DEPTH=16" in cuda.cflags(stack_depth=16)
+    for bad in (0, 128, -5):
+        with pytest.raises(UsageError, match="--stack-depth"):
+            cuda.cflags(stack_depth=bad)
+    src = (ROOT / "probes" / "cuda_common.bpf.h").read_text()
+    assert "u64 ip[GT_CUDA_STACK_DEPTH]" in src
+
+
+def test_stack_depth_in_ebpf_listing() -> None:
+    r = subprocess.run(record_cmd(Path("unused"), "--stack-depth", "12", "--ebpf"), cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "-DGT_CUDA_STACK_DEPTH=12" in r.stdout

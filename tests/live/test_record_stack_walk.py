@@ -1,0 +1,103 @@
+"""The API layer's own frame-pointer walk (probes/cuda.bpf.c cuda_stack_id):
+does it record exactly the frames the kernel's walker (bpf_get_stackid) did,
+no more, and one stack id per distinct stack? Live, on the stand-in libcuda with
+storm.c at known depths; the expected frames are the return addresses of the
+calls in the built binary (objdump), which is what the kernel's walker
+recorded for the same program before (frame 0 the call site in the caller,
+then one per frame up to glibc's __libc_start_call_main, where its walk ended)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gputrace.trace.reader import open_trace
+from tests.record_helpers import ROOT, live_skip_reason, record_cmd
+
+STORM = ROOT / "benchmarks" / "alloc_storm" / "storm.c"
+CALLS = 30
+
+Frame = tuple[str | None, int | None]
+
+
+def _storm(tmp: Path) -> Path:
+    """storm.c built against the stand-in libcuda (frame pointers kept)."""
+    from tests.standin_cuda.standin_cuda import link_program
+
+    return link_program(STORM, tmp / "alloc_storm")
+
+
+def _return_addresses(exe: Path) -> dict[tuple[str, str], int]:
+    """(function, callee) -> link-time address of the instruction after that call."""
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(exe)], check=True,
+                          capture_output=True, text=True).stdout  # fmt: skip
+    out: dict[tuple[str, str], int] = {}
+    func, pending = "", None
+    for line in text.splitlines():
+        if m := re.match(r"^[0-9a-f]+ <([^>]+)>:$", line):
+            func, pending = m.group(1), None
+            continue
+        if not (m := re.match(r"^\s+([0-9a-f]+):\s+(.*)$", line)):
+            continue
+        if pending is not None:
+            out.setdefault(pending, int(m.group(1), 16))
+            pending = None
+        if c := re.match(r"call\s+[0-9a-f]+ <([^>@]+)", m.group(2)):
+            pending = (func, c.group(1))
+    return out
+
+
+def _record(tmp: Path, exe: Path, depth: int | str) -> tuple[list[list[Frame]], int]:
+    """Each allocation's stack as (module, offset) frames, innermost first, and
+    the number of distinct stack ids the stacks table holds."""
+    out = tmp / f"trace{depth}"
+    env = {k: v for k, v in os.environ.items() if k != "GPUTRACE_STANDIN_DEVDIR"}
+    r = subprocess.run(record_cmd(out, "--", str(exe), str(CALLS), "-", str(depth)), cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    t = open_trace(out)
+    assert t.status == "complete" and sum(t.drops.values()) == 0
+    assert t.manifest["api"]["stack_errors"] == 0
+    calls = t.scan("cuda_calls").collect()
+    allocs = calls.filter(calls["func"] == "cuMemAlloc_v2")
+    assert allocs.height == CALLS + 1  # the warm-up call, then the storm
+    frees = calls.filter(calls["func"] == "cuMemFree_v2")
+    assert frees.height == CALLS + 1 and frees["stack_id"].null_count() == CALLS + 1
+    frames: dict[int, list[Frame]] = {}
+    rows = t.scan("stacks").collect().sort("stack_id", "depth")
+    for sid, d, module, offset in rows.select("stack_id", "depth", "module", "offset").rows():
+        frames.setdefault(sid, []).append((module, offset))
+        assert len(frames[sid]) == d + 1
+    return [frames[sid] for sid in allocs["stack_id"].to_list()], len(frames)
+
+
+@pytest.mark.live
+@pytest.mark.skipif(live_skip_reason() is not None, reason=str(live_skip_reason()))
+@pytest.mark.parametrize("depth", [0, 40, "40b"])
+def test_stack_walk_records_the_kernel_walkers_frames(tmp_path: Path, depth: int | str) -> None:
+    """40b: frames of 256 bytes of locals (descend_big), so the walk reads across
+    several pages, each from its first record to the page's end."""
+    exe = _storm(tmp_path)
+    ret = _return_addresses(exe)
+    stacks, distinct = _record(tmp_path, exe, depth)
+    me = str(exe)
+    # main's own frame ends in glibc's __libc_start_call_main (no symbol in a
+    # stripped libc): the last frame the kernel's walker read, and ours
+    libc = stacks[0][-1]
+    assert libc[0] is not None and os.path.basename(libc[0]).startswith("libc.so")
+    warm_up = [(me, ret[("main", "cuMemAlloc_v2")]), libc]
+    # storm() is inlined into descend(): its call site, DEPTH recursive calls, main's call
+    if isinstance(depth, int):
+        storm = ([(me, ret[("descend", "cuMemAlloc_v2")])]
+                 + [(me, ret[("descend", "descend")])] * depth
+                 + [(me, ret[("main", "descend")]), libc])  # fmt: skip
+    else:  # descend_big DEPTH times, then descend(0)
+        storm = ([(me, ret[("descend", "cuMemAlloc_v2")]), (me, ret[("descend_big", "descend")])]
+                 + [(me, ret[("descend_big", "descend_big")])] * int(depth[:-1])
+                 + [(me, ret[("main", "descend_big")]), libc])  # fmt: skip
+    assert stacks == [warm_up] + [storm] * CALLS
+    assert distinct == 2  # one id per distinct stack, not one per event

@@ -1,0 +1,2 @@
+"""Recorded fixtures: traces of real probes (stand-in and real H200).
+"""

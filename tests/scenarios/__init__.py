@@ -1,0 +1,2 @@
+"""Planted truth of synthetic traces (gputrace.trace.builder).
+"""

@@ -1,0 +1,2 @@
+"""Unit tests, one folder per gputrace package.
+"""

@@ -1,0 +1,2 @@
+"""Tests of the command line (gputrace.cli, gputrace.commands).
+"""

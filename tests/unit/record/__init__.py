@@ -1,0 +1,2 @@
+"""Tests of gputrace.record that need no BPF.
+"""
