@@ -45,7 +45,8 @@ def test_deleting_a_committed_golden_fails_its_test(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "tests" / "golden", gold)
     (gold / "analyze_two_gpus.json").unlink()
     code = (
-        "import sys, pytest, tests.analyze_helpers as h, tests.scenarios.test_analyze_scenarios as t;"
+        "import sys, pytest, tests.analyze_helpers as h;"
+        "import tests.scenarios.test_analyze_scenarios as t;"
         f"h.GOLDEN = t.GOLDEN = __import__('pathlib').Path({str(gold)!r});"
         "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', "
         "'tests/scenarios/test_analyze_scenarios.py::test_golden_json[two_gpus]']))"

@@ -207,8 +207,12 @@ def synthetic_stream(records: int, delay: int = 2000, seed: int = 1) -> bytes:
 
 def load_decoder(rev: str) -> Any:
     """gputrace/record/uvm_tools/decode.py as of git revision `rev`, as a module."""
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:gputrace/record/uvm_tools/decode.py"],
-                         capture_output=True, text=True, check=False)  # fmt: skip
+    # the decoder's path before and after the move to its concept folder
+    for path in ("gputrace/record/uvm_tools/decode.py", "gputrace/record/decode_uvm.py"):
+        src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"],
+                             capture_output=True, text=True, check=False)  # fmt: skip
+        if not src.returncode:
+            break
     if src.returncode:
         sys.exit(f"uvm_drain: error: git show {rev}: {src.stderr.strip()}")
     spec = importlib.util.spec_from_loader(f"decode_uvm_{rev}", loader=None)

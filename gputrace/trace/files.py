@@ -37,7 +37,8 @@ MANIFEST = "manifest.json"
 MANIFEST_TMP = MANIFEST + ".tmp"
 PART_GLOB = "part-*.parquet"
 PART_RE = re.compile(r"part-(\d+)\.(parquet|gtraw)(\.tmp)?")
-"""A part's file name: number, kind (Parquet, or raw: gputrace.trace.rawparts), `.tmp` while written."""
+"""A part's file name: number, kind (Parquet, or raw: gputrace.trace.rawparts), `.tmp`
+while written."""
 
 PENDING = "pending.parquet"
 """A table folder's rows of things still in progress at the last rotation (the

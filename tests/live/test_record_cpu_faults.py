@@ -52,8 +52,9 @@ def _per_block(exp: dict[str, Any]) -> dict[int, tuple[int, int, int]]:
 
 
 def _blocks_of(faults: pl.LazyFrame) -> dict[int, tuple[int, int, int]]:
-    """Per-block counts from the fault-rate analysis (gputrace.analyses.fault_rate.cpu_faults.cpu_blocks)
-    when it is there, else the same group_by here."""
+    """Per-block counts from the fault-rate analysis
+    (gputrace.analyses.fault_rate.cpu_faults.cpu_blocks) when it is there,
+    else the same group_by here."""
     try:
         from gputrace.analyses.fault_rate.cpu_faults import cpu_blocks
     except ImportError:  # pragma: no cover - analyses not present

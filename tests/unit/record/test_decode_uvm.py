@@ -415,8 +415,8 @@ def test_counters_and_gpu_memory_tables() -> None:
          "largest_free_bytes": None, "largest_free_base_bytes": None, "status": 0x59}]
 
 
-@pytest.mark.parametrize("module", ["decode_uvm", "uvm_records", "uvm_batches", "arrow_columns",
-                                    "driver_samples"])
+@pytest.mark.parametrize("module", ["uvm_tools/decode", "uvm_tools/records", "uvm_tools/batches",
+                                    "arrow_columns", "driver_layer/samples"])
 def test_decoder_imports_nothing_from_bcc(module: str) -> None:
     src = (ROOT / "gputrace" / "record" / f"{module}.py").read_text()
     assert "bcc" not in re.findall(r"^(?:from|import) (\S+)", src, re.M)
