@@ -13,7 +13,7 @@ Questions it answers, side by side in one run:
    (the driver delivered every replay at the end of the run, so fault batches stay
    open until then) and "closed" (each replay moved right after its batch, a
    synthetic reorder). Filling is the driver's work and is not timed.
-2. Stand-in storm: `uvm_workload` on the FUSE stand-in with a `DriverLayer`
+2. Stand-in storm: `uvm_workload` on the FUSE stand-in with a `DriverPoller`
    attached from outside (65,536-entry queue, 10 ms drains, `poll()` every 100 ms
    as the recorder's loop would): events/s, drops, rows, recorder CPU (cores:
    this process's user+sys over the run), exit -> release of the target's uvm file.
@@ -57,7 +57,7 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gputrace.record.driver_layer.poller import DriverLayer  # noqa: E402
+from gputrace.record.driver_layer.poller import DriverPoller  # noqa: E402
 from gputrace.record.driver_version import parse_version  # noqa: E402
 from gputrace.record.rm_query import client as rm_client  # noqa: E402
 from gputrace.record.rm_query import sampler as memory_sampler  # noqa: E402
@@ -279,7 +279,7 @@ def storm(exe: Path, dev: Path, track: bool, entries: int) -> dict[str, Any]:
     """One storm run: workload wall time; with `track`, the layer's rows, drops, CPU."""
     layer = None
     if track:
-        layer = DriverLayer(str(dev), standin.DRIVER_VERSION, queue_entries=entries,
+        layer = DriverPoller(str(dev), standin.DRIVER_VERSION, queue_entries=entries,
                             sample_ms=100.0, drain_ms=10.0)  # fmt: skip
         layer.start()
     rows = 0

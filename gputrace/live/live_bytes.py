@@ -28,7 +28,7 @@ from gputrace.nvabi import MEMORY_CLASSES
 from gputrace.nvabi import NV01_DEVICE_0 as DEVICE_CLASS
 from gputrace.nvabi import NV20_SUBDEVICE_0 as SUBDEVICE_CLASS
 
-LAYERS = ("api", "rm")
+COUNTED_LAYERS = ("api", "rm")  # the `layer` values live bytes are counted for
 _API_KIND = {**{f: ("alloc", k) for f, k in API_ALLOCS.items()},
              **{f: ("free", k) for f, k in API_FREES.items()}}
 

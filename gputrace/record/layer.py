@@ -1,7 +1,7 @@
 """The recorder layer protocol: what each layer (syscall, cpu_faults, api, driver)
 does at each step of a recording, and the buffers it hands the writer thread.
 
-A recording runs each step over the layers in `layers.LAYERS` order:
+A recording runs each step over the layers in `layers.RECORDER_LAYERS` order:
 
 - `configure`: before any target is started (BPF maps, options);
 - `attach`: the targets are known (their pids into maps, uprobes);

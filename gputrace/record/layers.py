@@ -1,6 +1,6 @@
 """The recorder's layers, registered in one table.
 
-`LAYERS` is the one registration: each entry is a `Layer` class whose `BUFFERS`
+`RECORDER_LAYERS` is the one registration: each entry is a `Layer` class whose `BUFFERS`
 maps the work items it hands the writer thread (buffer -> table, record dtype,
 decoder). The recorder runs every step over these in this order (the syscall
 layer loads the program the cpu_faults layer reads; the driver layer attaches
@@ -16,17 +16,17 @@ from gputrace.record.driver_layer.layer import DriverLayer
 from gputrace.record.layer import Buffer, Due, Layer
 from gputrace.record.syscall.layer import SyscallLayer
 
-LAYERS: tuple[type[Layer], ...] = (SyscallLayer, CpuFaultsLayer, ApiLayer, DriverLayer)
+RECORDER_LAYERS: tuple[type[Layer], ...] = (SyscallLayer, CpuFaultsLayer, ApiLayer, DriverLayer)
 
 
 def buffer_table() -> dict[str, tuple[type[Layer], Buffer]]:
     """Every work item kind with a decoder: kind -> (layer, Buffer)."""
     out: dict[str, tuple[type[Layer], Buffer]] = {}
-    for cls in LAYERS:
+    for cls in RECORDER_LAYERS:
         for kind, buf in cls.BUFFERS.items():
             assert kind not in out, f"two layers hand over {kind!r}"
             out[kind] = (cls, buf)
     return out
 
 
-__all__ = ["LAYERS", "Buffer", "Due", "Layer", "buffer_table"]
+__all__ = ["RECORDER_LAYERS", "Buffer", "Due", "Layer", "buffer_table"]

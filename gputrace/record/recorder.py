@@ -23,7 +23,7 @@ from typing import Any
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
 from gputrace.record import hooks, loader, procfs
-from gputrace.record.layers import LAYERS, Due, Layer
+from gputrace.record.layers import RECORDER_LAYERS, Due, Layer
 from gputrace.record.options import (
     MAX_DURATION_S,
     SPILL_DEFAULT_MIB,
@@ -76,7 +76,7 @@ def mono_ns() -> int:
 class Recorder:
     """One recording: start (validate, load and attach the layers, start or seed the
     targets), poll (drain the layers every POLL_S, rotate every ROTATE_S), finish
-    (final drains, processes, manifest). The layers are `layers.LAYERS`."""
+    (final drains, processes, manifest). The layers are `layers.RECORDER_LAYERS`."""
 
     def __init__(self, opts: Options) -> None:
         self.opts = opts
@@ -131,7 +131,7 @@ class Recorder:
         if opts.command:
             check_command(opts.command[0])
         prefix = device_prefix(opts.device_dir)
-        for cls in LAYERS:
+        for cls in RECORDER_LAYERS:
             self._prepared[cls.name] = cls.validate(opts, prefix)
         return prefix
 
@@ -156,7 +156,7 @@ class Recorder:
                         spill_bytes=self._spill)  # fmt: skip
             self.session = s
             try:
-                for cls in LAYERS:  # loads each layer's programs, in order
+                for cls in RECORDER_LAYERS:  # loads each layer's programs, in order
                     layer = cls.build(s, self._prepared.get(cls.name))
                     if layer is not None:
                         self.layers.append(layer)

@@ -61,7 +61,7 @@ class TableEntry(_Model):
     parts: Count
 
 
-class Host(_Model):
+class HostFacts(_Model):
     hostname: StrictStr | None = None
     kernel: StrictStr | None = None
     machine: StrictStr | None = None
@@ -97,14 +97,14 @@ class MissedBeforeAttach(_Model):
     attached_ts_ns: Stamp | None = None
 
 
-class DriverLayer(_Model):
+class DriverLayerFacts(_Model):
     trackers_attached: Any = None  # a count or the pids: no reader depends on its shape
     attach_failures: list[AttachFailure] = []
     missed_before_attach: list[MissedBeforeAttach] = []
     sample_interval_ms: float | None = None
 
 
-class Target(_Model):
+class TargetFacts(_Model):
     mode: StrictStr = "?"
     command: list[StrictStr] | None = None
     pids: list[StrictInt] = []
@@ -125,7 +125,7 @@ class TargetExit(_Model):
     signal_name: StrictStr | None = None
 
 
-class Recorder(_Model):
+class RecorderFacts(_Model):
     pid: StrictInt | None = None
     argv: list[StrictStr] = []
 
@@ -141,23 +141,23 @@ class Manifest(_Model):
     trace_id: Annotated[StrictStr, Field(pattern=f"^{TRACE_ID_PATTERN}$")] | None = None
     created_unix_s: float | None = None
     synthetic: StrictBool = False
-    host: Host = Host()
+    host: HostFacts = HostFacts()
     driver_version: StrictStr | None = None
     driver: Driver = Driver()
     gpus: list[Gpu] = []
     device_dir: StrictStr | None = None
     clock: Clock = Clock()
-    target: Target = Target()
+    target: TargetFacts = TargetFacts()
     layers: list[StrictStr] = []
     hooks: Hooks = Hooks()
     drops: dict[str, Count] = {}
     tables: dict[str, TableEntry] = {}
     start_ts_ns: Stamp | None = None
     end_ts_ns: Stamp | None = None
-    recorder: Recorder = Recorder()
+    recorder: RecorderFacts = RecorderFacts()
     api: Api | None = None
     cpu_faults: dict[str, Count] | None = None
-    driver_layer: DriverLayer | None = None
+    driver_layer: DriverLayerFacts | None = None
     decode_errors: dict[str, Count] = {}
     target_exit: TargetExit | None = None
 

@@ -1,4 +1,4 @@
-"""DriverLayer against the TEST STAND-IN (tests/standin): a tracker attached from outside
+"""DriverPoller against the TEST STAND-IN (tests/standin): a tracker attached from outside
 the process, V1 and V2 queues, rows equal to the stand-in's own event log and to
 uvm_workload --print-expected, processor indices mapped through the UUID table, clock
 conversion, release of the target's uvm file after its exit, drops with a tiny queue,
@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from gputrace.record.driver_layer.poller import DriverLayer
+from gputrace.record.driver_layer.poller import DriverPoller
 from gputrace.trace import manifest
 from tests.standin import standin
 
@@ -118,7 +118,7 @@ def _record(tmp_path: Path, version: int, entries: int) -> Run:
     log = tmp_path / "events.jsonl"
     parts: dict[str, list[pa.Table]] = {}
     with standin.mounted_driver(tmp_path, budget=BUDGET, gpus=2, event_log=log) as dev:
-        layer = DriverLayer(str(dev), standin.DRIVER_VERSION, queue_entries=entries,
+        layer = DriverPoller(str(dev), standin.DRIVER_VERSION, queue_entries=entries,
                             sample_ms=10.0, queue_version=version)  # fmt: skip
         layer.start()
         try:
@@ -353,7 +353,7 @@ def test_processor_indices_map_to_trace_gpu_through_the_uuid_table(run: Run) -> 
     assert dl["tools_abi"]["entry_bytes"] == {1: 64, 2: 72}[run.version]
     uuids = {g["index"]: g["uuid"] for g in run.manifest["gpu_uuids"]}
     assert sorted(uuids) == [0, 1]
-    manifest.DriverLayer.model_validate(dl)  # what the trace's manifest reader accepts
+    manifest.DriverLayerFacts.model_validate(dl)  # what the trace's manifest reader accepts
 
 
 def test_timestamps_are_monotonic_and_inside_the_workload_window(run: Run) -> None:

@@ -38,7 +38,7 @@ def test_library_loads_seen_by(mech: str, tmp_path: Path, monkeypatch: pytest.Mo
     probes = loader.Probes(source, flags)
     try:
         assert probes.hooks["mechanism"] == mech
-        api = cuda.ApiLayer(None, probes)
+        api = cuda.LibcudaProbes(None, probes)
         try:
             if mech == "tp_btf":
                 assert api.library_loads == cuda.LOADS_TP_BTF

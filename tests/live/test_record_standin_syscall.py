@@ -291,7 +291,7 @@ def test_record_in_process_observers_stats_and_a_toy_layer(
     lands in the trace."""
     from gputrace import schema
     from gputrace.record import recorder as recmod
-    from gputrace.record.layers import LAYERS, Due, Layer
+    from gputrace.record.layers import RECORDER_LAYERS, Due, Layer
     from gputrace.record.recorder import Options, Recorder
     from gputrace.record.session import Session
     from tests.standin.standin import build, mounted_driver
@@ -323,7 +323,7 @@ def test_record_in_process_observers_stats_and_a_toy_layer(
         def close(self, s: Session) -> None:
             steps["close"] += 1
 
-    monkeypatch.setattr(recmod, "LAYERS", (*LAYERS, Toy))
+    monkeypatch.setattr(recmod, "RECORDER_LAYERS", (*RECORDER_LAYERS, Toy))
     wl = build().workload
     out = tmp_path / "trace"
     seen: Counter[str] = Counter()

@@ -93,6 +93,6 @@ def test_probe_drops_counted_from_every_ring_buffer() -> None:
 def test_api_drops_counted() -> None:
     from gputrace.record.api import libcuda as cuda
 
-    api: Any = object.__new__(cuda.ApiLayer)
+    api: Any = object.__new__(cuda.LibcudaProbes)
     api.bpf = {"cuda_drops": _PerCpu([[4, 5, 6]])}
     assert api.drops() == {"cuda_events": 15}

@@ -19,7 +19,7 @@ def _calls(layer: ApiLayer, _s: Session, _kind: str, data: bytes) -> Decoded:
 
 
 class _WriterView:
-    """What `cuda.ApiLayer.write` needs of a trace writer, with rows going
+    """What `cuda.LibcudaProbes.write` needs of a trace writer, with rows going
     through the session (observers, row counts)."""
 
     def __init__(self, s: Session) -> None:
@@ -42,7 +42,7 @@ class ApiLayer(Layer):
         "api:cuda_calls": Buffer("cuda_calls", cuda.BUFFER, decode_cuda.CUDA_DTYPE, _calls),
     }
 
-    def __init__(self, api: cuda.ApiLayer) -> None:
+    def __init__(self, api: cuda.LibcudaProbes) -> None:
         self.api = api
         self.drops = {cuda.BUFFER: 0}
 
@@ -55,7 +55,7 @@ class ApiLayer(Layer):
     @classmethod
     def build(cls, s: Session, prepared: Any) -> ApiLayer:
         # the syscall layer (built first) may see library loads for it (tp_btf)
-        return cls(cuda.ApiLayer(s.opts.libcuda, s.probes, stack_depth=s.opts.stack_depth))
+        return cls(cuda.LibcudaProbes(s.opts.libcuda, s.probes, stack_depth=s.opts.stack_depth))
 
     @property
     def hooks(self) -> int:

@@ -122,7 +122,7 @@ def from_ldconfig() -> set[str]:
     return out
 
 
-class ApiLayer:
+class LibcudaProbes:
     """The loaded API program, its attachments and its stack symbolizer."""
 
     def __init__(self, libcuda: str | None = None, probes: Any = None,

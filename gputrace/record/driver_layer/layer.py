@@ -49,7 +49,7 @@ class DriverLayer(Layer):
     BUFFERS: ClassVar[dict[str, Buffer]] = {}  # tables arrive decoded (see write)
     TOOLS = Buffer("", "uvm_tools", UVM_RECORD, _ready)
 
-    def __init__(self, layer: driver_layer.DriverLayer) -> None:
+    def __init__(self, layer: driver_layer.DriverPoller) -> None:
         self.layer = layer
         self.no_tracker: set[int] = set()  # pids that initialized UVM but got no tracker
         self._bad = 0  # the decoder's bad records, already counted
@@ -57,13 +57,13 @@ class DriverLayer(Layer):
         self._started = False
 
     @classmethod
-    def validate(cls, opts: Any, prefix: str) -> driver_layer.DriverLayer | None:
+    def validate(cls, opts: Any, prefix: str) -> driver_layer.DriverPoller | None:
         """The driver layer, unless turned off or the device folder has neither
         nvidia-uvm-tools nor nvidiactl (nothing it could open). Built, not started."""
         if not opts.driver_layer:
             return None
         try:  # built first: its options are refused even where it would not run
-            layer = driver_layer.DriverLayer(
+            layer = driver_layer.DriverPoller(
                 prefix, opts.driver_version, queue_entries=opts.uvm_queue_entries,
                 sample_ms=opts.sample_ms, rm=os.path.exists(prefix + "nvidiactl"),
                 queue_version=opts.uvm_queue_version,

@@ -2,7 +2,7 @@
 `rm_query`), the tools queues' drop counts, the note on how UVM event times were
 converted, the `driver_layer` facts (trackers, attach failures, tools ABI, RM
 client, clock offsets) and the GPUs' UUIDs. docs/driver-layer.md lists the keys;
-`driver_layer.DriverLayer.manifest()` is the caller.
+`poller.DriverPoller.manifest()` is the caller.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from gputrace.record.rm_query import sampler as memory_sampler
 from gputrace.record.uvm_tools import abi as uvm_tools_abi
 from gputrace.record.uvm_tools import gpu_uuids
 from gputrace.record.uvm_tools import records as uvm_records
-from gputrace.record.uvm_tools.target import Target
+from gputrace.record.uvm_tools.target import TrackedProcess
 
 if TYPE_CHECKING:
-    from gputrace.record.driver_layer.poller import DriverLayer
+    from gputrace.record.driver_layer.poller import DriverPoller
 
 CLOCK_NOTE = (
     "CLOCK_MONOTONIC_RAW converted to CLOCK_MONOTONIC by the piecewise-linear map through "
@@ -30,7 +30,7 @@ CLOCK_NOTE = (
 
 
 def fragment(
-    layer: DriverLayer, targets: Sequence[Target], gpus: dict[bytes, int]
+    layer: DriverPoller, targets: Sequence[TrackedProcess], gpus: dict[bytes, int]
 ) -> dict[str, Any]:
     """Manifest fragment of `layer` whose trackers (open and closed) are `targets`
     and whose GPUs are `gpus` (UUID -> trace index): layers, drops, clock note,

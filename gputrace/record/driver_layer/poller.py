@@ -34,7 +34,7 @@ from gputrace.record.uvm_tools import clock as uvm_clock
 from gputrace.record.uvm_tools import gpu_uuids
 from gputrace.record.uvm_tools import tracker as uvm_tools
 from gputrace.record.uvm_tools.decode import UvmStreamContext, UvmStreamDecoder
-from gputrace.record.uvm_tools.target import FEED_RECORDS, Target, coalesce, mono_ns
+from gputrace.record.uvm_tools.target import FEED_RECORDS, TrackedProcess, coalesce, mono_ns
 
 DEFAULT_DRAIN_MS = 10.0
 BUSY_SHARE = 4
@@ -44,7 +44,7 @@ the next one instead of a full drain period."""
 Tables = dict[str, list[pa.Table]]
 
 
-class DriverLayer:
+class DriverPoller:
     """UVM tools trackers plus the RM GPU memory sampler, behind one poll() call."""
 
     def __init__(
@@ -77,8 +77,8 @@ class DriverLayer:
         self.rm: rm_client.RmClient | None = None
         self.sampler: memory_sampler.MemorySampler | None = None
         self.rm_error: str | None = None
-        self._targets: dict[int, Target] = {}
-        self._done: list[Target] = []  # closed and fully collected (manifest)
+        self._targets: dict[int, TrackedProcess] = {}
+        self._done: list[TrackedProcess] = []  # closed and fully collected (manifest)
         self.failures: list[dict[str, Any]] = []
         self.missed: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -144,7 +144,7 @@ class DriverLayer:
             self.failures.append({"pid": pid, "error": f"{e.strerror or e}"})
             return False
         now = mono_ns()
-        t = Target(pid, tr, now)
+        t = TrackedProcess(pid, tr, now)
         if tr.info is not None and tr.info.counters_error:
             self.failures.append({"pid": pid, "error": f"counters: {tr.info.counters_error}"})
         if already_running:
@@ -201,7 +201,7 @@ class DriverLayer:
                 return False
             for t in live:
                 # Check exit before draining: records written before the exit
-                # are then all in this drain, with the flush in Target.close.
+                # are then all in this drain, with the flush in TrackedProcess.close.
                 gone = t.tracker.exited()
                 busy |= t.drain(self.abi.entry_size) * BUSY_SHARE > self.queue_entries
                 if gone:
@@ -293,7 +293,7 @@ class DriverLayer:
             return self.clock.offsets()
 
 
-def close_quietly(layer: DriverLayer | None) -> None:
+def close_quietly(layer: DriverPoller | None) -> None:
     """Stop a layer on an error path without letting a second error hide the first."""
     if layer is not None:
         with contextlib.suppress(Exception):

@@ -2,8 +2,8 @@
 tools tracker attached to it and what the drains took from it so far (record
 bytes, processor table, drop and transfer counters, close time).
 
-Answers two questions for `driver_layer.DriverLayer`: what one drain or the final
-flush-and-close does to a tracker (`Target.drain`, `Target.close`), and how the
+Answers two questions for `poller.DriverPoller`: what one drain or the final
+flush-and-close does to a tracker (`TrackedProcess.drain`, `TrackedProcess.close`), and how the
 drained bytes are cut into decoder feeds (`coalesce`).
 """
 
@@ -30,7 +30,7 @@ def mono_ns() -> int:
 
 
 @dataclass
-class Target:
+class TrackedProcess:
     """One traced process with a tracker; the decoder is touched only by poll()."""
 
     pid: int

@@ -81,7 +81,7 @@ class Offline:
     def __init__(self) -> None:
         self.s = Session(Options(output="unused"), "/dev/", None, [], [], 0)  # type: ignore[arg-type]
         self.s.note_pids = lambda pids, ts=None: None  # type: ignore[method-assign]  # no /proc reads
-        api = cuda.ApiLayer.__new__(cuda.ApiLayer)  # no BPF: only its decoder is used
+        api = cuda.LibcudaProbes.__new__(cuda.LibcudaProbes)  # no BPF: only its decoder is used
         api.names = {v: k for k, v in hooks.cuda_symbols().items()}
         self.layers = {SyscallLayer: SyscallLayer(), CpuFaultsLayer: CpuFaultsLayer(),
                        ApiLayer: ApiLayer(api)}  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 
 from gputrace import schema
 from gputrace.record import layers
-from gputrace.record.layers import LAYERS, buffer_table
+from gputrace.record.layers import RECORDER_LAYERS, buffer_table
 from gputrace.record.recorder import Options, Recorder
 from gputrace.record.session import Session, merged
 
@@ -44,12 +44,12 @@ def _files(n: int) -> pa.Table:
 
 def test_one_table_routes_every_kind_to_one_layer() -> None:
     table = buffer_table()
-    assert {k for cls in LAYERS for k in cls.BUFFERS} == set(table)
+    assert {k for cls in RECORDER_LAYERS for k in cls.BUFFERS} == set(table)
     assert table["ioctl_events"][1].table == "ioctls"
     assert table["fault_leftover"][1].counted_as == "fault_events"
     assert table["api:cuda_calls"][1].table == "cuda_calls"
     assert [b.last for _, b in table.values()].count(True) == 1  # process exits go last
-    assert [cls.name for cls in LAYERS] == ["syscall", "cpu_faults", "api", "driver"]
+    assert [cls.name for cls in RECORDER_LAYERS] == ["syscall", "cpu_faults", "api", "driver"]
     assert layers.Layer().drain(None, layers.Due.POLL) == []  # type: ignore[arg-type]
 
 

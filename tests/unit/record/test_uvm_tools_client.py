@@ -1,6 +1,6 @@
 """UVM tools tracker client: struct layouts against docs/driver-facts.md (§1.3-1.4,
 §5.2-5.3), the ABI choice by driver version, the ring drain, and the tracker
-protocol and DriverLayer against a SYNTHETIC fake of the driver side
+protocol and DriverPoller against a SYNTHETIC fake of the driver side
 (tests/uvm_fake.py). Live runs against the FUSE stand-in are at the end (`live`)."""
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def test_tracker_tries_the_next_uvm_fd(fake: uvm_fake.FakeToolsDriver, devdir: P
 
 
 def test_attach_without_uvm_fd_says_why(devdir: Path) -> None:
-    layer = driver_layer.DriverLayer(str(devdir), "580.159.04", rm=False)
+    layer = driver_layer.DriverPoller(str(devdir), "580.159.04", rm=False)
     assert not layer.attach(os.getpid())
     assert "no" in layer.failures[0]["error"] and "nvidia-uvm fd" in layer.failures[0]["error"]
 
@@ -256,7 +256,7 @@ def test_attach_without_uvm_fd_says_why(devdir: Path) -> None:
 def test_layer_decodes_drains_and_closes_on_exit(
     fake: uvm_fake.FakeToolsDriver, devdir: Path, target: subprocess.Popen[str]
 ) -> None:
-    layer = driver_layer.DriverLayer(str(devdir), "580.159.04", queue_entries=64, rm=False,
+    layer = driver_layer.DriverPoller(str(devdir), "580.159.04", queue_entries=64, rm=False,
                                      gpu_uuids={uvm_fake.GPU_UUID: 0})
     layer.start()
     try:
@@ -296,7 +296,7 @@ def test_layer_decodes_drains_and_closes_on_exit(
 def test_layer_gpu_index_comes_from_the_uuid(
     fake: uvm_fake.FakeToolsDriver, devdir: Path, target: subprocess.Popen[str]
 ) -> None:
-    layer = driver_layer.DriverLayer(str(devdir), "580.159.04", queue_entries=64, rm=False,
+    layer = driver_layer.DriverPoller(str(devdir), "580.159.04", queue_entries=64, rm=False,
                                      gpu_uuids={uvm_fake.GPU_UUID: 5})
     layer.start()
     try:
@@ -310,7 +310,7 @@ def test_layer_gpu_index_comes_from_the_uuid(
 
 def test_tiny_queue_counts_drops(fake: uvm_fake.FakeToolsDriver, devdir: Path,
                                  target: subprocess.Popen[str]) -> None:
-    layer = driver_layer.DriverLayer(str(devdir), "580.159.04", queue_entries=4, rm=False)
+    layer = driver_layer.DriverPoller(str(devdir), "580.159.04", queue_entries=4, rm=False)
     assert layer.attach(target.pid)  # not started: nothing drains in the background
     dropped = fake.emit(b"".join(uvm_fake.gpu_fault_v2(1, 0x1000 * i, i) for i in range(10)))
     assert dropped == 7  # a 4-entry ring holds 3
@@ -324,7 +324,7 @@ def test_sample_interval_is_validated(devdir: Path) -> None:
 
     for bad in (0, -1, float("nan"), float("inf")):
         with pytest.raises(UsageError):
-            driver_layer.DriverLayer(str(devdir), None, sample_ms=bad, rm=False)
+            driver_layer.DriverPoller(str(devdir), None, sample_ms=bad, rm=False)
 
 
 def test_drains_are_joined_into_capped_feeds() -> None:
