@@ -47,8 +47,8 @@ static __always_inline int uvm_get(void *dst, u32 n, u8 *b, u32 off, struct uvm_
     return bpf_probe_read_user(dst, n, b + off);
 }
 
-/* UVM commands carry no size: offsets come from `uvm_layouts` (driver.py), with
- * the span of them one read takes (driver.UvmLayout.span). */
+/* UVM commands carry no size: offsets come from `uvm_layouts` (record/driver_version.py), with
+ * the span of them one read takes (driver_version.UvmLayout.span). */
 static __always_inline void uvm_decode(struct ioctl_event *e, u32 cmd, u64 p)
 {
     u32 slot = cmd;

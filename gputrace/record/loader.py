@@ -81,8 +81,8 @@ _INCLUDE_RE = re.compile(r'^#include "([\w.]+\.bpf\.h)"\s*$')
 
 
 def probe_source(probes: Path = PROBES, main: str = MAIN) -> str:
-    """The BPF C text of `main` (the syscall layer's by default; cuda.py: the API
-    layer's), with its `*.bpf.h` parts inlined, each once (bcc only finds
+    """The BPF C text of `main` (the syscall layer's by default; api/libcuda.py: the
+    API layer's), with its `*.bpf.h` parts inlined, each once (bcc only finds
     TRACEPOINT_PROBEs in the main text); gputrace_events.h stays an include."""
     if not (probes / main).is_file():
         raise GputraceError(
