@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
-from gputrace.importers.torch_snapshot import Snapshot, import_record
+from gputrace.importers.torch_snapshot import TorchSnapshot, import_record
 
 SLACK_NS = 1_000_000_000
 """How far outside the recording an entry may be stamped and still join: wall-clock
@@ -64,7 +64,7 @@ def _utc(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
-def line_up(snap: Snapshot, trace: Any) -> Join:
+def line_up(snap: TorchSnapshot, trace: Any) -> Join:
     """Where the snapshot's segments and entries fall in the recording `trace` (an open
     gputrace.trace.reader.Trace), or JoinRefused saying what does not line up."""
     import polars as pl
@@ -113,7 +113,7 @@ def line_up(snap: Snapshot, trace: Any) -> Join:
     return Join(pid, offset, api_ts, len(seg_addr))
 
 
-def write_joined(snap: Snapshot, recording: str | os.PathLike[str],
+def write_joined(snap: TorchSnapshot, recording: str | os.PathLike[str],
                  out: str | os.PathLike[str], *, force: bool = False) -> tuple[Path, Join]:
     """Write the recording plus the snapshot's allocator tables to `out`."""
     from gputrace.trace.reader import open_trace

@@ -255,7 +255,7 @@ def snapshot_rows(snap: dict[str, Any]) -> AllocatorRows:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class TorchSnapshot:
     """A read snapshot: its rows and facts about its file."""
 
     rows: AllocatorRows
@@ -265,7 +265,7 @@ class Snapshot:
     compression: str
 
 
-def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
+def read_snapshot(path: str | os.PathLike[str]) -> TorchSnapshot:
     """Read the snapshot at `path` with the restricted unpickler and check its shape."""
     name = Path(path).name
     loaded: Loaded = load_plain(path)
@@ -274,10 +274,10 @@ def read_snapshot(path: str | os.PathLike[str]) -> Snapshot:
         rows = snapshot_rows(snap)
     except SnapshotError as e:
         raise SnapshotError(f"{name}: {e}") from None
-    return Snapshot(rows, name, loaded.sha256, loaded.bytes, loaded.compression)
+    return TorchSnapshot(rows, name, loaded.sha256, loaded.bytes, loaded.compression)
 
 
-def import_record(snap: Snapshot, **more: Any) -> dict[str, Any]:
+def import_record(snap: TorchSnapshot, **more: Any) -> dict[str, Any]:
     """The manifest's `imported` entry for this snapshot."""
     from gputrace.trace.writer import _version
 
@@ -286,7 +286,7 @@ def import_record(snap: Snapshot, **more: Any) -> dict[str, Any]:
             "gputrace_version": _version(), "unix_s": time.time(), **more}
 
 
-def write_alone(snap: Snapshot, out: str | os.PathLike[str], *, force: bool = False) -> Path:
+def write_alone(snap: TorchSnapshot, out: str | os.PathLike[str], *, force: bool = False) -> Path:
     """Write the snapshot as a trace of its own: ts_ns are Unix-epoch ns."""
     from gputrace.trace.writer import write_tables
 
