@@ -25,21 +25,11 @@ import polars as pl
 from gputrace.analyses.allocator.frames import with_labels
 from gputrace.analyses.helpers.common import NS_PER_S
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
-from gputrace.analyses.report import Report, not_recorded
+from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.report import Report
 
-
-def _question() -> str:
-    """The report's question, from its registry entry (the one place it is written)."""
-    from gputrace.analyses.registry import spec
-
-    return spec("allocator-growth").question
-
-
-def _layers() -> list[str]:
-    """The layers the report reads, from its registry entry."""
-    from gputrace.analyses.registry import spec
-
-    return list(spec("allocator-growth").layers)
+SPEC = spec("allocator-growth")
+QUESTION = SPEC.question
 
 
 MAX_POINTS = 400
@@ -105,8 +95,8 @@ def _series(df: pl.DataFrame) -> pl.DataFrame:
 def growth(inp: Inputs, top: int | None = None) -> Report:
     """The allocator growth report: active bytes over the history, retained by stack."""
     warnings = trace_warnings(inp)
-    if not inp.has("allocator"):
-        return not_recorded("allocator-growth", _question(), _layers(), warnings)
+    if (absent := unrecorded(SPEC, inp, warnings)) is not None:
+        return absent
     events = replay(inp)
     stacks, rep = pl.collect_all([retained_by_stack(inp, events), events.select(
         "i", "ts_ns", "seq", "device", "action", "size", "active_bytes", "reserved_bytes")])
@@ -118,7 +108,7 @@ def growth(inp: Inputs, top: int | None = None) -> Report:
     if rep.height == 0:
         warnings.append("allocator-growth: the snapshot holds no trace entries (history not "
                         "recorded: torch.cuda.memory._record_memory_history() before the run)")
-        return Report("allocator-growth", _question(), True, data, [], warnings)
+        return Report("allocator-growth", QUESTION, True, data, [], warnings)
     first, last = rep.row(0, named=True), rep.row(-1, named=True)
     start_active = first["active_bytes"] - _delta(first, _ACTIVE)
     start_reserved = first["reserved_bytes"] - _delta(first, _RESERVED)
@@ -140,7 +130,7 @@ def growth(inp: Inputs, top: int | None = None) -> Report:
         series=[{"t_s": (r["ts_ns"] - inp.start_ns) / NS_PER_S, "entry": r["i"],
                  "action": r["action"], "active_bytes": r["active_bytes"],
                  "reserved_bytes": r["reserved_bytes"]} for r in pts.iter_rows(named=True)])
-    return Report("allocator-growth", _question(), True, data, [], warnings)
+    return Report("allocator-growth", QUESTION, True, data, [], warnings)
 
 
 def _delta(row: dict[str, Any], table: dict[str, int]) -> int:

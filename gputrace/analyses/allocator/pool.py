@@ -16,21 +16,11 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
-from gputrace.analyses.report import Report, not_recorded
+from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.report import Report
 
-
-def _question() -> str:
-    """The report's question, from its registry entry (the one place it is written)."""
-    from gputrace.analyses.registry import spec
-
-    return spec("allocator-pool").question
-
-
-def _layers() -> list[str]:
-    """The layers the report reads, from its registry entry."""
-    from gputrace.analyses.registry import spec
-
-    return list(spec("allocator-pool").layers)
+SPEC = spec("allocator-pool")
+QUESTION = SPEC.question
 
 
 
@@ -50,8 +40,8 @@ def _share(free: pl.Expr, largest: pl.Expr) -> pl.Expr:
 def pool(inp: Inputs, top: int | None = None) -> Report:
     """The allocator pool report: reserved vs allocated per segment, pool and in all."""
     warnings = trace_warnings(inp)
-    if not inp.has("allocator"):
-        return not_recorded("allocator-pool", _question(), _layers(), warnings)
+    if (absent := unrecorded(SPEC, inp, warnings)) is not None:
+        return absent
     segs = (inp.scan("allocator_segments")
             .join(_inactive(inp), left_on=["device", "address"],
                   right_on=["device", "segment_address"], how="left")
@@ -86,4 +76,4 @@ def pool(inp: Inputs, top: int | None = None) -> Report:
         "pools": pool_df.to_dicts(),
         "segments": seg_rows[:top] if top is not None else seg_rows,
     }
-    return Report("allocator-pool", _question(), True, data, [], warnings)
+    return Report("allocator-pool", QUESTION, True, data, [], warnings)

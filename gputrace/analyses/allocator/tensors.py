@@ -15,21 +15,11 @@ import polars as pl
 
 from gputrace.analyses.allocator.frames import with_labels
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
-from gputrace.analyses.report import Report, not_recorded
+from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.report import Report
 
-
-def _question() -> str:
-    """The report's question, from its registry entry (the one place it is written)."""
-    from gputrace.analyses.registry import spec
-
-    return spec("tensors").question
-
-
-def _layers() -> list[str]:
-    """The layers the report reads, from its registry entry."""
-    from gputrace.analyses.registry import spec
-
-    return list(spec("tensors").layers)
+SPEC = spec("tensors")
+QUESTION = SPEC.question
 
 
 
@@ -42,8 +32,8 @@ def alive_blocks(inp: Inputs) -> pl.LazyFrame:
 def tensors(inp: Inputs, top: int | None = None) -> Report:
     """The tensors report: alive tensors by allocating stack, and their totals."""
     warnings = trace_warnings(inp)
-    if not inp.has("allocator"):
-        return not_recorded("tensors", _question(), _layers(), warnings)
+    if (absent := unrecorded(SPEC, inp, warnings)) is not None:
+        return absent
     alive = alive_blocks(inp)
     by_stack = with_labels(inp, alive.group_by("pid", "device", "stack_id").agg(
         pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes"),
@@ -70,4 +60,4 @@ def tensors(inp: Inputs, top: int | None = None) -> Report:
     if rows and not any(s["frames"] for s in rows):
         warnings.append("tensors: the snapshot holds no stacks (history not recorded: "
                         "torch.cuda.memory._record_memory_history() before the run)")
-    return Report("tensors", _question(), True, data, [], warnings)
+    return Report("tensors", QUESTION, True, data, [], warnings)
