@@ -8,10 +8,6 @@ from gputrace.render.safe import printable
 from gputrace.units import format_bytes
 
 
-def _size(n: int | None) -> str:
-    return format_bytes(n)
-
-
 def _num(x: float | None, fmt: str = "{:.3f}") -> str:
     return "-" if x is None else fmt.format(x)
 
@@ -32,26 +28,26 @@ def render_fleet_terminal(doc: dict[str, Any], out: TextIO) -> None:
     where = f" where {printable(doc['where'])}" if doc["where"] else ""
     out.write(f"Fleet {printable(doc['dataset'])}{where}: {doc['traces']} traces, "
               f"{doc['engine']['workers']} workers ({doc['engine']['scheduler']})\n")
-    out.write(f"Leaked: {_size(lk['total_bytes'])} in {lk['total_count']} allocations\n")
+    out.write(f"Leaked: {format_bytes(lk['total_bytes'])} in {lk['total_count']} allocations\n")
     for w in doc["warnings"]:
         out.write(f"warning: {printable(w)}\n")
     out.write("\nTop leaking jobs\n")
     _table(out, ["host", "pid", "comm", "bytes", "count", "cmdline"],
-           [[j["host"], j["pid"], j["comm"], _size(j["bytes"]), j["count"], j["cmdline"]]
+           [[j["host"], j["pid"], j["comm"], format_bytes(j["bytes"]), j["count"], j["cmdline"]]
             for j in lk["top_jobs"]])
     out.write("\nTop leaking call sites\n")
     _table(out, ["bytes", "count", "hosts", "traces", "what", "frames"],
-           [[_size(s["bytes"]), s["count"], s["host_count"], s["traces"], s["what"],
+           [[format_bytes(s["bytes"]), s["count"], s["host_count"], s["traces"], s["what"],
              s["frames"]] for s in lk["top_sites"]])
     g = doc["gpus"]
     out.write("\nGPUs by fragmentation (PMM index, worst of peak/end)\n")
     _table(out, ["host", "gpu", "model", "index", "memory"],
            [[r["host"], r["gpu_index"], r["gpu_model"], _num(r["fragmentation_index"]),
-             _size(r["memory_bytes"])] for r in g["by_fragmentation"]])
+             format_bytes(r["memory_bytes"])] for r in g["by_fragmentation"]])
     out.write("\nGPUs by oversubscription (managed memory peak / the host's GPU memory)\n")
     _table(out, ["host", "trace", "model", "ratio", "managed peak", "GPU memory"],
            [[r["host"], r["trace_id"][:12], r["gpu_model"], _num(r["oversubscription_ratio"]),
-             _size(r["managed_peak_bytes"]), _size(r["gpu_memory_bytes"])]
+             format_bytes(r["managed_peak_bytes"]), format_bytes(r["gpu_memory_bytes"])]
             for r in g["by_oversubscription"]])
     out.write("\nFault rate per driver version (faults/s per trace)\n")
     _table(out, ["driver", "traces", "median", "MAD", "max", "outliers"],

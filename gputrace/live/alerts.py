@@ -167,18 +167,14 @@ def parse_alert(text: str) -> Rule:
 def format_value(metric: str, value: float) -> str:
     """A value as a person reads it: sizes in binary units, rates per second or minute."""
     if metric in ("live_bytes", "gpu_free", "gpu_largest_free"):
-        return human_bytes(value)
+        return format_bytes(value)
     if metric == "leak_rate":
-        return f"{human_bytes(value * 60)}/min"
+        return f"{format_bytes(value * 60)}/min"
     if metric == "fragmentation":
         return f"{value:.3f}"
     if metric == "drops":
         return f"{value:.0f}"
     return f"{value:.4g}/s"
-
-
-def human_bytes(n: float) -> str:
-    return format_bytes(n)
 
 
 def measure(rule: Rule, snap: Snapshot) -> list[tuple[tuple[Any, ...], float, dict[str, Any]]]:

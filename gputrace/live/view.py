@@ -25,9 +25,9 @@ from rich.table import Table
 from rich.text import Text
 
 from gputrace.live.aggregates import NS
-from gputrace.live.alerts import human_bytes
 from gputrace.live.snapshot import ProcView, Snapshot
 from gputrace.render.safe import printable
+from gputrace.units import format_bytes
 
 REFRESH_S = 1.0
 SORTS: dict[str, tuple[str, Callable[[ProcView], Any]]] = {
@@ -46,7 +46,7 @@ def _rate(x: float) -> str:
 
 def _layer(p: ProcView, layer: str) -> str:
     n = sum(v for (lay, _g), v in p.live.items() if lay == layer)
-    return human_bytes(n) if n or layer in {lay for lay, _ in p.live} else "-"
+    return format_bytes(n) if n or layer in {lay for lay, _ in p.live} else "-"
 
 
 def render(snap: Snapshot, sort: str = "b", started_ns: int | None = None) -> Group:
@@ -64,7 +64,7 @@ def render(snap: Snapshot, sort: str = "b", started_ns: int | None = None) -> Gr
         gpus.add_column(c, justify="right")
     for g in snap.gpus:
         frag = g.fragmentation
-        gpus.add_row(str(g.index), *(human_bytes(v) if v is not None else "-"
+        gpus.add_row(str(g.index), *(format_bytes(v) if v is not None else "-"
                                       for v in (g.free_bytes, g.largest_free_bytes,
                                                 g.heap_bytes)),
                      "-" if frag is None else f"{frag:.3f}")  # fmt: skip
@@ -80,12 +80,12 @@ def render(snap: Snapshot, sort: str = "b", started_ns: int | None = None) -> Gr
             str(p.pid), printable(p.comm)[:16], _layer(p, "api"), _layer(p, "rm"),
             str(sum(p.allocations.values())), str(sum(p.frees.values())), _rate(p.alloc_rate),
             _rate(p.free_rate), _rate(p.gpu_fault_rate), _rate(p.migration_rate),
-            human_bytes(p.growth_bytes_per_s * 60),
+            format_bytes(p.growth_bytes_per_s * 60),
         )  # fmt: skip
     growing = sorted((p for p in snap.procs if p.growth_bytes_per_s > 0),
                      key=lambda p: (-p.growth_bytes_per_s, p.pid))[:5]
     grow = Text("top growing: " + ("  ".join(
-        f"{p.pid} {printable(p.comm)[:16]} +{human_bytes(p.growth_bytes_per_s * 60)}/min"
+        f"{p.pid} {printable(p.comm)[:16]} +{format_bytes(p.growth_bytes_per_s * 60)}/min"
         for p in growing) or "none"))  # fmt: skip
     more = [Text(f"... {len(rows) - MAX_ROWS} more processes")] if len(rows) > MAX_ROWS else []
     return Group(head, gpus, procs, *more, grow)
