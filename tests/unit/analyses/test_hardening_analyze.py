@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,9 @@ import pytest
 from gputrace.analyses.leaks.growth import growth
 from gputrace.trace.builder import GiB, TraceBuilder
 from tests.analyze_helpers import analyze
+from tests.cli_helpers import cli
 
 SIZE_MAX = (1 << 64) - 1
-
-
-def gputrace(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gputrace.cli", *args], capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
 
 
 def assert_one_line_error(r: subprocess.CompletedProcess[str], needle: str) -> None:
@@ -60,11 +55,11 @@ def test_impossible_api_size_is_a_warning_not_a_failed_analysis(tmp_path: Path) 
     assert len(warned) == 1, doc["warnings"]
     assert "2 rows" in warned[0] and str(SIZE_MAX) in warned[0]
     assert doc["leaks"]["total_bytes"] == 1 * GiB, doc["leaks"]["total_bytes"]
-    r = gputrace("analyze", str(trace))
+    r = cli("analyze", str(trace))
     assert r.returncode == 0, r.stderr
     assert "256 TiB" in r.stdout + r.stderr
     # the trace itself keeps the full value: dump shows it
-    out = gputrace("dump", str(trace), "cuda_calls", "-f", "json")
+    out = cli("dump", str(trace), "cuda_calls", "-f", "json")
     assert out.returncode == 0, out.stderr
     assert SIZE_MAX in {json.loads(line)["size_bytes"] for line in out.stdout.splitlines()}
 
@@ -140,11 +135,11 @@ def test_diff_fail_on_refuses_a_layer_the_after_trace_did_not_record(tmp_path: P
     after = _small(tmp_path / "a", ("api",))
     for cond, layer in (("fault_rate>+10%", "cpu_faults, driver, uvm_tools"),
                         ("ioctl_p99>+10%", "syscall")):
-        r = gputrace("diff", str(before), str(after), "--fail-on", cond)
+        r = cli("diff", str(before), str(after), "--fail-on", cond)
         assert r.returncode == 2, (cond, r.returncode, r.stderr)
         assert_one_line_error(r, f"(layer {layer} not recorded in the after trace)")
     # a metric both traces measure still runs (and the same trace twice does not rise)
-    r = gputrace("diff", str(before), str(after), "--fail-on", "leak_bytes>+10%")
+    r = cli("diff", str(before), str(after), "--fail-on", "leak_bytes>+10%")
     assert r.returncode == 0, r.stderr
 
 
@@ -172,7 +167,7 @@ def test_manifest_integers_past_64_bits_are_refused_at_load(tmp_path: Path, fiel
     _edit_manifest(trace, **{field: value})
     for cmd in (("info", str(trace)), ("analyze", str(trace), "-f", "html", "-o",
                                          str(tmp_path / "r.html"))):
-        assert_one_line_error(gputrace(*cmd), f"manifest field {field.replace('__', '.')!r}")
+        assert_one_line_error(cli(*cmd), f"manifest field {field.replace('__', '.')!r}")
 
 
 def test_extreme_but_64_bit_clock_offsets_still_give_a_date(tmp_path: Path) -> None:
@@ -181,7 +176,7 @@ def test_extreme_but_64_bit_clock_offsets_still_give_a_date(tmp_path: Path) -> N
     for offset in ((1 << 63) - 1, -((1 << 63) - 1)):
         _edit_manifest(trace, clock__realtime_offset_ns=offset,
                        end_ts_ns=(1 << 63) - 1 if offset > 0 else None)
-        r = gputrace("info", str(trace))
+        r = cli("info", str(trace))
         assert r.returncode == 0, r.stderr
 
 
@@ -210,7 +205,7 @@ def test_hostile_raw_part_header_is_one_line(tmp_path: Path, header: bytes) -> N
     deep (RecursionError) made `convert` end in a traceback; a bool or fractional
     itemsize was silently converted. All are one line naming the part now."""
     trace = _raw_part(tmp_path, header)
-    r = gputrace("convert", str(trace))
+    r = cli("convert", str(trace))
     assert_one_line_error(r, "unreadable raw part header")
     assert "part-000001.gtraw" in r.stderr
 
@@ -233,7 +228,7 @@ def test_part_with_a_duplicate_column_is_one_line(tmp_path: Path) -> None:
     part = _rewrite_part(trace, "cuda_calls", lambda t: pa.Table.from_arrays(
         [*t.columns, t.column("pid")], names=[*t.column_names, "pid"]))
     for cmd in ("info", "analyze"):
-        r = gputrace(cmd, str(trace))
+        r = cli(cmd, str(trace))
         assert_one_line_error(r, "column pid appears more than once")
         assert str(part) in r.stderr
 
@@ -245,7 +240,7 @@ def test_current_part_missing_a_nullable_column_is_refused(tmp_path: Path) -> No
     version may still lack the columns added since: tests/test_goldens.py reads some.)"""
     trace = _small(tmp_path / "t", ("api",))
     part = _rewrite_part(trace, "cuda_calls", lambda t: t.drop_columns(["stack_id"]))
-    r = gputrace("analyze", str(trace))
+    r = cli("analyze", str(trace))
     assert_one_line_error(r, "columns missing from table cuda_calls: stack_id")
     assert str(part) in r.stderr
 
@@ -308,7 +303,7 @@ def test_convert_message_escapes_the_path(tmp_path: Path) -> None:
 
     trace = tmp_path / "t\x1b]0;owned\x07"
     TraceWriter(trace).close()
-    r = gputrace("convert", str(trace))
+    r = cli("convert", str(trace))
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stdout and "\\x1b]0;owned\\x07" in r.stdout, r.stdout
 

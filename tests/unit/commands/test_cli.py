@@ -7,14 +7,14 @@ import csv
 import io
 import json
 
+from tests.cli_helpers import cli
 from tests.conftest import FIXTURES
-from tests.unit.commands.test_errors import gputrace
 
 DEFAULT = str(FIXTURES / "default")
 
 
 def test_info_text_names_layers_rows_and_synthetic() -> None:
-    r = gputrace("info", DEFAULT)
+    r = cli("info", DEFAULT)
     assert r.returncode == 0, r.stderr
     assert "status     complete" in r.stdout
     assert "layers     syscall, api, driver" in r.stdout
@@ -28,7 +28,7 @@ def test_info_text_names_layers_rows_and_synthetic() -> None:
 
 
 def test_info_json() -> None:
-    r = gputrace("info", DEFAULT, "--json")
+    r = cli("info", DEFAULT, "--json")
     info = json.loads(r.stdout)
     assert info["rows"]["processes"] == 2
     assert info["status"] == "complete"
@@ -37,17 +37,17 @@ def test_info_json() -> None:
 
 
 def test_dump_limit_and_formats() -> None:
-    r = gputrace("dump", DEFAULT, "cuda_calls", "--limit", "3", "--format", "json")
+    r = cli("dump", DEFAULT, "cuda_calls", "--limit", "3", "--format", "json")
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert len(rows) == 3
     assert rows[0]["func"] == "cuMemAlloc_v2"
-    r = gputrace("dump", DEFAULT, "ioctls", "--format", "csv")
+    r = cli("dump", DEFAULT, "ioctls", "--format", "csv")
     table = list(csv.DictReader(io.StringIO(r.stdout)))
     assert len(table) == 32
     failed = [t for t in table if t["status"] == str(0x51)]
     assert len(failed) == 1 and failed[0]["name"] == "RM_ALLOC"
-    r = gputrace("dump", DEFAULT, "faults", "-n", "2")
+    r = cli("dump", DEFAULT, "faults", "-n", "2")
     assert r.stdout.startswith("faults: 2 rows")
 
 
@@ -55,11 +55,11 @@ def test_dump_empty_table_prints_typed_header(tmp_path: object) -> None:
     from gputrace.trace.builder import TraceBuilder
 
     out = TraceBuilder().build(f"{tmp_path}/t")
-    r = gputrace("dump", str(out), "chunks", "--format", "csv")
+    r = cli("dump", str(out), "chunks", "--format", "csv")
     assert r.returncode == 0
     assert r.stdout.strip().split(",")[:2] == ["ts_ns", "gpu_index"]
 
 
 def test_record_and_analyze_are_listed_in_help() -> None:
-    r = gputrace("--help")
+    r = cli("--help")
     assert "record" in r.stdout and "analyze" in r.stdout

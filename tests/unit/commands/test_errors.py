@@ -1,6 +1,8 @@
 """Bad input gives one line on stderr and a non-zero exit, never a traceback.
 
-Each test damages a copy of the bundled default trace in one way.
+Each test damages a copy of the bundled default trace in one way. Most run the command
+in the test's process (`tests.cli_helpers.cli`); those where the process itself could
+hang (a FIFO) or crash (pages decoded by C++) run it as a subprocess (`gputrace`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.cli_helpers import cli
 from tests.conftest import FIXTURES
 
 DEFAULT = FIXTURES / "default"
@@ -46,36 +49,36 @@ def copy(tmp_path: Path) -> Path:
 
 
 def test_missing_path(tmp_path: Path) -> None:
-    assert_one_line_error(gputrace("info", str(tmp_path / "nope")), "no such trace")
+    assert_one_line_error(cli("info", str(tmp_path / "nope")), "no such trace")
 
 
 def test_not_a_trace(tmp_path: Path) -> None:
-    assert_one_line_error(gputrace("info", str(tmp_path)), "not a gputrace trace")
+    assert_one_line_error(cli("info", str(tmp_path)), "not a gputrace trace")
 
 
 def test_a_file_not_a_directory(tmp_path: Path) -> None:
     f = tmp_path / "f.parquet"
     f.write_bytes(b"PAR1")
-    assert_one_line_error(gputrace("info", str(f)), "not a trace directory")
+    assert_one_line_error(cli("info", str(f)), "not a trace directory")
 
 
 def test_garbage_manifest(copy: Path) -> None:
     (copy / "manifest.json").write_text("{ not json")
-    assert_one_line_error(gputrace("info", str(copy)), "unreadable manifest")
+    assert_one_line_error(cli("info", str(copy)), "unreadable manifest")
 
 
 def test_newer_format(copy: Path) -> None:
     m = json.loads((copy / "manifest.json").read_text())
     m["format_version"] = 99
     (copy / "manifest.json").write_text(json.dumps(m))
-    assert_one_line_error(gputrace("info", str(copy)), "newer than this gputrace")
+    assert_one_line_error(cli("info", str(copy)), "newer than this gputrace")
 
 
 def test_truncated_part(copy: Path) -> None:
     part = next((copy / "ioctls").glob("part-*.parquet"))
     data = part.read_bytes()
     part.write_bytes(data[: len(data) // 2])
-    r = gputrace("info", str(copy))
+    r = cli("info", str(copy))
     assert_one_line_error(r, "corrupt Parquet part")
     assert "ioctls" in r.stderr
 
@@ -83,7 +86,7 @@ def test_truncated_part(copy: Path) -> None:
 def test_empty_part(copy: Path) -> None:
     part = next((copy / "cuda_calls").glob("part-*.parquet"))
     part.write_bytes(b"")
-    assert_one_line_error(gputrace("dump", str(copy), "cuda_calls"), "corrupt Parquet part")
+    assert_one_line_error(cli("dump", str(copy), "cuda_calls"), "corrupt Parquet part")
 
 
 def test_corrupt_data_pages_with_intact_footer(copy: Path) -> None:
@@ -101,25 +104,25 @@ def test_corrupt_data_pages_with_intact_footer(copy: Path) -> None:
 
 
 def test_unknown_table(copy: Path) -> None:
-    assert_one_line_error(gputrace("dump", str(copy), "allocations"), "unknown table")
+    assert_one_line_error(cli("dump", str(copy), "allocations"), "unknown table")
 
 
 def test_bad_format_option(copy: Path) -> None:
-    r = gputrace("dump", str(copy), "ioctls", "--format", "xml")
+    r = cli("dump", str(copy), "ioctls", "--format", "xml")
     assert_one_line_error(r, "--format")
 
 
 def test_damage_leaves_the_original_untouched(copy: Path) -> None:
     """Reading never writes: nothing already recorded is lost."""
     before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
-    gputrace("info", str(copy))
-    gputrace("dump", str(copy), "ioctls", "--format", "csv")
+    cli("info", str(copy))
+    cli("dump", str(copy), "ioctls", "--format", "csv")
     after = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
     assert before == after
 
 
 def test_unknown_option_is_a_usage_error_not_a_traceback(copy: Path) -> None:
-    r = gputrace("dump", str(copy), "ioctls", "--nope")
+    r = cli("dump", str(copy), "ioctls", "--nope")
     assert r.returncode == 2
     assert "No such option" in r.stderr and "Traceback" not in r.stderr
 
@@ -141,7 +144,7 @@ def with_column(t: pa.Table, name: str, values: pa.Array[Any]) -> pa.Table:
 def test_schema_version_metadata_not_a_number(copy: Path) -> None:
     part = next((copy / "ioctls").glob("part-*.parquet"))
     rewrite_part(part, lambda t: t.replace_schema_metadata({b"gputrace.schema_version": b"two"}))
-    r = gputrace("info", str(copy))
+    r = cli("info", str(copy))
     assert_one_line_error(r, "schema version metadata")
     assert "ioctls" in r.stderr and "not a number" in r.stderr
 
@@ -155,7 +158,7 @@ def test_null_in_a_never_null_column(copy: Path, statistics: bool) -> None:
         return with_column(t, "gpu_index", pa.array([None, *values[1:]], pa.int16()))
 
     rewrite_part(part, null_gpu, write_statistics=statistics)
-    r = gputrace("analyze", str(copy))
+    r = cli("analyze", str(copy))
     assert_one_line_error(r, "table chunks column gpu_index has 1 null values")
 
 
@@ -163,7 +166,7 @@ def test_name_stored_as_integers(copy: Path) -> None:
     """Cast to text, integers would silently match no RM command: an error instead."""
     part = next((copy / "ioctls").glob("part-*.parquet"))
     rewrite_part(part, lambda t: with_column(t, "name", pa.array(range(t.num_rows), pa.int64())))
-    r = gputrace("analyze", str(copy), "--only", "leaks")
+    r = cli("analyze", str(copy), "--only", "leaks")
     assert_one_line_error(r, "table ioctls column name is stored as int64, expected string")
 
 
@@ -186,4 +189,4 @@ def test_end_before_start(copy: Path) -> None:
     m["end_ts_ns"] = m["start_ts_ns"] - 1
     (copy / "manifest.json").write_text(json.dumps(m))
     for cmd in (["info"], ["analyze"]):
-        assert_one_line_error(gputrace(*cmd, str(copy)), "'end_ts_ns'")
+        assert_one_line_error(cli(*cmd, str(copy)), "'end_ts_ns'")

@@ -12,16 +12,17 @@ from pathlib import Path
 import pytest
 
 from gputrace.fleet.export import trace_id
+from tests.cli_helpers import cli
 from tests.conftest import FIXTURES
-from tests.unit.commands.test_errors import assert_one_line_error, gputrace
+from tests.unit.commands.test_errors import assert_one_line_error
 from tests.unit.fleet.test_fleet_export import renamed
 
 
 @pytest.mark.parametrize("bad", ["../escape", ".hidden", "a/b", "", "x" * 101, 7, ["id"]])
 def test_a_bad_trace_id_is_one_line_naming_it(tmp_path: Path, bad: object) -> None:
     t = renamed(FIXTURES / "default", tmp_path / "t", "h", trace_id=bad)
-    assert_one_line_error(gputrace("info", str(t)), "'trace_id'")
-    assert_one_line_error(gputrace("export", str(t), "--to", str(tmp_path / "ds")), "'trace_id'")
+    assert_one_line_error(cli("info", str(t)), "'trace_id'")
+    assert_one_line_error(cli("export", str(t), "--to", str(tmp_path / "ds")), "'trace_id'")
     assert not (tmp_path / "ds" / "traces").exists()
 
 
@@ -30,9 +31,9 @@ def test_export_files_a_trace_under_its_manifest_id(tmp_path: Path) -> None:
     # the same recording copied twice, told apart only by the id the recorder gave each
     traces = [renamed(FIXTURES / "default", tmp_path / f"t{i}", "h", trace_id=tid)
               for i, tid in enumerate(ids)]  # fmt: skip
-    r = gputrace("info", str(traces[0]))
+    r = cli("info", str(traces[0]))
     assert r.returncode == 0, r.stderr
-    r = gputrace("export", *map(str, traces), "--to", str(tmp_path / "ds"))
+    r = cli("export", *map(str, traces), "--to", str(tmp_path / "ds"))
     assert r.returncode == 0, r.stderr
     index = json.loads((tmp_path / "ds" / "manifest.json").read_text())
     assert sorted(index["traces"]) == sorted(ids)
