@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,3 +70,18 @@ def _one_at_a_time_when_exclusive(request: pytest.FixtureRequest,
     with path.open("a") as f:
         fcntl.flock(f, mode)
         yield
+
+
+@pytest.fixture(scope="session")
+def dask_scheduler() -> Iterator[str]:
+    """The address of one local Dask cluster per pytest process (2 single-threaded
+    worker processes, as `fleet analyze --workers 2` starts), for fleet tests that are
+    not about starting a cluster: `fleet analyze --scheduler ADDRESS` saves each run
+    the cluster's start and its workers' imports. Its workers start when the first
+    test asks for it: environment variables set later (credentials) do not reach them."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(  # type: ignore[no-untyped-call]
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+            scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
+            silence_logs=logging.CRITICAL) as cluster:  # fmt: skip
+        yield str(cluster.scheduler_address)

@@ -23,6 +23,7 @@ from gputrace import schema
 from gputrace.fleet.store import DatasetError, Store
 from gputrace.trace.builder import MiB, TraceBuilder
 from tests.analyze_helpers import SCENARIO_DIR
+from tests.cli_helpers import cli
 from tests.conftest import FIXTURES
 from tests.unit.commands.test_errors import assert_one_line_error, gputrace
 
@@ -74,7 +75,7 @@ def snapshot(root: Path) -> dict[str, tuple[str, int]]:
 def test_local_export_is_partitioned_and_listed(tmp_path: Path) -> None:
     traces = fleet_traces(tmp_path / "src")
     dest = tmp_path / "ds"
-    r = gputrace("export", *map(str, traces), "--to", str(dest))
+    r = cli("export", *map(str, traces), "--to", str(dest))
     assert r.returncode == 0, r.stderr
     assert f"{len(traces)} exported, 0 replaced" in r.stdout
     index = json.loads((dest / "manifest.json").read_text())
@@ -106,9 +107,9 @@ def test_exporting_twice_changes_nothing_and_a_changed_trace_is_replaced(tmp_pat
                                                                           ) -> None:
     traces = fleet_traces(tmp_path / "src")
     dest = tmp_path / "ds"
-    assert gputrace("export", *map(str, traces), "--to", str(dest)).returncode == 0
+    assert cli("export", *map(str, traces), "--to", str(dest)).returncode == 0
     before = snapshot(dest)
-    r = gputrace("export", *map(str, traces), "--to", str(dest))
+    r = cli("export", *map(str, traces), "--to", str(dest))
     assert r.returncode == 0, r.stderr
     assert f"0 exported, 0 replaced (changed since last export), {len(traces)} unchanged" \
         in r.stdout
@@ -118,7 +119,7 @@ def test_exporting_twice_changes_nothing_and_a_changed_trace_is_replaced(tmp_pat
     m = json.loads((unfinished / "manifest.json").read_text())
     m["status"] = "complete"
     (unfinished / "manifest.json").write_text(json.dumps(m))
-    r = gputrace("export", str(unfinished), "--to", str(dest))
+    r = cli("export", str(unfinished), "--to", str(dest))
     assert "0 exported, 1 replaced" in r.stdout, r.stdout + r.stderr
     index = json.loads((dest / "manifest.json").read_text())
     assert len(index["traces"]) == len(traces)
@@ -157,7 +158,7 @@ def test_export_to_s3_then_fleet_analyze_matches_local(tmp_path: Path, s3: str) 
     assert r.returncode == 0, r.stderr
     r = gputrace("export", *traces, "--to", "s3://fleet/ds", *opt)
     assert f"{len(traces)} unchanged" in r.stdout, r.stdout + r.stderr
-    assert gputrace("export", *traces, "--to", str(tmp_path / "ds")).returncode == 0
+    assert cli("export", *traces, "--to", str(tmp_path / "ds")).returncode == 0
     remote = gputrace("fleet", "analyze", "s3://fleet/ds", *opt, "--workers", "2", "-f", "json")
     local = gputrace("fleet", "analyze", str(tmp_path / "ds"), "--workers", "2", "-f", "json")
     assert remote.returncode == 0 and local.returncode == 0, remote.stderr + local.stderr
@@ -202,7 +203,7 @@ DEFAULT = FIXTURES / "default"
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default fixture exported once; tests work on copies of it."""
     ds = tmp_path_factory.mktemp("exported") / "ds"
-    r = gputrace("export", str(DEFAULT), "--to", str(ds))
+    r = cli("export", str(DEFAULT), "--to", str(ds))
     assert r.returncode == 0, r.stderr
     return ds
 
@@ -235,7 +236,7 @@ def test_export_never_deletes_what_the_index_names_outside_the_dataset(
     entry["fingerprint"] = "changed"  # so the export replaces the trace and removes stale files
     write_index(ds, index)
     before = snapshot(ds)
-    r = gputrace("export", str(DEFAULT), "--to", str(ds))
+    r = cli("export", str(DEFAULT), "--to", str(ds))
     assert_one_line_error(r, f"trace {entry['trace_id']!r}: file")
     assert victim.read_text() == "keep me"
     assert snapshot(ds) == before
@@ -299,7 +300,7 @@ def test_export_deletes_nothing_behind_a_link_out_of_a_local_dataset(exported: P
     entry["fingerprint"] = "changed"
     write_index(ds, index)
     before = snapshot(ds)
-    assert_one_line_error(gputrace("export", str(DEFAULT), "--to", str(ds)),
+    assert_one_line_error(cli("export", str(DEFAULT), "--to", str(ds)),
                           "a link leads out of the dataset")
     assert victim.read_bytes() == b"keep me"
     assert snapshot(ds) == before
@@ -343,14 +344,14 @@ def test_another_recording_with_the_same_trace_id_is_refused(tmp_path: Path) -> 
     first = renamed(DEFAULT, tmp_path / "first", "h1", trace_id=tid)
     second = renamed(DEFAULT, tmp_path / "second", "h2", trace_id=tid)
     ds = tmp_path / "ds"
-    assert gputrace("export", str(first), "--to", str(ds)).returncode == 0
+    assert cli("export", str(first), "--to", str(ds)).returncode == 0
     before = snapshot(ds)
-    r = gputrace("export", str(second), "--to", str(ds))
+    r = cli("export", str(second), "--to", str(ds))
     assert_one_line_error(r, f"{second}: trace_id {tid} already names another recording")
     assert str(first) in r.stderr and "'h1'" in r.stderr
     assert snapshot(ds) == before
     # in one command: the first is kept, the second refused
-    r = gputrace("export", str(first), str(second), "--to", str(tmp_path / "both"))
+    r = cli("export", str(first), str(second), "--to", str(tmp_path / "both"))
     assert_one_line_error(r, f"{second}: trace_id {tid}")
     index = json.loads((tmp_path / "both" / "manifest.json").read_text())
     assert [e["host"] for e in index["traces"].values()] == ["h1"]
@@ -363,11 +364,11 @@ def test_the_same_recording_with_its_trace_id_is_still_replaced(tmp_path: Path) 
     tid = "0b7a3c1e-0000-4000-8000-000000000002"
     t = renamed(DEFAULT, tmp_path / "t", "h1", trace_id=tid, status="recording")
     ds = tmp_path / "ds"
-    assert gputrace("export", str(t), "--to", str(ds)).returncode == 0
+    assert cli("export", str(t), "--to", str(ds)).returncode == 0
     m = json.loads((t / "manifest.json").read_text())
     m["status"] = "complete"
     (t / "manifest.json").write_text(json.dumps(m))
-    r = gputrace("export", str(t), "--to", str(ds))
+    r = cli("export", str(t), "--to", str(ds))
     assert "0 exported, 1 replaced" in r.stdout, r.stdout + r.stderr
     index = json.loads((ds / "manifest.json").read_text())
     assert [(e["trace_id"], e["status"]) for e in index["traces"].values()] == [
@@ -386,7 +387,7 @@ def test_a_dataset_of_a_newer_schema_is_refused(exported: Path, tmp_path: Path) 
               f"{schema.SCHEMA_VERSION})")
     assert_one_line_error(gputrace("fleet", "analyze", str(ds)), needle)
     t = renamed(DEFAULT, tmp_path / "t", "h9")
-    assert_one_line_error(gputrace("export", str(t), "--to", str(ds)), needle)
+    assert_one_line_error(cli("export", str(t), "--to", str(ds)), needle)
     assert snapshot(ds) == before
 
 
