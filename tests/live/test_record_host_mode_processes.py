@@ -23,8 +23,8 @@ import pytest
 
 from gputrace.record import procfs
 from gputrace.trace.reader import open_trace
+from tests.cli_helpers import cli
 from tests.record_helpers import RecorderProc, live_skip_reason, record_cmd, standin_driver_args
-from tests.unit.commands.test_errors import gputrace
 
 pytestmark = [pytest.mark.live]
 _SKIP = live_skip_reason()
@@ -77,7 +77,8 @@ def wait_for_ioctls_of(trace: Path, pid: int, timeout: float = 60.0) -> None:
         time.sleep(0.05)  # polling a condition with a deadline
 
 
-def test_host_mode_rows_name_jobs_started_during_and_before(tmp_path: Path) -> None:
+def test_host_mode_rows_name_jobs_started_during_and_before(tmp_path: Path,
+                                                            dask_scheduler: str) -> None:
     from tests.standin.standin import build, mounted_driver
 
     wl = str(build("workload").workload)
@@ -142,12 +143,13 @@ def test_host_mode_rows_name_jobs_started_during_and_before(tmp_path: Path) -> N
     assert b["ppid"] == os.getpid() and b["start_ts_ns"] is None  # predates the recording
     assert (b["exe"], b["cmdline"]) == (real, f"{wl} {dev} --wait")
     assert b["exit_ts_ns"] is not None and b["comm"] == "workload"
-    _fleet_selects_by_job(tmp_path, out, a, b, cg)
+    _fleet_selects_by_job(tmp_path, out, a, b, cg, dask_scheduler)
 
 
-def _fleet(ds: Path, where: str) -> dict[str, Any]:
-    r = gputrace("fleet", "analyze", str(ds), "--workers", "2", "-f", "json", "--per-trace",
-                 "--where", where)  # fmt: skip
+def _fleet(ds: Path, where: str, scheduler: str) -> dict[str, Any]:
+    """`fleet analyze` in this process, on the shared local cluster (tests/conftest.py)."""
+    r = cli("fleet", "analyze", str(ds), "--scheduler", scheduler, "-f", "json",
+            "--per-trace", "--where", where)  # fmt: skip
     assert r.returncode == 0, r.stderr
     doc: dict[str, Any] = json.loads(r.stdout)
     return doc
@@ -158,22 +160,22 @@ def _pids(doc: dict[str, Any]) -> set[int]:
 
 
 def _fleet_selects_by_job(tmp_path: Path, trace: Path, a: dict[str, Any], b: dict[str, Any],
-                          cg: str | None) -> None:  # fmt: skip
+                          cg: str | None, scheduler: str) -> None:  # fmt: skip
     ds = tmp_path / "ds"
-    r = gputrace("export", str(trace), "--to", str(ds))
+    r = cli("export", str(trace), "--to", str(ds))
     assert r.returncode == 0, r.stderr
     index = json.loads((ds / "manifest.json").read_text())
     assert list(index["traces"]) == [open_trace(trace).manifest["trace_id"]]
     q = a["cmdline"].replace("'", "\\'")
-    doc = _fleet(ds, f"cmdline = '{q}'")
+    doc = _fleet(ds, f"cmdline = '{q}'", scheduler)
     assert doc["traces"] == 1 and _pids(doc) == {a["pid"]}
-    doc = _fleet(ds, f"exe = '{b['exe']}' and ppid = {b['ppid']}")
+    doc = _fleet(ds, f"exe = '{b['exe']}' and ppid = {b['ppid']}", scheduler)
     assert doc["traces"] == 1 and _pids(doc) == {b["pid"]}
-    doc = _fleet(ds, "cmdline ~ 'repeat 2$' or exe ~ '^/no/such/'")
+    doc = _fleet(ds, "cmdline ~ 'repeat 2$' or exe ~ '^/no/such/'", scheduler)
     assert _pids(doc) == {a["pid"]}
     if cg is not None:
-        assert _pids(_fleet(ds, f"cgroup = '{cg}'")) == {a["pid"]}
-    assert _fleet(ds, "exe = '/no/such/exe'")["traces"] == 0
+        assert _pids(_fleet(ds, f"cgroup = '{cg}'", scheduler)) == {a["pid"]}
+    assert _fleet(ds, "exe = '/no/such/exe'", scheduler)["traces"] == 0
 
 
 def _pending_pids(trace: Path) -> list[int]:
@@ -211,7 +213,7 @@ def test_sigkilled_recorder_keeps_the_rows_of_running_processes(tmp_path: Path) 
                 rec.proc.kill()
                 rec.proc.wait()
     assert json.loads((out / "manifest.json").read_text())["status"] == "recording"
-    r = gputrace("convert", str(out))
+    r = cli("convert", str(out))
     assert r.returncode == 0, r.stderr
     rows = open_trace(out).scan("processes").collect().filter(pl.col("pid") == w.pid)
     assert rows.height == 1, rows
