@@ -10,13 +10,12 @@ first recording (converted per drain) had 4 extra distinct times on the thrash r
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
 
 from gputrace.trace.reader import open_trace
+from tests.cli_helpers import cli
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "real-h200-driver-cuda-clock"
 
@@ -40,18 +39,14 @@ def test_tools_rows_name_the_process_and_nothing_is_called_missing() -> None:
     assert f["comm"].to_list() == ["gpu_workload"]
     m = json.loads((FIX / "trace" / "manifest.json").read_text())
     assert m["driver_layer"]["cpu_fault_source"]["uvm_pids_without_tracker"] == []
-    r = subprocess.run([sys.executable, "-m", "gputrace.cli", "analyze", str(FIX / "trace"),
-                        "--only", "fault-rate", "--format", "json"],
-                       capture_output=True, text=True, timeout=120)
+    r = cli("analyze", str(FIX / "trace"), "--only", "fault-rate", "--format", "json")
     assert r.returncode == 0, r.stderr
     warnings = json.loads(r.stdout)["fault_rate"]["warnings"]
     assert not any("CPU faults are missing" in w for w in warnings)
 
 
 def test_api_truth_and_migrated_bytes_still_hold() -> None:
-    r = subprocess.run([sys.executable, "-m", "gputrace.cli", "analyze", str(FIX / "trace"),
-                        "--only", "leaks", "--format", "json"],
-                       capture_output=True, text=True, timeout=120)
+    r = cli("analyze", str(FIX / "trace"), "--only", "leaks", "--format", "json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["leaks"]["total_bytes"] == 72_351_744
     c = _counters()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 
 from gputrace.trace.builder import MiB, TraceBuilder
 from tests.analyze_helpers import analyze
-from tests.conftest import ROOT
+from tests.cli_helpers import cli
 
 DROPS = {"ioctl_events": 12, "fault_events": 5, "cuda_events": 3}  # 20 in all
 
@@ -31,8 +30,7 @@ def dropped(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _info(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gputrace.cli", "info", str(path), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return cli("info", str(path), *args)
 
 
 def test_info_warns_about_drops(dropped: Path) -> None:

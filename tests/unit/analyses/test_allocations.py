@@ -186,15 +186,10 @@ def test_short_rise_is_not_growth(tmp_path: Path) -> None:
 
 
 def test_cli_by_layer_shows_each_layer(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
+    from tests.cli_helpers import cli
 
     def run(*extra: str) -> str:
-        r = subprocess.run([sys.executable, "-m", "gputrace.cli", "analyze", str(STANDIN),
-                            "--only", "leaks", *extra], cwd=ROOT, capture_output=True,
-                           text=True, timeout=120)
+        r = cli("analyze", str(STANDIN), "--only", "leaks", *extra)
         assert r.returncode == 0, r.stderr
         return r.stdout
 
