@@ -72,13 +72,14 @@ def _one_at_a_time_when_exclusive(request: pytest.FixtureRequest,
         yield
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dask_scheduler() -> Iterator[str]:
-    """The address of one local Dask cluster per pytest process (2 single-threaded
-    worker processes, as `fleet analyze --workers 2` starts), for fleet tests that are
-    not about starting a cluster: `fleet analyze --scheduler ADDRESS` saves each run
-    the cluster's start and its workers' imports. Its workers start when the first
-    test asks for it: environment variables set later (credentials) do not reach them."""
+    """The address of one local Dask cluster per test module (2 single-threaded worker
+    processes, as `fleet analyze --workers 2` starts), for fleet tests that are not about
+    starting a cluster: `fleet analyze --scheduler ADDRESS` saves each run the cluster's
+    start and its workers' imports. Its workers start when the module's first test asks
+    for it (environment variables set later, such as credentials, do not reach them) and
+    stop after its last: idle, they still poll (a few per cent of a core each)."""
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(  # type: ignore[no-untyped-call]
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,

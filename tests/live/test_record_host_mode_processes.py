@@ -147,7 +147,7 @@ def test_host_mode_rows_name_jobs_started_during_and_before(tmp_path: Path,
 
 
 def _fleet(ds: Path, where: str, scheduler: str) -> dict[str, Any]:
-    """`fleet analyze` in this process, on the shared local cluster (tests/conftest.py)."""
+    """`fleet analyze` in this process, on the module's local cluster (tests/conftest.py)."""
     r = cli("fleet", "analyze", str(ds), "--scheduler", scheduler, "-f", "json",
             "--per-trace", "--where", where)  # fmt: skip
     assert r.returncode == 0, r.stderr

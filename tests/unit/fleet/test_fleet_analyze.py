@@ -4,7 +4,7 @@ traces with drops are flagged, and a fleet of one reports what `analyze` reports
 
 The commands run in the test's process (`tests.cli_helpers.cli`). The whole fleet's
 report and the terminal report start their own local cluster (`--workers 2`); the other
-reports run on the process's shared cluster (`--scheduler`, the `dask_scheduler`
+reports run on the module's shared cluster (`--scheduler`, the `dask_scheduler`
 fixture), which `test_scheduler_address_runs_on_that_cluster` checks gives the same
 report. Errors that Dask could add lines to run as a subprocess."""
 
