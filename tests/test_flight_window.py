@@ -1,0 +1,117 @@
+"""The flight recorder's window arithmetic and writer (`record --keep`,
+`--freeze-on`), without probes: planted parts of known times and sizes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from gputrace import schema
+from gputrace.errors import UsageError
+from gputrace.trace.flight import INCIDENTS, FlightWriter
+from gputrace.trace.reader import open_trace
+from gputrace.trace.window import Keep, Part, expired, parse_keep
+
+S = 10**9
+
+
+@pytest.mark.parametrize(("texts", "ns", "size"), [
+    (["15m"], 900 * S, None),
+    (["1h"], 3600 * S, None),
+    (["30s"], 30 * S, None),
+    (["2GiB"], None, 2 << 30),
+    (["2G"], None, 2 << 30),
+    (["500MB"], None, 500 * 10**6),
+    (["15m", "2GiB"], 900 * S, 2 << 30),
+])  # fmt: skip
+def test_parse_keep(texts: list[str], ns: int | None, size: int | None) -> None:
+    k = parse_keep(texts)
+    assert (k.ns, k.bytes) == (ns, size)
+
+
+@pytest.mark.parametrize("texts", [["15"], ["1s"], ["100KiB"], ["15m", "1h"], ["x"], ["-5m"],
+                                   ["1GiB", "2GiB"]])  # fmt: skip
+def test_parse_keep_refused(texts: list[str]) -> None:
+    with pytest.raises(UsageError):
+        parse_keep(texts)
+
+
+def _parts() -> list[Part]:
+    # one 100-byte part a second for 10 s, plus a stacks part and a running process's row
+    parts = [Part("ioctls", f"p{i}", 10, 100, i * S, i * S + S // 2) for i in range(10)]
+    return [*parts, Part("stacks", "s", 5, 1000, None, None),
+            Part("processes", "r", 1, 50, None, None)]
+
+
+def test_expired_by_time() -> None:
+    # newest row 9.5 s: a 3 s window keeps rows from 6.5 s; parts ending before go
+    gone = expired(_parts(), Keep(ns=3 * S))
+    assert [p.name for p in gone] == ["p0", "p1", "p2", "p3", "p4", "p5"]
+
+
+def test_expired_by_size() -> None:
+    # 1000 deletable bytes held; 350 kept: the newest three parts (stacks never count)
+    gone = expired(_parts(), Keep(bytes=350))
+    assert [p.name for p in gone] == [f"p{i}" for i in range(7)]
+
+
+def test_expired_both_keeps_the_smaller() -> None:
+    gone = expired(_parts(), Keep(ns=8 * S, bytes=250))
+    assert [p.name for p in gone] == [f"p{i}" for i in range(8)]
+
+
+def _sample(ts: int) -> pa.Table:
+    t = schema.table("gpu_memory")
+    return pa.Table.from_pylist([{"ts_ns": ts, "gpu_index": 0, "heap_size_bytes": 1 << 30,
+                                  "heap_free_bytes": 1 << 29, "largest_free_bytes": 1 << 28,
+                                  "largest_free_base_bytes": 0, "status": 0}],
+                                schema=t.arrow_schema)  # fmt: skip
+
+
+def test_flight_writer_deletes_and_freezes(tmp_path: Path) -> None:
+    out = tmp_path / "flight"
+    w = FlightWriter(out, keep=Keep(ns=3 * S, text="3s"), grace_ns=0, rotate_s=1.0)
+    for i in range(10):  # one part a second, rows at 0..9 s
+        w.append("gpu_memory", _sample(i * S))
+        w.rotate()
+    # newest 9 s: rows before 6 s are out of the window, their parts deleted
+    names = sorted(p.name for p in (out / "gpu_memory").iterdir())
+    assert names == ["part-000007.parquet", "part-000008.parquet", "part-000009.parquet",
+                     "part-000010.parquet"]  # fmt: skip
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["tables"]["gpu_memory"] == {"rows": 4, "parts": 4}
+    win = m["window"]
+    assert (win["keep_ns"], win["from_ts_ns"], win["deleted_parts"], win["deleted_rows"]) == (
+        3 * S, 5 * S + 1, 6, 6)
+    assert win["held_bytes"] == sum(p.stat().st_size for p in (out / "gpu_memory").iterdir())
+    # an incident at 9 s keeps what is held now and the next part (its end is past)
+    rel = w.freeze("oom", 9 * S, 0, {"verdict": "capacity"})
+    assert rel is not None and rel.startswith(f"{INCIDENTS}/") and rel.endswith("-oom")
+    assert w.freeze("oom", 9 * S, 0) is None  # within the open one: counted there
+    w.append("gpu_memory", _sample(10 * S))
+    w.close()
+    inc = open_trace(out / rel)
+    assert inc.manifest["status"] == "complete"
+    assert inc.manifest["window"]["trigger"] == "oom"
+    assert inc.manifest["window"]["events"] == 2
+    assert inc.manifest["window"]["from_ts_ns"] == 6 * S
+    assert inc.manifest["window"]["detail"] == {"verdict": "capacity"}
+    ts = inc.scan("gpu_memory").collect()["ts_ns"].to_list()
+    assert ts == [6 * S, 7 * S, 8 * S, 9 * S, 10 * S]
+    assert not [x for x in inc.warnings() if "manifest announces" in x]
+    assert any("incident window" in x for x in inc.warnings())
+    # the flight trace says what it deleted and lists the incident
+    flight = open_trace(out)
+    m = flight.manifest
+    assert m["incidents"] == [{"dir": rel, "trigger": "oom", "ts_ns": 9 * S, "status": "kept"}]
+    assert flight.scan("gpu_memory").collect()["ts_ns"].to_list() == [7 * S, 8 * S, 9 * S,
+                                                                       10 * S]  # fmt: skip
+    assert any("keeps a window" in x for x in flight.warnings())
+    assert not [x for x in flight.warnings() if "manifest announces" in x]
+    # the incident's parts are links: the flight trace deleting them deletes nothing there
+    assert not (out / "gpu_memory" / "part-000007.parquet").exists()
+    assert (out / rel / "gpu_memory" / "part-000007.parquet").stat().st_nlink == 1
+    assert (out / rel / "gpu_memory" / "part-000008.parquet").stat().st_nlink == 2
