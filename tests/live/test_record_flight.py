@@ -7,6 +7,7 @@ holding the window before it and the seconds after, analyzable alone."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -52,10 +53,8 @@ def _du(path: Path, skip: str = "incidents") -> int:
     for root, dirs, files in os.walk(path):
         dirs[:] = [d for d in dirs if d != skip]
         for f in files:
-            try:
+            with contextlib.suppress(FileNotFoundError):  # deleted by the recorder meanwhile
                 total += os.lstat(os.path.join(root, f)).st_size
-            except FileNotFoundError:  # deleted by the recorder meanwhile
-                pass
     return total
 
 
