@@ -115,3 +115,31 @@ def test_flight_writer_deletes_and_freezes(tmp_path: Path) -> None:
     assert not (out / "gpu_memory" / "part-000007.parquet").exists()
     assert (out / rel / "gpu_memory" / "part-000007.parquet").stat().st_nlink == 1
     assert (out / rel / "gpu_memory" / "part-000008.parquet").stat().st_nlink == 2
+
+
+def test_freezer_oom_incident_with_verdict(tmp_path: Path) -> None:
+    """A cuMemAlloc_v2 refused with CUDA_ERROR_OUT_OF_MEMORY freezes one incident whose
+    details carry the verdict of the latest GPU memory sample."""
+    from gputrace.record.freeze import Flight, Freezer
+    from gputrace.trace.builder import TraceBuilder
+
+    b = TraceBuilder()  # synthetic
+    b.gpu_memory(0.1, 0, heap=80 << 30, free=8 << 30, largest=2 << 30)
+    b.cuda_alloc(0.2, 7, 1 << 40, result=2)
+    b.cuda_alloc(0.3, 7, 4096)  # succeeded: no incident
+    w = FlightWriter(tmp_path / "t", keep=None, grace_ns=0, rotate_s=1.0)
+    f = Freezer(Flight(None, frozenset({"oom"}), 5 * S), lambda: w)
+    for name in ("gpu_memory", "cuda_calls"):
+        rows = pa.Table.from_pylist(b.rows[name], schema=schema.table(name).arrow_schema)
+        w.append(name, rows)
+        f.observe(name, rows)
+    w.close()
+    m = json.loads((tmp_path / "t" / "manifest.json").read_text())
+    assert [i["trigger"] for i in m["incidents"]] == ["oom"]
+    assert "window" not in m  # no --keep: nothing deleted, no window
+    inc = open_trace(tmp_path / "t" / m["incidents"][0]["dir"])
+    d = inc.manifest["window"]["detail"]
+    assert (d["verdict"], d["requested_bytes"], d["free_bytes"], d["largest_free_bytes"],
+            d["gpu_index"], d["pid"], d["call"]) == (
+        "capacity", 1 << 40, 8 << 30, 2 << 30, 0, 7, "cuMemAlloc_v2")  # fmt: skip
+    assert inc.scan("cuda_calls").collect().height == 2
