@@ -82,7 +82,7 @@ def test_flight_writer_deletes_and_freezes(tmp_path: Path) -> None:
     assert names == ["part-000007.parquet", "part-000008.parquet", "part-000009.parquet",
                      "part-000010.parquet"]  # fmt: skip
     m = json.loads((out / "manifest.json").read_text())
-    assert m["tables"]["gpu_memory"] == {"rows": 4, "parts": 4}
+    assert m["tables"]["gpu_memory"] == {"rows": 4, "parts": 4, "last_part": 10}
     win = m["window"]
     assert (win["keep_ns"], win["from_ts_ns"], win["deleted_parts"], win["deleted_rows"]) == (
         3 * S, 5 * S + 1, 6, 6)
@@ -115,6 +115,13 @@ def test_flight_writer_deletes_and_freezes(tmp_path: Path) -> None:
     assert not (out / "gpu_memory" / "part-000007.parquet").exists()
     assert (out / rel / "gpu_memory" / "part-000007.parquet").stat().st_nlink == 1
     assert (out / rel / "gpu_memory" / "part-000008.parquet").stat().st_nlink == 2
+    # a restart with --force replaces the flight trace (parts numbered past those it
+    # holds included) and keeps its incidents
+    again = FlightWriter(out, keep=Keep(ns=3 * S, text="3s"), grace_ns=0, rotate_s=1.0,
+                         force=True)  # fmt: skip
+    again.close()
+    assert not list((out / "gpu_memory").glob("part-*"))
+    assert open_trace(out / rel).scan("gpu_memory").collect().height == 5
 
 
 def test_freezer_oom_incident_with_verdict(tmp_path: Path) -> None:

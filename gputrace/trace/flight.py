@@ -169,7 +169,12 @@ class FlightWriter(TraceWriter):
     # ------------------------------------------------------------ manifest, deletion
     def _write_manifest(self) -> None:
         doomed = self.held.expire()
-        self.manifest["tables"] = self.held.tables()
+        tables = self.held.tables()
+        for t in schema.TABLES:  # the numbers used: `--force` knows the deleted ones' names
+            n = self._parts[t] + self._raw_parts[t]
+            if n:
+                tables.setdefault(t, {"rows": 0, "parts": 0})["last_part"] = n
+        self.manifest["tables"] = tables
         if self.held.keep is not None:
             self.manifest["window"] = self.held.manifest(self.rotate_s)
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
