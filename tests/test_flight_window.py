@@ -150,3 +150,21 @@ def test_freezer_oom_incident_with_verdict(tmp_path: Path) -> None:
             d["gpu_index"], d["pid"], d["call"]) == (
         "capacity", 1 << 40, 8 << 30, 2 << 30, 0, 7, "cuMemAlloc_v2")  # fmt: skip
     assert inc.scan("cuda_calls").collect().height == 2
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--keep", "15"], "give a unit"),
+    (["--keep", "2s"], "--keep must be from 5 s"),
+    (["--freeze-on", "oops"], "is not a trigger"),
+    (["--after", "10s"], "--after needs --freeze-on"),
+    (["--freeze-on", "oom", "--raw"], "not with --raw"),
+    (["--freeze-on", "alert"], "needs at least one --alert"),
+    (["--freeze-on", "oom", "--after", "0.5s"], "--after must be from 1 s"),
+])  # fmt: skip
+def test_record_refuses_bad_flight_options(tmp_path: Path, args: list[str], says: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from gputrace.cli import main
+
+    assert main(["record", "-o", str(tmp_path / "t"), *args, "--", "true"]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()

@@ -218,6 +218,8 @@ class FlightWriter(TraceWriter):
                           "ts_ns": at_ns, "status": "open"})  # fmt: skip
         for part in list(self.held.parts):
             self._guarded(inc, lambda p=part: inc.link(self._table_dir(p.table), p))
+        self._note(f"incident {trigger}: the window before it and {after_ns / 1e9:g} s after "
+                   f"it go to {self.path / INCIDENTS / inc.name}")  # fmt: skip
         return f"{INCIDENTS}/{inc.name}"
 
     def _open_incident(self, trigger: str, at_ns: int, after_ns: int,
