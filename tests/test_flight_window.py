@@ -168,3 +168,41 @@ def test_record_refuses_bad_flight_options(tmp_path: Path, args: list[str], says
     assert main(["record", "-o", str(tmp_path / "t"), *args, "--", "true"]) == 2
     assert says in capsys.readouterr().err
     assert not (tmp_path / "t").exists()
+
+
+def test_freeze_on_alert(tmp_path: Path) -> None:
+    """`--freeze-on alert`: an --alert firing (GPU 0's free memory under 1 GiB) freezes
+    one incident, its details the alert's."""
+    from gputrace.live import LiveOptions, run
+    from gputrace.record.freeze import Flight, Freezer
+    from gputrace.trace.builder import TraceBuilder
+
+    b = TraceBuilder()  # synthetic
+    b.gpu_memory(0.1, 0, heap=80 << 30, free=512 << 20, largest=256 << 20)
+
+    class Rec:
+        def __init__(self) -> None:
+            self.writer = FlightWriter(tmp_path / "t", keep=None, grace_ns=0, rotate_s=1.0)
+            self.freezer = Freezer(Flight(None, frozenset({"alert"}), 5 * S),
+                                   lambda: self.writer)  # fmt: skip
+            self.observers: list[object] = []
+
+        def add_observer(self, fn: object) -> None:
+            self.observers.append(fn)
+
+        def run(self) -> int:
+            rows = pa.Table.from_pylist(b.rows["gpu_memory"],
+                                        schema=schema.table("gpu_memory").arrow_schema)
+            self.writer.append("gpu_memory", rows)
+            for fn in self.observers:
+                fn("gpu_memory", rows)  # type: ignore[operator]
+            self.writer.close()
+            return 0
+
+    rec = Rec()
+    assert run(rec, LiveOptions(alerts=["gpu_free<1GiB"])) == 0
+    m = json.loads((tmp_path / "t" / "manifest.json").read_text())
+    assert [(i["trigger"], i["status"]) for i in m["incidents"]] == [("alert", "kept")]
+    d = open_trace(tmp_path / "t" / m["incidents"][0]["dir"]).manifest["window"]["detail"]
+    assert (d["alert"], d["expr"], d["gpu_index"], d["value"]) == (
+        "gpu_free", "gpu_free<1GiB", 0, float(512 << 20))
