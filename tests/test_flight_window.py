@@ -206,3 +206,42 @@ def test_freeze_on_alert(tmp_path: Path) -> None:
     d = open_trace(tmp_path / "t" / m["incidents"][0]["dir"]).manifest["window"]["detail"]
     assert (d["alert"], d["expr"], d["gpu_index"], d["value"]) == (
         "gpu_free", "gpu_free<1GiB", 0, float(512 << 20))
+
+
+REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real-h200-driver-cuda" / "trace"
+
+
+def test_real_h200_oom_incident(tmp_path: Path) -> None:
+    """The real H200 capture (fixtures/real-h200-driver-cuda): its cuMemAlloc_v2 of 1 TiB
+    failing with CUresult 2, replayed through the freezer as the recorder hands rows
+    on (the RM samples up to it first), freezes one incident: capacity, 1 TiB asked,
+    the GPU's 139.8 GiB heap with 149,551,185,920 bytes free at the last sample before
+    it (49.6436 s), the program itself (pid 776, gpu_workload) the requester."""
+    import pyarrow.parquet as pq
+
+    from gputrace.record.freeze import Flight, Freezer
+
+    src = open_trace(REAL)
+
+    def rows(name: str) -> pa.Table:
+        return pa.concat_tables([pq.read_table(p) for p in src.parts(name)])
+
+    w = FlightWriter(tmp_path / "t", keep=None, grace_ns=0, rotate_s=1.0)
+    f = Freezer(Flight(None, frozenset({"oom"}), 5 * S), lambda: w)
+    mem, calls = rows("gpu_memory"), rows("cuda_calls")
+    oom_ts = 49_668_966_672
+    before = mem.filter(pa.compute.less(mem["ts_ns"], pa.scalar(oom_ts, pa.int64())))
+    for name, t in (("gpu_memory", before), ("cuda_calls", calls)):
+        w.append(name, t)
+        f.observe(name, t)
+    w.close()
+    m = json.loads((tmp_path / "t" / "manifest.json").read_text())
+    assert [i["ts_ns"] for i in m["incidents"]] == [oom_ts]
+    inc = open_trace(tmp_path / "t" / m["incidents"][0]["dir"]).manifest["window"]
+    assert inc["detail"] == {
+        "layer": "api", "call": "cuMemAlloc_v2", "pid": 776, "comm": "gpu_workload",
+        "requested_bytes": 1 << 40, "gpu_index": 0, "verdict": "capacity",
+        "free_bytes": 149_551_185_920, "largest_free_bytes": 149_535_260_672,
+        "heap_bytes": 150_109_880_320,
+    }  # fmt: skip
+    assert round(inc["detail"]["heap_bytes"] / 2**30, 1) == 139.8

@@ -72,6 +72,7 @@ class Freezer:
                 "verdict": incidents.verdict(o.requested_bytes, sample),
                 "free_bytes": None if sample is None else sample["heap_free_bytes"],
                 "largest_free_bytes": None if sample is None else sample["largest_free_bytes"],
+                "heap_bytes": None if sample is None else sample["heap_size_bytes"],
             })  # fmt: skip
 
     def fire(self, trigger: str, ts_ns: int, detail: dict[str, Any]) -> None:
