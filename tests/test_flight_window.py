@@ -157,9 +157,10 @@ def test_freezer_oom_incident_with_verdict(tmp_path: Path) -> None:
     (["--keep", "2s"], "--keep must be from 5 s"),
     (["--freeze-on", "oops"], "is not a trigger"),
     (["--after", "10s"], "--after needs --freeze-on"),
-    (["--freeze-on", "oom", "--raw"], "not with --raw"),
-    (["--freeze-on", "alert"], "needs at least one --alert"),
-    (["--freeze-on", "oom", "--after", "0.5s"], "--after must be from 1 s"),
+    (["--freeze-on", "oom"], "--freeze-on needs --keep"),
+    (["--keep", "1m", "--freeze-on", "oom", "--raw"], "not with --raw"),
+    (["--keep", "1m", "--freeze-on", "alert"], "needs at least one --alert"),
+    (["--keep", "1m", "--freeze-on", "oom", "--after", "0.5s"], "--after must be from 1 s"),
 ])  # fmt: skip
 def test_record_refuses_bad_flight_options(tmp_path: Path, args: list[str], says: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:

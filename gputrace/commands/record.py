@@ -55,6 +55,8 @@ def _flight(keep: list[str] | None, freeze_on: str | None, after: str | None, *,
         raise UsageError("--after needs --freeze-on")
     after_ns = AFTER_NS if after is None else parse_duration_ns(
         after, "--after", minimum_ns=10**9, maximum_ns=MAX_KEEP_NS)  # fmt: skip
+    if triggers and window is None:
+        raise UsageError("--freeze-on needs --keep WINDOW: what an incident keeps before it")
     if triggers and raw:
         raise UsageError("--freeze-on watches the events as they are decoded: not with --raw")
     if "alert" in triggers and not alerts:

@@ -99,7 +99,8 @@ def expired(parts: list[Part], keep: Keep) -> list[Part]:
         cutoff = newest - keep.ns
         doomed = [p for p in candidates if (p.last_ns or 0) < cutoff]
     if keep.bytes is not None:
-        left = [p for p in candidates if p not in doomed]
+        out = {id(p) for p in doomed}
+        left = [p for p in candidates if id(p) not in out]
         held = sum(p.bytes for p in left)
         for p in left:
             if held <= keep.bytes:
@@ -120,14 +121,12 @@ class Held:
     deleted_rows: int = 0
     deleted_bytes: int = 0
     peak_bytes: int = 0
+    bytes: int = 0  # held now (a running sum: a day's window is 10^5 parts)
 
     def add(self, part: Part) -> None:
         self.parts.append(part)
+        self.bytes += part.bytes
         self.peak_bytes = max(self.peak_bytes, self.bytes)
-
-    @property
-    def bytes(self) -> int:
-        return sum(p.bytes for p in self.parts)
 
     def expire(self) -> list[Part]:
         """Drop the parts out of the window from the books; the caller deletes them
@@ -141,6 +140,7 @@ class Held:
             self.deleted_parts += 1
             self.deleted_rows += p.rows
             self.deleted_bytes += p.bytes
+            self.bytes -= p.bytes
             if p.last_ns is not None:
                 self.from_ns = max(self.from_ns or 0, p.last_ns + 1)
         return doomed
