@@ -73,7 +73,8 @@ def _sample(ts: int) -> pa.Table:
 
 def test_flight_writer_deletes_and_freezes(tmp_path: Path) -> None:
     out = tmp_path / "flight"
-    w = FlightWriter(out, keep=Keep(ns=3 * S, text="3s"), grace_ns=0, rotate_s=1.0)
+    w = FlightWriter(out, keep=Keep(ns=3 * S, text="3s"), grace_ns=0, rotate_s=1.0,
+                     manifest={"trace_id": "flight-1"})  # fmt: skip
     for i in range(10):  # one part a second, rows at 0..9 s
         w.append("gpu_memory", _sample(i * S))
         w.rotate()
@@ -99,6 +100,9 @@ def test_flight_writer_deletes_and_freezes(tmp_path: Path) -> None:
     assert inc.manifest["window"]["events"] == 2
     assert inc.manifest["window"]["from_ts_ns"] == 6 * S
     assert inc.manifest["window"]["detail"] == {"verdict": "capacity"}
+    # a trace of its own (export files it apart), naming the recording it came from
+    assert inc.manifest["window"]["flight_trace_id"] == "flight-1"
+    assert inc.manifest["trace_id"] not in (None, "flight-1")
     ts = inc.scan("gpu_memory").collect()["ts_ns"].to_list()
     assert ts == [6 * S, 7 * S, 8 * S, 9 * S, 10 * S]
     assert not [x for x in inc.warnings() if "manifest announces" in x]

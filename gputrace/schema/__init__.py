@@ -175,7 +175,8 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
      "keep_ns, keep_bytes, from_ts_ns (every event from there on is held; earlier parts "
      "were deleted), deleted_parts, deleted_rows, deleted_bytes, held_bytes, "
      "peak_held_bytes, rotate_s; in an incident trace (`--freeze-on`): from_ts_ns, "
-     "to_ts_ns, trigger (`oom`, `alert`), incident_ts_ns, events, detail, deleted_before. "
+     "to_ts_ns, trigger (`oom`, `alert`), incident_ts_ns, events, detail, deleted_before, "
+     "flight_trace_id (the flight recording's trace_id; the incident has its own). "
      "Absent: the whole recording. docs/flight-recorder.md"),
     ("incidents, incidents_dropped", "a flight recording's incident traces: list of {dir "
      "(relative to the trace, `incidents/<UTC time>-<trigger>`), trigger, ts_ns, status "

@@ -21,6 +21,7 @@ import errno
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -257,7 +258,10 @@ class FlightWriter(TraceWriter):
         m.update(status=STATUS_COMPLETE, tables=tables, start_ts_ns=first, end_ts_ns=last,
                  window={"from_ts_ns": first, "to_ts_ns": inc.to_ns, "trigger": inc.trigger,
                          "incident_ts_ns": inc.at_ns, "events": inc.events,
-                         "detail": inc.detail, "deleted_before": self.held.from_ns})
+                         "detail": inc.detail, "deleted_before": self.held.from_ns,
+                         "flight_trace_id": m.get("trace_id")})
+        if "trace_id" in m:  # a trace of its own: `gputrace export` files it apart
+            m["trace_id"] = str(uuid.uuid4())
         write_manifest(inc.fd, m, self.path / INCIDENTS / inc.name)
         inc.close()
         for k in self.kept:
