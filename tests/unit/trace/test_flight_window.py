@@ -213,7 +213,7 @@ def test_freeze_on_alert(tmp_path: Path) -> None:
         "gpu_free", "gpu_free<1GiB", 0, float(512 << 20))
 
 
-REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real-h200-driver-cuda" / "trace"
+REAL = Path(__file__).resolve().parents[3] / "fixtures" / "real-h200-driver-cuda" / "trace"
 
 
 def test_real_h200_oom_incident(tmp_path: Path) -> None:
