@@ -91,3 +91,7 @@ UVM_DEINITIALIZE = 0x30000002
 NV_OK = 0
 NV_ERR_NO_MEMORY = 0x51
 NV_WARN_NOTHING_TO_DO = 0x10006
+
+# --- CUresult codes (the CUDA driver API's return values; cuda.h) -----------------
+CUDA_SUCCESS = 0
+CUDA_ERROR_OUT_OF_MEMORY = 2

@@ -9,6 +9,7 @@ from typing import Any
 from gputrace import schema
 from gputrace.trace.files import STATUS_COMPLETE
 from gputrace.trace.reader import Trace, raw_parts_held, trace_warnings
+from gputrace.units import format_bytes
 
 
 def trace_info(trace: Trace) -> dict[str, Any]:
@@ -76,6 +77,8 @@ def trace_info(trace: Trace) -> dict[str, Any]:
         "target_exit": m.get("target_exit"),
         "drops": drops,
         "imported": m.get("imported"),
+        "window": m.get("window"),
+        "incidents": m.get("incidents"),
         "rows": rows,
         "warnings": warnings,
     }
@@ -140,6 +143,7 @@ def render_info(info: dict[str, Any], fmt: str = "text") -> str:
             how = "joined to this recording" if imp.get("joined") else "on its own"
             lines.append(f"imported   {imp.get('kind')} {imp.get('file')} ({how}; "
                          f"sha256 {str(imp.get('sha256'))[:16]}...)")
+    lines += _window_lines(info.get("window"), info.get("incidents"))
     lines.append("rows")
     width = max([14, *(len(n) for n in info["rows"])])
     for name, n in info["rows"].items():
@@ -147,6 +151,28 @@ def render_info(info: dict[str, Any], fmt: str = "text") -> str:
     for w in info["warnings"]:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def _window_lines(w: Any, incidents: Any) -> list[str]:
+    """A flight recording's window and disk use (`record --keep`), an incident's span,
+    and the incidents kept (`--freeze-on`)."""
+    lines = []
+    if isinstance(w, dict) and w.get("trigger") is not None:
+        lines.append(f"window     incident {w.get('trigger')} at {w.get('incident_ts_ns')} ns: "
+                     f"events {w.get('from_ts_ns')} to {w.get('to_ts_ns')} ns")
+    elif isinstance(w, dict):
+        lines.append(f"window     keeps the last {w.get('keep')}: events from "
+                     f"{w.get('from_ts_ns') or 'the start'} ns; "
+                     f"{w.get('deleted_parts', 0)} parts deleted "
+                     f"({format_bytes(int(w.get('deleted_bytes') or 0))}); holds "
+                     f"{format_bytes(int(w.get('held_bytes') or 0))} (peak "
+                     f"{format_bytes(int(w.get('peak_held_bytes') or 0))}) and at most one "
+                     f"{w.get('rotate_s')} s rotation in memory")
+    for inc in incidents or []:
+        if isinstance(inc, dict):
+            lines.append(f"incident   {inc.get('dir')}: {inc.get('trigger')} at "
+                         f"{inc.get('ts_ns')} ns ({inc.get('status')})")
+    return lines
 
 
 def _untracked_lines(cpu: Any, dl: Any) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -39,6 +39,29 @@ EPILOG = """Examples:
 
   gputrace record --ebpf                         print the BPF program and cflags
 """
+
+
+def _flight(keep: list[str] | None, freeze_on: str | None, after: str | None, *,
+            raw: bool, alerts: bool) -> Any:
+    """The flight recorder's settings (record.freeze.Flight), every one checked."""
+    from gputrace.errors import UsageError
+    from gputrace.options import parse_duration_ns
+    from gputrace.record.freeze import AFTER_NS, Flight, parse_triggers
+    from gputrace.trace.window import MAX_KEEP_NS, parse_keep
+
+    window = parse_keep(keep) if keep else None
+    triggers = parse_triggers(freeze_on) if freeze_on is not None else frozenset()
+    if after is not None and not triggers:
+        raise UsageError("--after needs --freeze-on")
+    after_ns = AFTER_NS if after is None else parse_duration_ns(
+        after, "--after", minimum_ns=10**9, maximum_ns=MAX_KEEP_NS)  # fmt: skip
+    if triggers and window is None:
+        raise UsageError("--freeze-on needs --keep WINDOW: what an incident keeps before it")
+    if triggers and raw:
+        raise UsageError("--freeze-on watches the events as they are decoded: not with --raw")
+    if "alert" in triggers and not alerts:
+        raise UsageError("--freeze-on alert needs at least one --alert")
+    return Flight(window, triggers, after_ns)
 
 
 def register(app: typer.Typer) -> None:
@@ -100,6 +123,25 @@ def register(app: typer.Typer) -> None:
         metrics: MetricsOpt = None,
         alert: AlertOpt = None,
         on_alert: OnAlertOpt = None,
+        keep: Annotated[
+            list[str] | None,
+            typer.Option("--keep", metavar="WINDOW",
+                         help="Flight recorder: keep only the last WINDOW of the trace, a "
+                              "time (15m, 1h) or a size (2GiB); older parts are deleted as "
+                              "new ones are written (docs/flight-recorder.md)."),
+        ] = None,
+        freeze_on: Annotated[
+            str | None,
+            typer.Option("--freeze-on", metavar="oom[,alert]",
+                         help="Keep the window before an incident (a failed allocation "
+                              "for want of GPU memory; an --alert) and --after after it "
+                              "as its own trace in TRACE/incidents/; recording goes on."),
+        ] = None,
+        after: Annotated[
+            str | None,
+            typer.Option("--after", metavar="DURATION",
+                         help="What an incident keeps after it fires (default: 30s)."),
+        ] = None,
     ) -> None:
         """Record GPU memory activity into a trace directory (root).
 
@@ -146,6 +188,7 @@ def register(app: typer.Typer) -> None:
         if raw and (live or metrics is not None or alert):
             raise UsageError("--raw leaves ioctl events undecoded until `gputrace convert`: "
                              "it cannot be watched live (drop --live/--metrics/--alert)")
+        flight = _flight(keep, freeze_on, after, raw=raw, alerts=bool(alert))
         command = list(ctx.args)
         if command and command[0] == "--":
             command = command[1:]
@@ -167,6 +210,7 @@ def register(app: typer.Typer) -> None:
             uvm_queue_version=queue_version,
             stack_depth=depth,
             raw=raw,
+            flight=flight,
         )
         if ebpf:
             from gputrace.record.api import libcuda as cuda

@@ -146,6 +146,12 @@ def _fold_pending(fd: int, folder: int, root: Path, table: str, manifest: dict[s
     done.pending += got.num_rows
 
 
+def _numbered(tables: dict[str, Any], table: str) -> dict[str, Any]:
+    """`last_part` of a flight recording's table (its oldest parts deleted), kept."""
+    last = tables.get(table, {}).get("last_part")
+    return {} if last is None else {"last_part": last}
+
+
 def _raw_parts(folder: int) -> list[tuple[int, str]]:
     return sorted((int(m[1]), n) for n in os.listdir(folder)
                   if (m := PART_RE.fullmatch(n)) and m[2] == "gtraw" and not m[3])  # fmt: skip
@@ -179,7 +185,7 @@ def _convert_table(fd: int, folder: int, root: Path, table: str, raws: list[tupl
                 done.parts, done.rows, done.skipped = (done.parts + 1, done.rows + got,
                                                        done.skipped + skipped)  # fmt: skip
                 errors[buffer] = int(errors.get(buffer, 0)) + skipped
-                tables[table] = {"rows": rows, "parts": parts}
+                tables[table] = {**_numbered(tables, table), "rows": rows, "parts": parts}
                 if i + 1 < len(left):
                     tables[table].update(raw_parts=len(left) - i - 1)
                 write_manifest(fd, manifest, root)
@@ -187,7 +193,7 @@ def _convert_table(fd: int, folder: int, root: Path, table: str, raws: list[tupl
             for fut in futures:
                 fut.cancel()
     if not left:  # only leftovers of a conversion cut short: counts from the parts
-        tables[table] = {"rows": rows, "parts": parts}
+        tables[table] = {**_numbered(tables, table), "rows": rows, "parts": parts}
     manifest["converted"] = {"gputrace_version": _version(), "unix_s": time.time()}
     write_manifest(fd, manifest, root)
     done.tables.append(table)

@@ -81,6 +81,7 @@ def run(recorder: Watchable, opts: LiveOptions) -> int:
         raise GputraceError("this recorder cannot be watched live (no add_observer)")
     agg = Aggregates(stats=_stats_of(recorder))
     alerts = Alerts(rules, opts.on_alert, write=lambda t: _write_alerts(recorder, t))
+    freezer = getattr(recorder, "freezer", None)
 
     def observe(name: str, table: pa.Table) -> None:
         # writer thread: the alerts table is appended on the thread that owns the writer
@@ -92,6 +93,10 @@ def run(recorder: Watchable, opts: LiveOptions) -> int:
             skipped = alerts.skipped
             for f in alerts.evaluate(agg.snapshot()):
                 agg.note_alert(f.rule.metric)
+                if freezer is not None:  # record --freeze-on alert
+                    freezer.fire("alert", f.ts_ns, {"alert": f.rule.metric, "expr": f.rule.text,
+                                                    "pid": f.pid, "comm": f.comm,
+                                                    "gpu_index": f.gpu_index, "value": f.value})
             if alerts.skipped != skipped:
                 note_skipped(recorder, [r.text for r in rules], alerts.skipped)
 

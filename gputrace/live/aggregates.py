@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from gputrace.analyses.helpers.rm_objects import ALLOCS, VID_HEAP
 from gputrace.live.live_bytes import LiveBytes, Proc
 from gputrace.live.snapshot import GpuView, ProcView, Snapshot
+from gputrace.record import incidents
 
 NS = 1_000_000_000
 GROWTH_WINDOW_NS = 60 * NS
@@ -87,6 +88,7 @@ class Aggregates:
         self.gpus: dict[int, GpuView] = {}
         self.rows: Counter[str] = Counter()
         self.alerts: Counter[str] = Counter()
+        self.ooms: Counter[tuple[int | None, str]] = Counter()  # (gpu, verdict)
 
     # ------------------------------------------------------------ feeding
     def observe(self, name: str, table: pa.Table | pa.RecordBatch) -> None:
@@ -111,6 +113,7 @@ class Aggregates:
         return p
 
     def _ioctls(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
+        self._ooms("ioctls", t)
         name = t.column("name")
         if isinstance(name, pa.ChunkedArray):
             name = name.combine_chunks()
@@ -148,6 +151,19 @@ class Aggregates:
 
     def _cuda_calls(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
         self.live_bytes.cuda_calls(t, now)
+        self._ooms("cuda_calls", t)
+
+    def _ooms(self, name: str, t: pa.Table | pa.RecordBatch) -> None:
+        """Allocations refused for want of memory, by the verdict of the latest GPU
+        memory sample (the API layer names no GPU: the only one sampled, if one)."""
+        tbl = t if isinstance(t, pa.Table) else pa.Table.from_batches([t])
+        for o in incidents.ooms(name, tbl):
+            g = o.gpu_index if o.gpu_index is not None or len(self.gpus) != 1 else next(
+                iter(self.gpus))
+            gv = self.gpus.get(g) if g is not None else None
+            sample = None if gv is None else {"heap_free_bytes": gv.free_bytes,
+                                              "largest_free_bytes": gv.largest_free_bytes}
+            self.ooms[(g, incidents.verdict(o.requested_bytes, sample))] += 1
 
     def _processes(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
         cols = t.select(["pid", "comm", "exit_ts_ns"]).to_pydict()
@@ -265,7 +281,7 @@ class Aggregates:
                 decode_errors=dict(stats.get("decode_errors", {})),
                 cpu_seconds=float(stats.get("cpu_seconds", own["cpu_seconds"])),
                 rss_bytes=int(stats.get("rss_bytes", own["rss_bytes"])),
-                alerts=dict(self.alerts), exited=len(self.exited),
+                alerts=dict(self.alerts), exited=len(self.exited), ooms=dict(self.ooms),
             )  # fmt: skip
 
 

@@ -226,7 +226,13 @@ class LiveCollector:
                                      "alert metric.", labels=["alert"])
         for a, n in sorted(s.alerts.items()):
             alerts.add_metric([a], n)
-        yield from (rec, drop, bad, cpu, rss, alerts)
+        oom = CounterMetricFamily("gputrace_oom", "Allocations refused for want of GPU "
+                                  "memory, per GPU and verdict of the latest GPU memory "
+                                  "sample (capacity, fragmentation, unknown).",
+                                  labels=["gpu", "verdict"])  # fmt: skip
+        for (g, v), n in sorted(s.ooms.items(), key=lambda kv: (_gpu(kv[0][0]), kv[0][1])):
+            oom.add_metric([_gpu(g), v], n)
+        yield from (rec, drop, bad, cpu, rss, alerts, oom)
 
 
 class MetricsServer:

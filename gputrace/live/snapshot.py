@@ -5,7 +5,7 @@ instant for the view, the metrics endpoint and the alert evaluator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class Snapshot:
     rss_bytes: int
     alerts: dict[str, int]
     exited: int
+    ooms: dict[tuple[int | None, str], int] = field(default_factory=dict)  # (gpu, verdict)
 
     @property
     def drops_total(self) -> int:

@@ -14,6 +14,7 @@ from gputrace.errors import GputraceError, UsageError
 from gputrace.record import driver_version as driver
 from gputrace.record import hooks, loader
 from gputrace.record.api import libcuda as cuda
+from gputrace.record.freeze import Flight
 from gputrace.record.rm_query import sampler as memory_sampler
 from gputrace.record.uvm_tools import tracker as uvm_tools
 from gputrace.trace.output import check_output
@@ -38,6 +39,7 @@ class Options:
     uvm_queue_version: int | None = None  # --uvm-queue-version (tests)
     stack_depth: int = cuda.STACK_DEPTH  # --stack-depth: frames per allocation stack
     raw: bool = False  # --raw: ioctl events written undecoded (rawparts.py)
+    flight: Flight = field(default_factory=Flight)  # --keep, --freeze-on, --after
 
 
 SPILL_ENV = "GPUTRACE_SPILL_MIB"

@@ -23,6 +23,7 @@ from typing import Any
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
 from gputrace.record import hooks, loader, procfs
+from gputrace.record.freeze import Freezer
 from gputrace.record.layers import RECORDER_LAYERS, Due, Layer
 from gputrace.record.options import (
     MAX_DURATION_S,
@@ -40,6 +41,7 @@ from gputrace.record.session import Observer, Session, Stats, merged
 from gputrace.record.syscall.layer import PID_MAX
 from gputrace.render.safe import printable
 from gputrace.trace.files import STATUS_COMPLETE
+from gputrace.trace.flight import FlightWriter
 from gputrace.trace.writer import TraceWriter
 
 __all__ = ["MAX_DURATION_S", "PID_MAX", "Options", "Recorder", "Stats", "build_program",
@@ -92,6 +94,9 @@ class Recorder:
         self._child_info = procfs.ProcInfo(0)  # CMD's process facts, set by _spawn
         self.cmd_info: tuple[str | None, str | None, str | None] = (None, None, None)
         self._spill = SPILL_DEFAULT_MIB << 20  # set by _validate
+        self.freezer = Freezer(opts.flight, lambda: self.session and self.session.writer)
+        if opts.flight.freeze_on:  # an observer: what it watches is decoded, never spilled
+            self._observers.append(self.freezer.observe)
 
     # ------------------------------------------------------------ live consumers
     def add_observer(self, callback: Observer) -> None:
@@ -193,8 +198,11 @@ class Recorder:
         for layer in self.layers:
             layer.configure(s)
         # The output exists before CMD starts: if it cannot be made, nothing runs.
-        s.writer = TraceWriter(opts.output, force=opts.force, rotate_rows=ROTATE_ROWS,
-                               manifest=self._manifest(s))  # fmt: skip
+        kw: dict[str, Any] = {"force": opts.force, "rotate_rows": ROTATE_ROWS,
+                              "manifest": self._manifest(s)}
+        s.writer = (FlightWriter(opts.output, keep=opts.flight.keep, rotate_s=ROTATE_S,
+                                 grace_ns=int(ROTATE_S * 1e9), **kw)
+                    if opts.flight.wanted else TraceWriter(opts.output, **kw))  # fmt: skip
         self._release_fd = -1
         if opts.command:
             self._release_fd = self._spawn(opts.command)

@@ -159,7 +159,8 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
      "segments_matched, segments}; docs/importers.md"),
     ("clock.source", "`CLOCK_MONOTONIC` for a recording; `unix-epoch` for a trace imported "
      "on its own, whose ts_ns are Unix-epoch ns (realtime_offset_ns is then 0)"),
-    ("tables.<table>.rows, .parts", "rows and Parquet parts written per table"),
+    ("tables.<table>.rows, .parts", "rows and Parquet parts written per table (held, "
+     "with `window`)"),
     ("tables.<table>.raw_parts, .raw_records",
      "raw parts (`part-NNNNNN.gtraw`) and the records they hold, until `gputrace convert` "
      "decodes them; readers refuse a trace holding raw parts"),
@@ -170,6 +171,16 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
      "them when the recording ends"),
     ("converted", "{gputrace_version, unix_s} of the last conversion of raw parts (the "
      "recorder's own after spilling, or `gputrace convert`)"),
+    ("window", "what a flight recording (`record --keep`) holds: keep (the option's text), "
+     "keep_ns, keep_bytes, from_ts_ns (every event from there on is held; earlier parts "
+     "were deleted), deleted_parts, deleted_rows, deleted_bytes, held_bytes, "
+     "peak_held_bytes, rotate_s; in an incident trace (`--freeze-on`): from_ts_ns, "
+     "to_ts_ns, trigger (`oom`, `alert`), incident_ts_ns, events, detail, deleted_before, "
+     "flight_trace_id (the flight recording's trace_id; the incident has its own). "
+     "Absent: the whole recording. docs/flight-recorder.md"),
+    ("incidents, incidents_dropped", "a flight recording's incident traces: list of {dir "
+     "(relative to the trace, `incidents/<UTC time>-<trigger>`), trigger, ts_ns, status "
+     "(`open`, `kept`, `failed`)}; incidents past the 64 kept, counted"),
 )
 """Manifest keys readers rely on, and what they mean (documented with the tables)."""
 

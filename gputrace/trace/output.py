@@ -152,7 +152,9 @@ def _plan_removal(fd: int, p: Path) -> _Plan:
         raise TraceError(f"{p} exists and is not a trace we can replace ({e}); "
                          "refusing to overwrite") from None
     # Parquet and raw parts (`record --raw`) share one numbering per table
-    listed: dict[str, int] = {t: int(v["parts"]) + int(v.get("raw_parts", 0))
+    # (a flight recording, `record --keep`, deleted the oldest: `last_part` is the last)
+    listed: dict[str, int] = {t: int(v.get("last_part", int(v["parts"])
+                                           + int(v.get("raw_parts", 0))))
                               for t, v in raw.get("tables", {}).items()}  # fmt: skip
     unknown = sorted(set(listed) - set(schema.TABLES))
     if unknown:

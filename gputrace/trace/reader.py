@@ -264,6 +264,26 @@ def _refuse_raw(trace: Trace) -> None:
 
 
 # ---------------------------------------------------------------- integrity
+def window_warnings(m: dict[str, Any]) -> list[str]:
+    """A trace that holds a window of a recording (`record --keep`, or an incident
+    of `--freeze-on`) misses what came before it: say so, with where it starts."""
+    w = m.get("window")
+    if not isinstance(w, dict):
+        return []
+    if w.get("trigger") is not None:
+        return [f"this trace is an incident window ({w.get('trigger')} at "
+                f"{w.get('incident_ts_ns')} ns) of a flight recording: events from "
+                f"{w.get('from_ts_ns')} to {w.get('to_ts_ns')} ns only; memory allocated "
+                "before it has no allocation row here (its frees and use look unmatched)"]
+    if not w.get("deleted_parts"):
+        return []
+    return [f"this trace keeps a window (record --keep {w.get('keep')}): "
+            f"{w.get('deleted_parts')} parts ({w.get('deleted_rows')} rows) before "
+            f"{w.get('from_ts_ns')} ns were deleted; memory allocated before it has no "
+            "allocation row here (its frees and use look unmatched)"]
+
+
+
 def trace_warnings(trace: Trace) -> list[str]:
     """Is what the directory holds what the manifest announces? One line per doubt.
 
@@ -291,6 +311,7 @@ def _integrity_warnings(trace: Trace) -> list[str]:
         named = ", ".join(repr(n) for n in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
         out.append(f"the manifest lists {len(unknown)} tables unknown to this gputrace "
                    f"({named}); ignored")
+    out += window_warnings(m)
     for name in schema.TABLES:
         parts = trace.parts(name)
         rows = sum(pq.read_metadata(p).num_rows for p in parts)

@@ -1,0 +1,81 @@
+"""`record --keep` and `--freeze-on`: the flight recorder's options, and the
+observer that turns what is decoded into incidents the flight writer freezes
+(`gputrace.trace.flight`). docs/flight-recorder.md."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from gputrace.errors import UsageError
+from gputrace.record import incidents
+from gputrace.trace.flight import FlightWriter
+from gputrace.trace.window import Keep
+
+TRIGGERS = ("oom", "alert")
+AFTER_NS = 30 * 10**9
+"""What an incident keeps after it fires, by default (`--after`)."""
+
+
+@dataclass(frozen=True)
+class Flight:
+    """The flight recorder's settings (None / empty: a plain recording)."""
+
+    keep: Keep | None = None
+    freeze_on: frozenset[str] = frozenset()
+    after_ns: int = AFTER_NS
+
+    @property
+    def wanted(self) -> bool:
+        return self.keep is not None or bool(self.freeze_on)
+
+
+def parse_triggers(text: str) -> frozenset[str]:
+    """`--freeze-on oom[,alert]`."""
+    got = [t.strip() for t in text.split(",")]
+    bad = [t for t in got if t not in TRIGGERS]
+    if bad or not got:
+        raise UsageError(f"--freeze-on: {bad[0] if bad else text!r} is not a trigger "
+                         f"(one or more of {', '.join(TRIGGERS)}, comma-separated)")  # fmt: skip
+    return frozenset(got)
+
+
+class Freezer:
+    """An observer (writer thread): an allocation refused for want of memory
+    freezes an incident (`oom`), with the verdict of the latest GPU memory sample
+    in its details; `alert` freezes one per alert fired."""
+
+    def __init__(self, flight: Flight, writer: Callable[[], Any]) -> None:
+        self.flight = flight
+        self._writer = writer
+        self.samples: dict[int, dict[str, Any]] = {}  # gpu -> latest gpu_memory row
+
+    def observe(self, table: str, rows: pa.Table) -> None:
+        if table == "gpu_memory":
+            for r in rows.to_pylist():
+                if r["status"] == 0 and r["gpu_index"] is not None:
+                    self.samples[int(r["gpu_index"])] = r
+            return
+        if "oom" not in self.flight.freeze_on:
+            return
+        for o in incidents.ooms(table, rows):
+            g = o.gpu_index
+            if g is None and len(self.samples) == 1:
+                g = next(iter(self.samples))
+            sample = self.samples.get(g) if g is not None else None
+            self.fire("oom", o.ts_ns, {
+                "layer": o.layer, "call": o.call, "pid": o.pid, "comm": o.comm,
+                "requested_bytes": o.requested_bytes, "gpu_index": g,
+                "verdict": incidents.verdict(o.requested_bytes, sample),
+                "free_bytes": None if sample is None else sample["heap_free_bytes"],
+                "largest_free_bytes": None if sample is None else sample["largest_free_bytes"],
+                "heap_bytes": None if sample is None else sample["heap_size_bytes"],
+            })  # fmt: skip
+
+    def fire(self, trigger: str, ts_ns: int, detail: dict[str, Any]) -> None:
+        w = self._writer()
+        if trigger in self.flight.freeze_on and isinstance(w, FlightWriter):
+            w.freeze(trigger, ts_ns, self.flight.after_ns, detail)
