@@ -154,6 +154,8 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
      "list of {pid, attached_ts_ns} for processes whose UVM activity before the tracker "
      "attached is missing (processes already running when recording began)"),
     ("driver_layer.sample_interval_ms", "period of the gpu_memory and uvm_counters samples"),
+    ("driver_layer.pid_sample_interval_ms", "period of the gpu_process_memory samples "
+     "(incidents add their own gpu_memory and gpu_process_memory samples at once)"),
     ("gpus", "GPUs: index (the trace GPU index every table uses), memory_bytes, name, uuid"),
     ("synthetic", "true for traces built by gputrace.trace.builder, never recorded"),
     ("imported", "list of what `gputrace import` added: {kind (`torch-snapshot`), layer, "

@@ -1,0 +1,132 @@
+"""Out-of-memory incidents as the recorder sees them: which decoded rows are a
+"no memory" failure, and a signal the recorder's parts subscribe to (the RM sampler
+queries the GPU at once; a flight recorder may freeze its window).
+
+A failure is "no memory" when
+- layer api (`cuda_calls`): a cuMemAlloc* returned CUDA_ERROR_OUT_OF_MEMORY (2);
+- layer syscall (`ioctls`): RM_ALLOC or RM_VID_HEAP_CONTROL returned NV_ERR_NO_MEMORY
+  (0x51) in its parameters, or any nvidia-uvm command did.
+
+The check is one vectorized compare of a batch's status column; only the rows that
+fail are looked at further, so batches without failures cost next to nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gputrace import schema
+from gputrace.nvabi import NV_ERR_NO_MEMORY
+
+CUDA_ERROR_OUT_OF_MEMORY = 2
+OOM_CUDA_PREFIX = "cuMemAlloc"
+"""cuMemAlloc, _v2, Pitch, Managed, Host, Async, FromPool...: every allocation entry."""
+RM_ALLOC_CALLS = ("RM_ALLOC", "RM_VID_HEAP_CONTROL")
+
+Batch = pa.Table | pa.RecordBatch
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One "no memory" failure. `ts_ns` is when the failed call returned
+    (CLOCK_MONOTONIC); `gpu_index` None when the row does not say (a cuMemAlloc
+    fails in whatever context is current; RM_ALLOC goes through nvidiactl)."""
+
+    ts_ns: int
+    pid: int
+    layer: str  # "api", "rm" or "uvm"
+    call: str  # the function or ioctl command that failed
+    status: int  # CUresult or NV_STATUS
+    gpu_index: int | None = None
+    size_bytes: int | None = None
+
+
+Mask = Any  # a pyarrow boolean Array or ChunkedArray (pyarrow's stubs type compute loosely)
+
+
+def _column(batch: Batch, name: str) -> Any:
+    return batch.column(name) if name in batch.schema.names else None
+
+
+def is_oom(table: str, batch: Batch) -> Mask:
+    """Boolean mask over `batch`'s rows: a "no memory" failure. None when the table is
+    not one that holds failures or the batch has none (the usual case)."""
+    if table == "cuda_calls":
+        result = _column(batch, "result")
+        if result is None:
+            return None
+        hit: Any = pc.fill_null(pc.equal(result, pa.scalar(CUDA_ERROR_OUT_OF_MEMORY)), False)
+        if not pc.any(hit).as_py():
+            return None
+        func: Any = pc.cast(_column(batch, "func"), pa.string())
+        return pc.and_(hit, pc.fill_null(pc.starts_with(func, OOM_CUDA_PREFIX), False))
+    if table == "ioctls":
+        status = _column(batch, "status")
+        if status is None:
+            return None
+        hit = pc.fill_null(pc.equal(status, pa.scalar(NV_ERR_NO_MEMORY)), False)
+        if not pc.any(hit).as_py():
+            return None
+        name: Any = pc.cast(_column(batch, "name"), pa.string())
+        rm: Any = pc.is_in(name, value_set=pa.array(RM_ALLOC_CALLS))
+        uvm: Any = pc.equal(_column(batch, "device_code"), pa.scalar(schema.DEV_UVM))
+        return pc.and_(hit, pc.fill_null(pc.or_(rm, uvm), False))
+    return None
+
+
+def incidents(table: str, batch: Batch) -> list[Incident]:
+    """The "no memory" failures among `batch`'s rows, in row order."""
+    mask = is_oom(table, batch)
+    if mask is None or not pc.any(mask).as_py():
+        return []
+    rows = batch.filter(mask).to_pylist()
+    out = []
+    for r in rows:
+        done = int(r["ts_ns"]) + int(r.get("latency_ns") or 0)
+        if table == "cuda_calls":
+            out.append(Incident(done, int(r["pid"]), "api", str(r["func"]), int(r["result"]),
+                                None, r.get("size_bytes")))  # fmt: skip
+        else:
+            uvm = r["device_code"] == schema.DEV_UVM
+            out.append(Incident(done, int(r["pid"]), "uvm" if uvm else "rm", str(r["name"]),
+                                int(r["status"]), r.get("gpu_index"),
+                                r.get("size_bytes")))  # fmt: skip
+    return out
+
+
+Subscriber = Callable[[Incident], None]
+
+
+class IncidentSignal:
+    """Fan-out of incidents to subscribers: `observe(table, batch)` is called with
+    every batch the recorder appends; each subscriber gets every incident, in order,
+    on the recorder's writer thread (a subscriber must return quickly: hand the
+    work to its own thread)."""
+
+    def __init__(self) -> None:
+        self._subs: list[Subscriber] = []
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def subscribe(self, fn: Subscriber) -> None:
+        with self._lock:
+            self._subs.append(fn)
+
+    def observe(self, table: str, batch: Batch) -> None:
+        if table not in ("cuda_calls", "ioctls"):
+            return
+        found = incidents(table, batch)
+        if not found:
+            return
+        with self._lock:
+            subs = list(self._subs)
+            self.count += len(found)
+        for inc in found:
+            for fn in subs:
+                fn(inc)
