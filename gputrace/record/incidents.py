@@ -9,15 +9,23 @@ A failure is "no memory" when
 
 The check is one vectorized compare of a batch's status column; only the rows that
 fail are looked at further, so batches without failures cost next to nothing.
+
+RM and UVM failures also come early: the ioctl probe sends each one at once as an
+`oom_event` (probes/gputrace_events.h; mirror `OOM_DTYPE`) to a thread of its own
+(`gputrace/record/syscall/oom_watch.py`), before the decoded row exists. The signal
+delivers each failure once: the decoded row of a failure the probe already sent
+(same pid, same return time) is not delivered again.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -30,6 +38,14 @@ OOM_CUDA_PREFIX = "cuMemAlloc"
 RM_ALLOC_CALLS = ("RM_ALLOC", "RM_VID_HEAP_CONTROL")
 
 Batch = pa.Table | pa.RecordBatch
+
+OOM_DTYPE = np.dtype(
+    [("ts_ns", "<u8"), ("pid", "<u4"), ("status", "<u4"), ("nr", "<u4"), ("device", "u1"),
+     ("_pad0", "u1"), ("gpu_index", "<i2")]
+)  # fmt: skip
+"""`struct oom_event` (probes/gputrace_events.h), checked by test_event_structs."""
+SEEN_KEEP = 4096
+"""Failures remembered to deliver each once (probe record, then its decoded row)."""
 
 
 @dataclass(frozen=True)
@@ -112,21 +128,44 @@ class IncidentSignal:
     def __init__(self) -> None:
         self._subs: list[Subscriber] = []
         self._lock = threading.Lock()
+        self._seen: OrderedDict[tuple[int, int], None] = OrderedDict()
         self.count = 0
+        self.early = 0  # delivered from the probe's own record, before decoding
 
     def subscribe(self, fn: Subscriber) -> None:
         with self._lock:
             self._subs.append(fn)
 
     def observe(self, table: str, batch: Batch) -> None:
+        """Deliver the failures among a decoded batch's rows."""
         if table not in ("cuda_calls", "ioctls"):
             return
-        found = incidents(table, batch)
-        if not found:
-            return
+        for inc in incidents(table, batch):
+            self.fire(inc)
+
+    def fire(self, inc: Incident, early: bool = False) -> None:
+        """Deliver one failure to every subscriber, unless it was delivered already."""
+        key = (inc.pid, inc.ts_ns)
         with self._lock:
+            if key in self._seen:
+                return
+            self._seen[key] = None
+            if len(self._seen) > SEEN_KEEP:
+                self._seen.popitem(last=False)
+            self.count += 1
+            self.early += early
             subs = list(self._subs)
-            self.count += len(found)
-        for inc in found:
-            for fn in subs:
-                fn(inc)
+        for fn in subs:
+            fn(inc)
+
+
+def from_probe(rec: np.void) -> Incident:
+    """The Incident of one `oom_event` record."""
+    from gputrace.nvabi import RM_ESCAPE_NAMES
+
+    uvm = int(rec["device"]) == schema.DEV_UVM
+    nr = int(rec["nr"])
+    call = f"UVM command {nr}" if uvm else RM_ESCAPE_NAMES.get(nr, f"RM escape {nr:#x}")
+    gpu = int(rec["gpu_index"])
+    return Incident(int(rec["ts_ns"]), int(rec["pid"]), "uvm" if uvm else "rm", call,
+                    int(rec["status"]), gpu if gpu >= 0 else None)
