@@ -3,9 +3,10 @@ free memory and largest free region every N ms, and the driver's per-process vid
 memory every M ms (slower: one query per 200 processes), and hands the rows to the
 driver layer (`take`, `take_processes`).
 
-An incident (`incident()`: a "no memory" failure the recorder just decoded) wakes the
-thread at once: it queries that GPU (every GPU when the failure does not name one)
-for both, rows marked `incident` with the delay from the failed call's return.
+An incident (`incident()`: a "no memory" failure the recorder just heard of) queries
+that GPU's free memory at once (every GPU when the failure does not name one) and
+wakes the thread for its processes: rows marked `incident`, the memory sample with
+the delay from the failed call's return.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ class MemorySampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # stop or an incident
-        self._pending: list[tuple[int, int | None]] = []  # (failed call's return, gpu)
+        self._pending: set[int] = set()  # GPUs whose processes an incident wants asked
+        self._incident_lock = threading.Lock()
+        self._last_incident: dict[int, int] = {}  # gpu -> ts of its last incident sample
         self._thread: threading.Thread | None = None
         self.tid: int | None = None
         self.samples = 0
@@ -99,34 +102,40 @@ class MemorySampler:
 
     def incident(self, failed_ns: int, gpu_index: int | None) -> None:
         """A "no memory" failure returned at `failed_ns` (CLOCK_MONOTONIC) on
-        `gpu_index` (None: unknown, every GPU): sample it now, from the thread."""
+        `gpu_index` (None: unknown, every GPU). FB_GET_INFO_V2 is asked here, in the
+        caller's thread (the free memory the failure met: no hand-over to wait for);
+        the per-process query, slower, follows in the sampler's thread. A GPU already
+        sampled for an incident after this failure returned is not asked again: that
+        sample shows what this failure left (a retry loop costs one query per GPU)."""
+        rows = []
+        with self._incident_lock:  # incident callers query one at a time
+            for g in self.client.gpus:
+                if gpu_index is not None and g.gpu_index != gpu_index:
+                    continue
+                if self._last_incident.get(g.gpu_index, -1) >= failed_ns:
+                    continue
+                r = self.client.sample(g)
+                self._last_incident[g.gpu_index] = r.ts_ns
+                rows.append(dataclasses.replace(r, trigger="incident",
+                                                delay_ns=r.ts_ns - failed_ns))
+        if not rows:
+            return
         with self._lock:
-            self._pending.append((failed_ns, gpu_index))
+            self._rows += rows
+            self.incident_samples += len(rows)
+            self._pending |= {r.gpu_index for r in rows}
         self._wake.set()
 
     def sample_incidents(self) -> None:
-        """The incident samples pending: FB_GET_INFO_V2 first (the free memory the
-        failure met), then the processes; one per GPU however many failures queued."""
+        """The per-process samples incidents left pending, one per GPU."""
         with self._lock:
-            pending, self._pending = self._pending, []
+            pending, self._pending = self._pending, set()
         if not pending:
             return
-        first: dict[int, int] = {}  # gpu -> earliest failure waiting for it
-        for failed_ns, gpu in pending:
-            for g in self.client.gpus:
-                if gpu is None or g.gpu_index == gpu:
-                    first[g.gpu_index] = min(first.get(g.gpu_index, failed_ns), failed_ns)
-        gpus = [g for g in self.client.gpus if g.gpu_index in first]
-        rows = []
-        for g in gpus:
-            r = self.client.sample(g)
-            rows.append(dataclasses.replace(r, trigger="incident",
-                                            delay_ns=r.ts_ns - first[g.gpu_index]))
-        procs = self._processes(gpus, "incident")
+        procs = self._processes([g for g in self.client.gpus if g.gpu_index in pending],
+                                "incident")
         with self._lock:
-            self._rows += rows
             self._proc_rows += procs
-            self.incident_samples += len(rows)
 
     def take(self) -> list[GpuMemorySample]:
         """Rows sampled since the last take."""

@@ -123,14 +123,16 @@ def test_an_incident_samples_its_gpu_at_once_between_ticks() -> None:
         assert [r.trigger for r in ticks] == ["tick", "tick"] and len(tick_procs) == 2
         failed = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         s.incident(failed, 1)
-        while s.incident_samples == 0 and time.monotonic() < deadline:
+        rows = s.take()  # the memory sample: taken in this thread, before incident() returned
+        procs: list[GpuProcessMemorySample] = []
+        while not procs and time.monotonic() < deadline:  # the processes: the thread's
             time.sleep(0.0005)
-        rows, procs = s.take(), s.take_processes()
+            procs = s.take_processes()
     finally:
         s.stop()
     assert [(r.gpu_index, r.trigger) for r in rows] == [(1, "incident")]
     assert rows[0].delay_ns is not None and 0 < rows[0].delay_ns == rows[0].ts_ns - failed
-    assert rows[0].delay_ns < 1_000_000_000  # woken, not waiting for the hour-long tick
+    assert rows[0].delay_ns < 1_000_000_000  # at once, not at the hour-long tick
     assert [(p.gpu_index, p.pid, p.vidmem_bytes, p.trigger) for p in procs] == [
         (1, 4242, 77 * GIB, "incident")]
     assert client.asked[-2:] == [("fb", 1), ("pids", 1)]  # free memory first
@@ -139,10 +141,12 @@ def test_an_incident_samples_its_gpu_at_once_between_ticks() -> None:
 def test_an_incident_on_an_unknown_gpu_samples_every_gpu_once() -> None:
     client = _FakeClient()
     s = MemorySampler(client)  # type: ignore[arg-type]
-    s.incident(1000, None)
-    s.incident(900, None)  # queued together: one sample per GPU, from the earliest
-    s.sample_incidents()
+    s.incident(1000, None)  # in the caller's thread: no sampler thread runs here
+    assert client.asked == [("fb", 0), ("fb", 1)]
+    s.incident(900, None)  # returned before those samples: they show what it left
+    s.sample_incidents()  # the processes, once per GPU
     rows = s.take()
     assert [(r.gpu_index, r.trigger) for r in rows] == [(0, "incident"), (1, "incident")]
-    assert all(r.delay_ns == r.ts_ns - 900 for r in rows)
+    assert all(r.delay_ns == r.ts_ns - 1000 for r in rows)
     assert s.incident_samples == 2 and len(s.take_processes()) == 2
+    assert client.asked[2:] == [("pids", 0), ("pids", 1)]
