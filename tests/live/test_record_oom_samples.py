@@ -31,8 +31,8 @@ if _SKIP is not None:
     pytestmark.append(pytest.mark.skip(reason=_SKIP))
 
 DELAY_BOUND_NS = 2_000_000_000
-"""The incident sample follows the failure by the recorder's decode period (50 ms) plus
-decoding on a loaded 2-core host; benchmarks/ measures the delay itself."""
+"""A deadline for a loaded 2-core host, not the target: the sample follows the probe's
+wakeup (about half a millisecond here); benchmarks/oom_delay measures the delay."""
 
 
 def record_oom_scenario(tmp_path: Path) -> tuple[Path, dict[str, object]]:
@@ -124,6 +124,8 @@ def test_incident_samples_hold_the_instant_and_every_holder(tmp_path: Path) -> N
     first = ticks.filter(pl.col("ts_ns") == ticks["ts_ns"].min())
     assert dict(zip(first["pid"], first["vidmem_bytes"], strict=True)) == {pre: holders[pre]}
     assert pre not in set(t.scan("ioctls").select("pid").collect()["pid"])
+    # both failures were heard from the probe's own record, before decoding
+    assert t.manifest["oom_watch"] == {"open": True, "error": None, "incidents": 2, "early": 2}
     dl = t.manifest["driver_layer"]
     assert dl["pid_sample_interval_ms"] == 200.0
     assert dl["rm_client"]["incident_samples"] == inc.height

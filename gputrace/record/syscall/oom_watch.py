@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from gputrace.record import incidents
+from gputrace.record import incidents, loader
 
 POLL_MS = 100  # the stop flag's latency; records wake the thread at once
 
@@ -26,13 +26,11 @@ class OomWatch:
     """Own ring buffer manager and thread on the `oom_events` map of a loaded program."""
 
     def __init__(self, bpf: Any, signal: incidents.IncidentSignal) -> None:
-        from bcc import libbcc  # the recorder has imported bcc already (loader)
-        from bcc.libbcc import _RINGBUF_CB_TYPE
-
+        libbcc = loader.import_bcc().libbcc  # loaded already: the program is
         self._lib = libbcc.lib
         self.signal = signal
         self.records = 0
-        self._cb = _RINGBUF_CB_TYPE(self._on_record)  # kept alive while the manager is
+        self._cb = libbcc._RINGBUF_CB_TYPE(self._on_record)  # kept alive while the manager is
         fd = bpf["oom_events"].map_fd
         self._rb = self._lib.bpf_new_ringbuf(fd, self._cb, None)
         if not self._rb:
