@@ -73,6 +73,7 @@ def python_value(name: str) -> int | None:
         "GT_PROC_EXIT": decode.PROC_EXIT,
         "GT_PROC_SEEN": decode.PROC_SEEN,
         "GT_PROC_UVM_INIT": decode.PROC_UVM_INIT,
+        "GT_NV_ERR_NO_MEMORY": nvabi.NV_ERR_NO_MEMORY,
         # the C default covers the largest pid_max, which the loader passes when it reads so
         "GT_TGID_WORDS": loader.tgid_words(Path("/nonexistent")),
         # the C defaults are the newest driver's offsets (the loader passes the resolved ones)
