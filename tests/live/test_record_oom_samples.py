@@ -9,21 +9,14 @@ free at that instant, with the delay since the failed call returned, and
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
 
 from gputrace.trace.reader import open_trace
-from tests.record_helpers import (
-    RUN_S,
-    RecorderProc,
-    live_skip_reason,
-    record_cmd,
-    standin_driver_args,
-)
+from tests.record_helpers import live_skip_reason
+from tests.standin.oom_record import record_oom_scenario
 
 pytestmark = [pytest.mark.live]
 _SKIP = live_skip_reason()
@@ -33,54 +26,6 @@ if _SKIP is not None:
 DELAY_BOUND_NS = 2_000_000_000
 """A deadline for a loaded 2-core host, not the target: the sample follows the probe's
 wakeup (about half a millisecond here); benchmarks/oom_delay measures the delay."""
-
-
-def record_oom_scenario(tmp_path: Path) -> tuple[Path, dict[str, object]]:
-    """Record tests/standin/oom_scenario.py on a mounted stand-in: (trace, its truth).
-    The scenario's processes hold their memory until the trace has both incidents'
-    samples, so the holders are alive when the driver is asked."""
-    from tests.standin import oom_scenario as sc
-    from tests.standin.standin import mounted_driver
-
-    out, expected, release = tmp_path / "trace", tmp_path / "expected.json", tmp_path / "go"
-    with mounted_driver(tmp_path, budget=sc.BUDGET_MIB * sc.MIB, gpus=1) as dev:
-        pre = sc.pre_holder(dev)
-        try:
-            rec = RecorderProc(record_cmd(
-                out, "--device-dir", str(dev), *standin_driver_args(),
-                "--pid-memory-interval", "200ms", "--",
-                sys.executable, "-m", "tests.standin.oom_scenario", str(dev), str(expected),
-                "--pre", str(pre.pid), "--release", str(release)))  # fmt: skip
-            rec.wait_ready()
-            _wait_incident_rows(out, expected, rec)
-            release.touch()
-            assert rec.wait(timeout=RUN_S) == 0, "".join(rec.stderr)
-        finally:
-            release.touch()
-            pre.close()
-    return out, json.loads(expected.read_text())
-
-
-def _wait_incident_rows(out: Path, expected: Path, rec: RecorderProc) -> None:
-    """Until the trace written so far holds an incident sample of the GPU and of its
-    three holders (both failures may share one: they are a millisecond apart)."""
-    import time
-
-    deadline = time.monotonic() + RUN_S
-    while time.monotonic() < deadline:
-        assert rec.proc.poll() is None, "".join(rec.stderr)
-        if expected.exists():
-            try:
-                t = open_trace(out)
-                n = t.scan("gpu_memory").filter(pl.col("trigger") == "incident").collect().height
-                m = t.scan("gpu_process_memory").filter(
-                    pl.col("trigger") == "incident").collect().height
-            except Exception:  # a part being renamed into place: read again
-                n = m = 0
-            if n >= 1 and m >= 3:
-                return
-        time.sleep(0.1)
-    raise AssertionError("no incident samples in the trace in time")
 
 
 def test_incident_samples_hold_the_instant_and_every_holder(tmp_path: Path) -> None:
