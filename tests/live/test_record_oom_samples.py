@@ -9,6 +9,8 @@ free at that instant, with the delay since the failed call returned, and
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -74,3 +76,7 @@ def test_incident_samples_hold_the_instant_and_every_holder(tmp_path: Path) -> N
     dl = t.manifest["driver_layer"]
     assert dl["pid_sample_interval_ms"] == 200.0
     assert dl["rm_client"]["incident_samples"] == inc.height
+    info = subprocess.run([sys.executable, "-m", "gputrace.cli", "info", str(out)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert info.returncode == 0, info.stderr
+    assert f"{dl['rm_client']['incident_samples']} incident samples" in info.stdout
