@@ -8,6 +8,7 @@ import ctypes
 import time
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from gputrace import schema
@@ -150,3 +151,25 @@ def test_an_incident_on_an_unknown_gpu_samples_every_gpu_once() -> None:
     assert all(r.delay_ns == r.ts_ns - 1000 for r in rows)
     assert s.incident_samples == 2 and len(s.take_processes()) == 2
     assert client.asked[2:] == [("pids", 0), ("pids", 1)]
+
+
+def test_a_probe_record_and_its_decoded_row_are_one_incident() -> None:
+    rec = np.zeros(1, incidents.OOM_DTYPE)[0]
+    rec["ts_ns"], rec["pid"], rec["status"], rec["nr"] = 14, 5, 0x51, 0x2B
+    rec["device"], rec["gpu_index"] = schema.DEV_CTL, -1
+    early = incidents.from_probe(rec)
+    assert early == incidents.Incident(14, 5, "rm", "RM_ALLOC", 0x51, None)
+    got: list[incidents.Incident] = []
+    sig = incidents.IncidentSignal()
+    sig.subscribe(got.append)
+    sig.fire(early, early=True)
+    # the same failure decoded a poll later: ts_ns + latency_ns is the probe's return time
+    sig.observe("ioctls", _table("ioctls", [
+        {"ts_ns": 10, "pid": 5, "tid": 5, "device_code": schema.DEV_CTL, "cmd": 0,
+         "name": "RM_ALLOC", "status": 0x51, "latency_ns": 4, "size_bytes": 1 << 40},
+        {"ts_ns": 20, "pid": 5, "tid": 5, "device_code": schema.DEV_UVM, "cmd": 0,
+         "name": "UVM_MAP_EXTERNAL_ALLOCATION", "status": 0x51, "latency_ns": 4},
+    ]))  # fmt: skip
+    assert got == [early, incidents.Incident(24, 5, "uvm", "UVM_MAP_EXTERNAL_ALLOCATION",
+                                             0x51, None, None)]
+    assert (sig.count, sig.early) == (2, 1)
