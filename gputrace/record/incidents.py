@@ -12,7 +12,7 @@ fail are looked at further, so batches without failures cost next to nothing.
 
 RM and UVM failures also come early: the ioctl probe sends each one at once as an
 `oom_event` (probes/gputrace_events.h; mirror `OOM_DTYPE`) to a thread of its own
-(`gputrace/record/syscall/oom_watch.py`), before the decoded row exists. The signal
+(`gputrace/record/oom_watch.py`), before the decoded row exists. The signal
 delivers each failure once: the decoded row of a failure the probe already sent
 (same pid, same return time) is not delivered again.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,9 @@ from gputrace.nvabi import NV_ERR_NO_MEMORY
 
 CUDA_ERROR_OUT_OF_MEMORY = 2
 OOM_CUDA_PREFIX = "cuMemAlloc"
-"""cuMemAlloc, _v2, Pitch, Managed, Host, Async, FromPool...: every allocation entry."""
+"""cuMemAlloc_v2, Pitch, Managed, Async, FromPoolAsync (and their _ptsz/_ptds): the
+device allocations; cuMemAllocHost allocates host memory and is left out."""
+OOM_CUDA_HOST = "cuMemAllocHost"
 RM_ALLOC_CALLS = ("RM_ALLOC", "RM_VID_HEAP_CONTROL")
 
 Batch = pa.Table | pa.RecordBatch
@@ -81,7 +83,9 @@ def is_oom(table: str, batch: Batch) -> Mask:
         if not pc.any(hit).as_py():
             return None
         func: Any = pc.cast(_column(batch, "func"), pa.string())
-        return pc.and_(hit, pc.fill_null(pc.starts_with(func, OOM_CUDA_PREFIX), False))
+        device = pc.and_(pc.starts_with(func, OOM_CUDA_PREFIX),
+                         pc.invert(pc.starts_with(func, OOM_CUDA_HOST)))
+        return pc.and_(hit, pc.fill_null(device, False))
     if table == "ioctls":
         status = _column(batch, "status")
         if status is None:
@@ -159,10 +163,15 @@ class IncidentSignal:
             fn(inc)
 
 
-def from_probe(rec: np.void) -> Incident:
-    """The Incident of one `oom_event` record."""
+def from_probe(rec: np.void, api_names: Mapping[int, str] | None = None) -> Incident:
+    """The Incident of one `oom_event` record: of the ioctl probe, or of the API
+    layer's (`api_names`: its function ids, then `nr` is one and `status` a CUresult)."""
     from gputrace.nvabi import RM_ESCAPE_NAMES
 
+    if api_names is not None:
+        nr = int(rec["nr"])
+        return Incident(int(rec["ts_ns"]), int(rec["pid"]), "api",
+                        api_names.get(nr, f"function {nr}"), int(rec["status"]))
     uvm = int(rec["device"]) == schema.DEV_UVM
     nr = int(rec["nr"])
     call = f"UVM command {nr}" if uvm else RM_ESCAPE_NAMES.get(nr, f"RM escape {nr:#x}")

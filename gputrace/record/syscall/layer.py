@@ -13,8 +13,8 @@ import numpy as np
 from gputrace import schema
 from gputrace.record import decode, loader
 from gputrace.record.layer import Buffer, Decoded, Due, Layer
+from gputrace.record.oom_watch import OomWatch
 from gputrace.record.session import Session
-from gputrace.record.syscall.oom_watch import OomWatch
 
 DECODE_BYTES = 8 << 20  # hand ioctl events to the writer thread every ~50k
 PID_MAX = 1 << 22  # PID_MAX_LIMIT: no kernel hands out larger pids

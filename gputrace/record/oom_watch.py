@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -25,16 +26,19 @@ POLL_MS = 100  # the stop flag's latency; records wake the thread at once
 class OomWatch:
     """Own ring buffer manager and thread on the `oom_events` map of a loaded program."""
 
-    def __init__(self, bpf: Any, signal: incidents.IncidentSignal) -> None:
+    def __init__(self, bpf: Any, signal: incidents.IncidentSignal, table: str = "oom_events",
+                 api_names: Mapping[int, str] | None = None) -> None:
+        """`table`: the ring buffer map; `api_names` for the API layer's (function ids)."""
         libbcc = loader.import_bcc().libbcc  # loaded already: the program is
         self._lib = libbcc.lib
         self.signal = signal
+        self.api_names = api_names
         self.records = 0
         self._cb = libbcc._RINGBUF_CB_TYPE(self._on_record)  # kept alive while the manager is
-        fd = bpf["oom_events"].map_fd
+        fd = bpf[table].map_fd
         self._rb = self._lib.bpf_new_ringbuf(fd, self._cb, None)
         if not self._rb:
-            raise OSError("cannot open the oom_events ring buffer")
+            raise OSError(f"cannot open the {table} ring buffer")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gputrace-oom", daemon=True)
         self._thread.start()
@@ -46,7 +50,7 @@ class OomWatch:
             self.records += 1
             # a subscriber's error must not unwind into C; the decoded row delivers it
             with contextlib.suppress(Exception):
-                self.signal.fire(incidents.from_probe(rec), early=True)
+                self.signal.fire(incidents.from_probe(rec, self.api_names), early=True)
         return 0
 
     def _run(self) -> None:
