@@ -50,8 +50,10 @@ def test_cuda_out_of_memory_only_from_allocation_calls() -> None:
          "latency_ns": 5},
         {"ts_ns": 400, "pid": 8, "tid": 9, "func": "cuMemAllocManaged", "result": 2,
          "latency_ns": 1, "size_bytes": 64},
+        {"ts_ns": 500, "pid": 8, "tid": 9, "func": "cuMemAllocHost_v2", "result": 2,
+         "latency_ns": 1, "size_bytes": 64},  # host memory: not the GPU's
     ])  # fmt: skip
-    assert incidents.is_oom("cuda_calls", t).to_pylist() == [True, False, False, True]
+    assert incidents.is_oom("cuda_calls", t).to_pylist() == [True, False, False, True, False]
     assert incidents.incidents("cuda_calls", t) == [
         incidents.Incident(130, 7, "api", "cuMemAlloc_v2", 2, None, 1 << 40),
         incidents.Incident(401, 8, "api", "cuMemAllocManaged", 2, None, 64)]
@@ -159,6 +161,10 @@ def test_a_probe_record_and_its_decoded_row_are_one_incident() -> None:
     rec["device"], rec["gpu_index"] = schema.DEV_CTL, -1
     early = incidents.from_probe(rec)
     assert early == incidents.Incident(14, 5, "rm", "RM_ALLOC", 0x51, None)
+    api = rec.copy()
+    api["status"], api["nr"] = 2, 1
+    assert incidents.from_probe(api, {1: "cuMemAlloc_v2_ptsz"}) == incidents.Incident(
+        14, 5, "api", "cuMemAlloc_v2_ptsz", 2)
     got: list[incidents.Incident] = []
     sig = incidents.IncidentSignal()
     sig.subscribe(got.append)
