@@ -52,6 +52,7 @@ struct pending_mmap {
 BPF_RINGBUF_OUTPUT(ioctl_events, GT_IOCTL_RB_PAGES);
 BPF_RINGBUF_OUTPUT(mapping_events, 256);
 BPF_RINGBUF_OUTPUT(proc_events, 64);
+BPF_RINGBUF_OUTPUT(oom_events, 1); /* read by its own thread, woken per record */
 BPF_PERCPU_ARRAY(drops, u64, GT_NBUF);
 BPF_ARRAY(config, struct gt_config, 1);
 BPF_ARRAY(uvm_layouts, struct uvm_layout, GT_UVM_SLOTS);

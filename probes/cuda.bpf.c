@@ -217,6 +217,14 @@ int uretprobe_cuda(struct pt_regs *ctx)
     p->active = 0;
     u64 id = bpf_get_current_pid_tgid();
     u32 pid = id >> 32;
+    /* Out of device memory: heard at once. The device allocations' ids (cuMemAlloc,
+     * Pitch, Managed, Async, FromPoolAsync; record/incidents.py says the same). */
+    if ((s32)PT_REGS_RC(ctx) == GT_CUDA_ERROR_OUT_OF_MEMORY &&
+        (p->func < 8 || (p->func >= 12 && p->func < 16) || (p->func >= 52 && p->func < 60))) {
+        struct oom_event o = {.ts_ns = now, .pid = pid, .status = GT_CUDA_ERROR_OUT_OF_MEMORY,
+                              .nr = p->func, .gpu_index = -1};
+        cuda_oom_events.ringbuf_output(&o, sizeof(o), 0);
+    }
     /* Built in place in the ring buffer: no copy from the stack. */
     struct cuda_event *e = cuda_events.ringbuf_reserve(sizeof(struct cuda_event));
     if (e) {

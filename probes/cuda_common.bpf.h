@@ -40,6 +40,11 @@ struct cuda_path {
 };
 
 BPF_RINGBUF_OUTPUT(cuda_events, GT_CUDA_RB_PAGES);
+/* CUDA_ERROR_OUT_OF_MEMORY of a device allocation, sent at once with a wakeup to the
+ * recorder's incident thread (struct oom_event: status = the CUresult, nr = the
+ * function id, device 0, gpu_index -1). */
+BPF_RINGBUF_OUTPUT(cuda_oom_events, 1);
+#define GT_CUDA_ERROR_OUT_OF_MEMORY 2
 BPF_PERCPU_ARRAY(cuda_drops, u64, 1);
 /* The user stack of an allocation, at most GT_CUDA_STACK_DEPTH frames
  * (`record --stack-depth`, 1..127), walked by cuda_stack_id() in cuda.bpf.c.

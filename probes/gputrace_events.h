@@ -128,6 +128,21 @@ struct proc_event {
     char comm[16];
 };
 
+/* A "no memory" failure (NV_ERR_NO_MEMORY from RM_ALLOC, RM_VID_HEAP_CONTROL or a UVM
+ * command), sent at once with a wakeup to the recorder's incident thread so its RM
+ * sampler asks the GPU while the failure is fresh; the ioctl row follows as usual
+ * (24 bytes). */
+#define GT_NV_ERR_NO_MEMORY 0x51u
+struct oom_event {
+    u64 ts_ns;          /* CLOCK_MONOTONIC when the call returned: the row's ts_ns + latency_ns */
+    u32 pid;            /* tgid */
+    u32 status;         /* NV_STATUS */
+    u32 nr;             /* RM escape or UVM command */
+    u8 device;          /* GT_DEV_* */
+    u8 _pad0;
+    s16 gpu_index;      /* N of nvidiaN, -1 otherwise */
+};
+
 /* Value of the `proc_starts` map (key: the new task's id; probes/nv_lifecycle.bpf.h):
  * how a process that started during the recording began. Written at every fork
  * and exec of the host and emitted nowhere: the recorder looks a process up when

@@ -179,6 +179,13 @@ static __always_inline int ioctl_exit(long ret, u64 id)
     if (p.v.kind == GT_DEV_UVM && p.cmd == GT_UVM_INITIALIZE && ret == 0 &&
         (e->valid & GT_V_STATUS) && e->status == 0)
         emit_proc(GT_PROC_UVM_INIT, id >> 32, 0, p.fd);
+    /* Out of memory: the one record sent with a wakeup (one compare per ioctl). */
+    if (e->status == GT_NV_ERR_NO_MEMORY && (e->valid & GT_V_STATUS) &&
+        (p.v.kind == GT_DEV_UVM || e->nr == GT_ESC_RM_ALLOC || e->nr == GT_ESC_RM_VID_HEAP_CONTROL)) {
+        struct oom_event o = {.ts_ns = now, .pid = id >> 32, .status = e->status, .nr = e->nr,
+                              .device = p.v.kind, .gpu_index = p.v.gpu};
+        oom_events.ringbuf_output(&o, sizeof(o), 0);
+    }
     st->count = n + 1;
     if (n + 1 >= GT_STAGE_EVENTS)
         stage_submit(st);

@@ -238,6 +238,11 @@ def _driver_lines(dl: Any) -> list[str]:
             f"{dl.get('sample_interval_ms')} ms" if rm.get("open")
             else f"rm         no RM client: {rm.get('error') or 'not opened'}"
         )
+        if rm.get("open") and "pid_samples" in rm:  # recorders that ask per process
+            lines.append(
+                f"  per pid  {rm.get('pid_samples', 0)} samples every "
+                f"{dl.get('pid_sample_interval_ms')} ms, {rm.get('pid_query_failures', 0)} "
+                f"refused; {rm.get('incident_samples', 0)} incident samples")  # fmt: skip
     return lines
 
 

@@ -93,6 +93,12 @@ def register(app: typer.Typer) -> None:
                          help="How often GPU memory (heap free, largest free region) "
                               "is sampled from RM (default: 100ms)."),
         ] = None,
+        pid_memory_interval: Annotated[
+            str | None,
+            typer.Option("--pid-memory-interval", metavar="DURATION",
+                         help="How often the driver's per-process GPU memory is sampled "
+                              "from RM (default: 1s; incidents sample it at once too)."),
+        ] = None,
         stack_depth: Annotated[
             str | None,
             typer.Option("--stack-depth", metavar="N",
@@ -176,6 +182,11 @@ def register(app: typer.Typer) -> None:
             sample_ms = parse_duration_ns(sample_interval, "--sample-interval",
                                           minimum_ns=1_000_000,
                                           maximum_ns=3600 * 10**9) / 1e6  # fmt: skip
+        pid_ms = Options.pid_sample_ms
+        if pid_memory_interval is not None:
+            pid_ms = parse_duration_ns(pid_memory_interval, "--pid-memory-interval",
+                                       minimum_ns=1_000_000,
+                                       maximum_ns=3600 * 10**9) / 1e6  # fmt: skip
         depth = Options.stack_depth
         if stack_depth is not None:
             depth = parse_count(stack_depth, "--stack-depth", minimum=1,
@@ -207,6 +218,7 @@ def register(app: typer.Typer) -> None:
             driver_layer=not no_driver_layer,
             uvm_queue_entries=entries,
             sample_ms=sample_ms,
+            pid_sample_ms=pid_ms,
             uvm_queue_version=queue_version,
             stack_depth=depth,
             raw=raw,

@@ -36,6 +36,7 @@ class Options:
     driver_layer: bool = True  # --no-driver-layer turns it off
     uvm_queue_entries: int = uvm_tools.DEFAULT_QUEUE_ENTRIES
     sample_ms: float = memory_sampler.DEFAULT_SAMPLE_MS  # --sample-interval
+    pid_sample_ms: float = memory_sampler.DEFAULT_PID_SAMPLE_MS  # --pid-memory-interval
     uvm_queue_version: int | None = None  # --uvm-queue-version (tests)
     stack_depth: int = cuda.STACK_DEPTH  # --stack-depth: frames per allocation stack
     raw: bool = False  # --raw: ioctl events written undecoded (rawparts.py)

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from gputrace import schema
 from gputrace.record import decode, hooks, procfs
 from gputrace.record import driver_version as driver
+from gputrace.record.incidents import IncidentSignal
 from gputrace.trace.writer import TraceWriter
 
 if TYPE_CHECKING:  # the layers import this module
@@ -97,6 +98,9 @@ class Session:
     decode_errors: dict[str, int] = field(default_factory=dict)
     observers: list[Observer] = field(default_factory=list)
     observer_errors: int = 0
+    # "no memory" failures in the rows appended: the RM sampler (and any other part)
+    # subscribes to act at once
+    incidents: IncidentSignal = field(default_factory=IncidentSignal)
     rows: dict[str, int] = field(default_factory=dict)
     backlog_bytes: int = 0  # raw bytes handed to the writer thread and not yet taken
     spill_bytes: int = 32 << 20  # past this backlog, ioctl events are written raw
@@ -136,7 +140,9 @@ class Session:
             self.append(buf.table, batch)
 
     def append(self, table: str, batch: Batch) -> None:
-        """Append rows to the trace, then hand them to the observers."""
+        """Hand rows to the incident signal (first: an incident's RM sample must not
+        wait for the write), append them to the trace, then hand them to the observers."""
+        self.incidents.observe(table, batch)
         self.w.append(table, batch)
         with self._lock:
             self.rows[table] = self.rows.get(table, 0) + batch.num_rows

@@ -31,6 +31,7 @@ from gputrace.schema.driver_evidence import (
     FAULT_BATCHES,
     FAULTS,
     GPU_MEMORY,
+    GPU_PROCESS_MEMORY,
     MIGRATIONS,
     UVM_COUNTERS_TABLE,
     UVM_EVENTS,
@@ -81,8 +82,8 @@ __all__ = [
     "DEVICE_KINDS", "DEV_CTL", "DEV_GPU", "DEV_UVM", "DEV_UVM_TOOLS",
     "ENUMS", "FAULTS", "FAULT_BATCHES", "FAULT_SOURCES", "FAULT_TYPES",
     "FD_OPS", "FILES", "FLEET_COLUMNS", "FLEET_PARTITIONS", "FORMAT_NAME", "FORMAT_VERSION",
-    "GPU_MEMORY", "IOCTLS", "IOCTL_COMMANDS", "LAYERS", "MANIFEST_FIELDS", "MAPPINGS",
-    "MAPPING_OPS",
+    "GPU_MEMORY", "GPU_PROCESS_MEMORY", "IOCTLS", "IOCTL_COMMANDS", "LAYERS",
+    "MANIFEST_FIELDS", "MAPPINGS", "MAPPING_OPS",
     "MIGRATIONS", "MIGRATION_CAUSES", "PROCESSES", "SCHEMA_VERSION", "STACKS", "TABLES",
     "TOOLS_ACCESS_TYPES", "TOOLS_CLIENT_TYPES", "TOOLS_FATAL_REASONS", "TOOLS_FAULT_TYPES",
     "TOOLS_MAP_REMOTE_CAUSES", "TOOLS_MIGRATION_CAUSES", "UVM_COUNTERS", "UVM_COUNTERS_TABLE",
@@ -105,6 +106,7 @@ TABLES: dict[str, Table] = {
         UVM_EVENTS,
         UVM_COUNTERS_TABLE,
         GPU_MEMORY,
+        GPU_PROCESS_MEMORY,
         ALERTS,
         ALLOCATOR_SEGMENTS,
         ALLOCATOR_BLOCKS,
@@ -120,8 +122,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
 }
 """Tables each layer writes. `driver` is in-kernel driver hooks (PMM chunks, fault
 batches); `uvm_tools` is the driver's own UVM tools event stream and counters
-(no kernel hooks); `rm_query` is RM queries of our own client (GPU memory); `live` is
-what the recorder concluded while recording (alerts); `allocator` is PyTorch's caching
+(no kernel hooks); `rm_query` is RM queries of our own client (GPU memory, and per
+process); `live` is what the recorder concluded while recording (alerts); `allocator`
+is PyTorch's caching
 allocator (segments, tensors, its memory history), imported from a memory snapshot
 (`gputrace import torch-snapshot`), never recorded."""
 
@@ -151,6 +154,8 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
      "list of {pid, attached_ts_ns} for processes whose UVM activity before the tracker "
      "attached is missing (processes already running when recording began)"),
     ("driver_layer.sample_interval_ms", "period of the gpu_memory and uvm_counters samples"),
+    ("driver_layer.pid_sample_interval_ms", "period of the gpu_process_memory samples "
+     "(incidents add their own gpu_memory and gpu_process_memory samples at once)"),
     ("gpus", "GPUs: index (the trace GPU index every table uses), memory_bytes, name, uuid"),
     ("synthetic", "true for traces built by gputrace.trace.builder, never recorded"),
     ("imported", "list of what `gputrace import` added: {kind (`torch-snapshot`), layer, "

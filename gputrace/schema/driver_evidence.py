@@ -1,6 +1,7 @@
 """Tables of the driver's evidence: faults, fault batches, migrations, UVM tools events
 and counters (layer `uvm_tools`: the driver's own event stream), CPU faults (layer
-`cpu_faults`), GPU memory samples (layer `rm_query`: our own RM client's queries)
+`cpu_faults`), GPU memory samples and per-process GPU memory (layer `rm_query`: our
+own RM client's queries)
 and PMM chunk events (layer `driver`: in-kernel hooks, where a host allows them).
 """
 
@@ -165,6 +166,35 @@ GPU_MEMORY = Table(
                "offset of the largest free region in the heap (LARGEST_FREE_REGION_BASE)"),
         Column("status", U32, "",
                "RM status of the query (0 = NV_OK; other values leave the sizes null)", False),
+        Column("trigger", STR, "",
+               "why the sample was taken: `tick` (the sampler's period) or `incident` (a "
+               "\"no memory\" failure on this GPU; null in traces older than this column)"),
+        Column("delay_ns", I64, "ns",
+               "incident samples: time from the failed call's return to this sample "
+               "(null for ticks)"),
+    ),
+)
+
+GPU_PROCESS_MEMORY = Table(
+    "gpu_process_memory",
+    "GPU memory per process from the driver's own accounting, the way nvidia-smi lists "
+    "processes: RM's NV2080_CTRL_CMD_GPU_GET_PIDS names the processes holding memory on "
+    "a GPU and NV2080_CTRL_CMD_GPU_GET_PID_INFO their video memory, asked from the host's "
+    "PID namespace. Every process counts, traced or not, including ones started before "
+    "the recording.",
+    "rm_query",
+    (
+        Column("ts_ns", I64, "ns", "CLOCK_MONOTONIC time of the query", False),
+        Column("gpu_index", I16, "", "GPU, trace GPU index", False),
+        Column("pid", I32, "", "process, host pid as the driver reports it", False),
+        Column("vidmem_bytes", U64, "bytes",
+               "video memory the driver attributes to the process (GET_PID_INFO index 0; "
+               "null when the query failed)"),
+        Column("trigger", STR, "",
+               "why the query was made: `tick` (its own period) or `incident` (a \"no "
+               "memory\" failure on this GPU)", False),
+        Column("status", U32, "",
+               "RM status of the query (0 = NV_OK; other values leave the bytes null)", False),
     ),
 )
 

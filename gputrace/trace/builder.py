@@ -271,13 +271,23 @@ class TraceBuilder:
         self.row("uvm_counters", ts_ns=ns(t), pid=pid, counter_code=code, value=value)
 
     def gpu_memory(self, t: float, gpu: int, *, heap: int, free: int, largest: int,
-                   base: int = 0, status: int = 0) -> None:
-        """An RM memory sample of one GPU (sizes in bytes; null when status != 0)."""
+                   base: int = 0, status: int = 0, trigger: str | None = None,
+                   delay_ns: int | None = None) -> None:
+        """An RM memory sample of one GPU (sizes in bytes; null when status != 0);
+        `trigger` "tick" or "incident" (null: a trace older than the column)."""
         ok = status == 0
         self.row("gpu_memory", ts_ns=ns(t), gpu_index=gpu, status=status,
                  heap_size_bytes=heap if ok else None, heap_free_bytes=free if ok else None,
                  largest_free_bytes=largest if ok else None,
-                 largest_free_base_bytes=base if ok else None)
+                 largest_free_base_bytes=base if ok else None, trigger=trigger,
+                 delay_ns=delay_ns)
+
+    def gpu_process_memory(self, t: float, gpu: int, pid: int, vidmem: int | None, *,
+                           trigger: str = "tick", status: int = 0) -> None:
+        """The driver's account of one process's video memory on one GPU (bytes; null
+        when status != 0)."""
+        self.row("gpu_process_memory", ts_ns=ns(t), gpu_index=gpu, pid=pid,
+                 vidmem_bytes=vidmem if status == 0 else None, trigger=trigger, status=status)
 
     def chunk(self, t: float, gpu: int, op: str, address: int, log2_size: int, *,
               mem_type: int = 0, pid: int | None = None) -> None:

@@ -136,6 +136,16 @@ def test_api_and_syscall_layers_exact(tmp_path: Path) -> None:
     assert mine.filter(pl.col("name") == "RM_ALLOC").height >= 20
     first_alloc = calls.filter(pl.col("func") == "cuMemAlloc_v2")["ts_ns"].min()
     assert ioctls["ts_ns"].min() < first_alloc < ioctls["ts_ns"].max()  # type: ignore[operator]
+    # the 1 TiB cuMemAlloc_v2 failing with CUDA_ERROR_OUT_OF_MEMORY was heard from the
+    # API probe's own record, and the GPU sampled for it, timed from its return
+    oom = calls.filter((pl.col("result") == 2) & (pl.col("func") == "cuMemAlloc_v2"))
+    rm_oom = ioctls.filter(pl.col("status") == 0x51)
+    assert oom.height == 1
+    assert t.manifest["oom_watch"]["incidents"] == t.manifest["oom_watch"]["early"] == (
+        oom.height + rm_oom.height)
+    inc = t.scan("gpu_memory").filter(pl.col("trigger") == "incident").collect()
+    ret = oom["ts_ns"][0] + oom["latency_ns"][0]
+    assert ret in (inc["ts_ns"] - inc["delay_ns"]).to_list()
 
 
 def record_dlopen_twin(out: Path) -> Any:

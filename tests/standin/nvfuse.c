@@ -87,6 +87,8 @@ struct backing {
     int gpu;
     enum mem_kind kind;
     int refs;
+    pid_t owner;   /* tgid of the client that allocated it: GET_PID_INFO's process */
+    unsigned mark; /* GET_PID_INFO pass that counted it (a duped handle counts once) */
 };
 
 struct obj {
@@ -99,6 +101,7 @@ struct obj {
     /* clients only */
     struct ofile *owner;
     pid_t pid;
+    pid_t tgid; /* the process, as GET_PIDS names it */
     NvHandle next_auto;
     struct obj *cprev, *cnext;
 };
@@ -141,6 +144,7 @@ static struct {
     time_t start;
 } g;
 
+static pid_t tgid_of(pid_t tid);
 static void vlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void vlog(const char *fmt, ...)
 {
@@ -549,6 +553,7 @@ static NV_STATUS rm_alloc(struct call *c, NvHandle hRoot, NvHandle hParent, NvHa
         struct obj *o = obj_new(h, h, NV01_ROOT_CLIENT, NULL);
         o->owner = c->of;
         o->pid = c->pid;
+        o->tgid = tgid_of(c->pid);
         o->next_auto = 0xcaf00000u;
         o->cnext = g.clients;
         if (g.clients)
@@ -601,6 +606,8 @@ static NV_STATUS rm_alloc(struct call *c, NvHandle hRoot, NvHandle hParent, NvHa
     struct obj *o = obj_new(hRoot, h, *hClass, parent);
     o->gpu = gpu;
     o->mem = mem;
+    if (mem)
+        mem->owner = client->tgid;
     *hNew = h;
     return NV_OK;
 }
@@ -749,6 +756,60 @@ static NV_STATUS rm_fb_get_info(struct call *c, NVOS54_PARAMETERS *p, int gpu)
     CTRL_OUT();
 }
 
+/* GET_PIDS: the processes holding a subdevice of this GPU (the class query for
+ * NV20_SUBDEVICE_0, as nvidia-smi asks); other ids answer the same set, as every
+ * stand-in client that allocates memory holds one. */
+static NV_STATUS rm_get_pids(struct call *c, NVOS54_PARAMETERS *p, int gpu)
+{
+    CTRL_IO(NV2080_CTRL_GPU_GET_PIDS_PARAMS);
+    if (q.idType != NV2080_CTRL_GPU_GET_PIDS_ID_TYPE_CLASS)
+        return NV_ERR_INVALID_ARGUMENT;
+    q.pidTblCount = 0;
+    for (struct obj *cl = g.clients; cl; cl = cl->cnext) {
+        int holds = 0;
+        for (unsigned s = 0; s < HBUCKETS && !holds; s++)
+            for (struct obj *o = g.htab[s]; o && !holds; o = o->hnext)
+                holds = o->client == cl->handle && o->hclass == NV20_SUBDEVICE_0 && o->gpu == gpu;
+        int seen = 0;
+        for (NvU32 i = 0; i < q.pidTblCount; i++)
+            seen |= q.pidTbl[i] == (NvU32)cl->tgid;
+        if (holds && !seen && q.pidTblCount < NV2080_CTRL_GPU_GET_PIDS_MAX_COUNT)
+            q.pidTbl[q.pidTblCount++] = (NvU32)cl->tgid;
+    }
+    CTRL_OUT();
+}
+
+/* GET_PID_INFO, video memory usage: the vidmem on this GPU each process allocated
+ * (memPrivate; a handle another process duped still counts for its owner, once). */
+static NV_STATUS rm_get_pid_info(struct call *c, NVOS54_PARAMETERS *p, int gpu)
+{
+    static unsigned pass;
+    CTRL_IO(NV2080_CTRL_GPU_GET_PID_INFO_PARAMS);
+    if (q.pidInfoListCount > NV2080_CTRL_GPU_GET_PID_INFO_MAX_COUNT)
+        return NV_ERR_INVALID_ARGUMENT;
+    for (NvU32 i = 0; i < q.pidInfoListCount; i++) {
+        NV2080_CTRL_GPU_PID_INFO *e = &q.pidInfoList[i];
+        memset(&e->data, 0, sizeof e->data);
+        e->smcSubscription.computeInstanceId = e->smcSubscription.gpuInstanceId = 0xffffffffu;
+        if (e->index != NV2080_CTRL_GPU_PID_INFO_INDEX_VIDEO_MEMORY_USAGE) {
+            e->result = NV_ERR_INVALID_ARGUMENT;
+            continue;
+        }
+        e->result = NV_OK;
+        pass++;
+        for (unsigned s = 0; s < HBUCKETS; s++)
+            for (struct obj *o = g.htab[s]; o; o = o->hnext) {
+                struct backing *m = o->mem;
+                if (m && m->kind == MEM_VID && m->gpu == gpu && m->owner == (pid_t)e->pid &&
+                    m->mark != pass) {
+                    m->mark = pass;
+                    e->data.memPrivate += m->size;
+                }
+            }
+    }
+    CTRL_OUT();
+}
+
 static NV_STATUS rm_control(struct call *c, NVOS54_PARAMETERS *p)
 {
     if (!client_find(p->hClient))
@@ -760,6 +821,10 @@ static NV_STATUS rm_control(struct call *c, NVOS54_PARAMETERS *p)
         return rm_control_client(c, p);
     if (target->hclass == NV20_SUBDEVICE_0 && p->cmd == NV2080_CTRL_CMD_FB_GET_INFO_V2)
         return rm_fb_get_info(c, p, target->gpu);
+    if (target->hclass == NV20_SUBDEVICE_0 && p->cmd == NV2080_CTRL_CMD_GPU_GET_PIDS)
+        return rm_get_pids(c, p, target->gpu);
+    if (target->hclass == NV20_SUBDEVICE_0 && p->cmd == NV2080_CTRL_CMD_GPU_GET_PID_INFO)
+        return rm_get_pid_info(c, p, target->gpu);
     if (target->hclass == NV20_SUBDEVICE_0 && p->cmd == NV2080_CTRL_CMD_GPU_GET_GID_INFO) {
         CTRL_IO(NV2080_CTRL_GPU_GET_GID_INFO_PARAMS);
         q.length = uuid_fill(target->gpu, q.flags, q.data);
@@ -929,6 +994,7 @@ static NV_STATUS rm_vid_heap(NVOS32_PARAMETERS *p)
     struct obj *o = obj_new(p->hRoot, h, kind == MEM_SYS ? NV01_MEMORY_SYSTEM : NV01_MEMORY_LOCAL_USER,
                             parent);
     o->mem = mem;
+    mem->owner = client->tgid;
     a->hMemory = h;
     a->size = size;
     a->offset = offset;

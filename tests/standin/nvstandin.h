@@ -964,6 +964,47 @@ typedef struct {
     NvU8 data[256];
 } NV2080_CTRL_GPU_GET_GID_INFO_PARAMS;
 NVSA_SIZE(NV2080_CTRL_GPU_GET_GID_INFO_PARAMS, 268);
+/* NV2080 per-process memory, as nvidia-smi lists processes (ctrl2080gpu.h, tag 580.142;
+ * docs/driver-facts.md §2; the recorder's mirror is gputrace/record/rm_query/abi.py). */
+#define NV2080_CTRL_CMD_GPU_GET_PIDS 0x2080018du
+#define NV2080_CTRL_GPU_GET_PIDS_MAX_COUNT 950u
+#define NV2080_CTRL_GPU_GET_PIDS_ID_TYPE_CLASS 0u
+typedef struct {
+    NvU32 idType;
+    NvU32 id;
+    NvU32 pidTblCount;
+    NvU32 pidTbl[NV2080_CTRL_GPU_GET_PIDS_MAX_COUNT];
+} NV2080_CTRL_GPU_GET_PIDS_PARAMS;
+NVSA_SIZE(NV2080_CTRL_GPU_GET_PIDS_PARAMS, 3812);
+#define NV2080_CTRL_CMD_GPU_GET_PID_INFO 0x2080018eu
+#define NV2080_CTRL_GPU_GET_PID_INFO_MAX_COUNT 200u
+#define NV2080_CTRL_GPU_PID_INFO_INDEX_VIDEO_MEMORY_USAGE 0u
+typedef struct {
+    NvU64 memPrivate __attribute__((aligned(8)));
+    NvU64 memSharedOwned __attribute__((aligned(8)));
+    NvU64 memSharedDuped __attribute__((aligned(8)));
+    NvU64 protectedMemPrivate __attribute__((aligned(8)));
+    NvU64 protectedMemSharedOwned __attribute__((aligned(8)));
+    NvU64 protectedMemSharedDuped __attribute__((aligned(8)));
+} NV2080_CTRL_GPU_PID_INFO_VIDEO_MEMORY_USAGE_DATA;
+typedef struct {
+    NvU32 pid;
+    NvU32 index;
+    NvU32 result;
+    NV2080_CTRL_GPU_PID_INFO_VIDEO_MEMORY_USAGE_DATA data __attribute__((aligned(8)));
+    struct {
+        NvU32 computeInstanceId;
+        NvU32 gpuInstanceId;
+    } smcSubscription;
+} NV2080_CTRL_GPU_PID_INFO;
+NVSA_SIZE(NV2080_CTRL_GPU_PID_INFO, 72);
+NVSA_OFF(NV2080_CTRL_GPU_PID_INFO, data, 16);
+typedef struct {
+    NvU32 pidInfoListCount;
+    NV2080_CTRL_GPU_PID_INFO pidInfoList[NV2080_CTRL_GPU_GET_PID_INFO_MAX_COUNT]
+        __attribute__((aligned(8)));
+} NV2080_CTRL_GPU_GET_PID_INFO_PARAMS;
+NVSA_SIZE(NV2080_CTRL_GPU_GET_PID_INFO_PARAMS, 14408);
 #define NV_GID_FLAGS_FORMAT_BINARY 2u
 /* The stand-in's RM GPU ids: GPU i is 0x100 * (i + 1) (real ids are PCI-derived, e.g. 0x6). */
 #define STANDIN_GPU_ID(i) (0x100u * ((NvU32)(i) + 1u))

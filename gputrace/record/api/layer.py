@@ -11,6 +11,7 @@ from gputrace.record.api import decode as decode_cuda
 from gputrace.record.api import libcuda as cuda
 from gputrace.record.api import watchdog
 from gputrace.record.layer import Batch, Buffer, Decoded, Due, Layer
+from gputrace.record.oom_watch import OomWatch
 from gputrace.record.session import Session
 
 
@@ -45,6 +46,7 @@ class ApiLayer(Layer):
     def __init__(self, api: cuda.LibcudaProbes) -> None:
         self.api = api
         self.drops = {cuda.BUFFER: 0}
+        self.oom: OomWatch | None = None
 
     @classmethod
     def validate(cls, opts: Any, prefix: str) -> Any:
@@ -69,6 +71,11 @@ class ApiLayer(Layer):
         self.api.configure(self_tgid=os.getpid(), filter_targets=s.filtered, pause=s.filtered)
         self.api.add_targets(s.targets)
         self.api.start(s.targets, s.filtered)
+        try:  # CUDA_ERROR_OUT_OF_MEMORY heard at once; else from the decoded rows
+            self.oom = OomWatch(self.api.bpf, s.incidents, "cuda_oom_events", self.api.names)
+        except Exception as e:
+            print(f"gputrace: warning: API-layer out-of-memory failures are noticed at decode "
+                  f"time only ({type(e).__name__}: {e})", file=sys.stderr, flush=True)  # fmt: skip
 
     def drain(self, s: Session, due: Due) -> list[tuple[str, Any]]:
         items = self.api.drain()
@@ -94,6 +101,9 @@ class ApiLayer(Layer):
         return {"drops": dict(self.drops)}
 
     def close(self, s: Session) -> None:
+        if self.oom is not None:
+            self.oom.close()
+            self.oom = None
         self.api.close()
         if self.api.guard is not None:
             self.api.guard.done()

@@ -65,7 +65,8 @@ class DriverLayer(Layer):
         try:  # built first: its options are refused even where it would not run
             layer = driver_layer.DriverPoller(
                 prefix, opts.driver_version, queue_entries=opts.uvm_queue_entries,
-                sample_ms=opts.sample_ms, rm=os.path.exists(prefix + "nvidiactl"),
+                sample_ms=opts.sample_ms, pid_sample_ms=opts.pid_sample_ms,
+                rm=os.path.exists(prefix + "nvidiactl"),
                 queue_version=opts.uvm_queue_version,
             )  # fmt: skip
         except uvm_tools.ToolsError as e:
@@ -86,6 +87,7 @@ class DriverLayer(Layer):
         initialized nvidia-uvm fd (-p, host mode: procfs seeding found them)."""
         self.layer.start()
         self._started = True
+        s.incidents.subscribe(lambda inc: self.layer.incident(inc.ts_ns, inc.gpu_index))
         uvm: dict[int, list[int]] = {}
         for (pid, fd), (kind, _gpu) in sorted(s.seeded.items()):
             if kind == schema.DEV_UVM:

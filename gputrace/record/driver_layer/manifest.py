@@ -51,6 +51,7 @@ def fragment(
         "attach_failures": list(layer.failures),
         "missed_before_attach": list(layer.missed),
         "sample_interval_ms": layer.sample_ms,
+        "pid_sample_interval_ms": layer.pid_sample_ms,
         "tools_abi": {
             "name": layer.abi.name,
             "queue_version": layer.abi.version,
@@ -96,7 +97,8 @@ def rm_facts(
     rm: rm_client.RmClient | None, error: str | None, sampler: memory_sampler.MemorySampler | None
 ) -> dict[str, Any]:
     """The recorder's RM client: whether it opened (else why not), its GPUs and
-    how each is queried, its notes, and how many memory samples it took."""
+    how each is queried, its notes, and how many memory samples it took (per period,
+per process, for incidents)."""
     if rm is None:
         return {"open": False, "error": error}
     return {
@@ -113,4 +115,7 @@ def rm_facts(
         ],
         "notes": list(rm.notes),
         "samples": sampler.samples if sampler else 0,
+        "pid_samples": sampler.pid_samples if sampler else 0,
+        "pid_query_failures": sampler.pid_failures if sampler else 0,
+        "incident_samples": sampler.incident_samples if sampler else 0,
     }

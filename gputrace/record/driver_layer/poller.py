@@ -53,6 +53,7 @@ class DriverPoller:
         driver_version: str | None,
         queue_entries: int = uvm_tools.DEFAULT_QUEUE_ENTRIES,
         sample_ms: float = memory_sampler.DEFAULT_SAMPLE_MS,
+        pid_sample_ms: float = memory_sampler.DEFAULT_PID_SAMPLE_MS,
         drain_ms: float = DEFAULT_DRAIN_MS,
         proc_root: str = "/",
         rm: bool = True,
@@ -61,6 +62,7 @@ class DriverPoller:
     ) -> None:
         self.devdir = os.path.abspath(devdir)
         self.sample_ms = memory_sampler.validate_interval_ms(sample_ms)
+        self.pid_sample_ms = memory_sampler.validate_interval_ms(pid_sample_ms)
         self.drain_s = memory_sampler.validate_interval_ms(drain_ms) / 1000.0
         if queue_entries < 2 or queue_entries & (queue_entries - 1):
             raise uvm_tools.ToolsError(
@@ -104,7 +106,8 @@ class DriverPoller:
                 self.rm_error = str(e)
             else:
                 self._gpu_uuids = {**self.rm.gpu_uuids(), **self._gpu_uuids}
-                self.sampler = memory_sampler.MemorySampler(self.rm, self.sample_ms)
+                self.sampler = memory_sampler.MemorySampler(self.rm, self.sample_ms,
+                                                            self.pid_sample_ms)
                 self.sampler.start()
         with contextlib.suppress(uvm_tools.ToolsError, TakeError):
             # started before any target runs: its first answer is not its start-up
@@ -112,6 +115,12 @@ class DriverPoller:
             self._taker.start()
         self._thread = threading.Thread(target=self._run, name="gputrace-uvm-tools", daemon=True)
         self._thread.start()
+
+    def incident(self, failed_ns: int, gpu_index: int | None) -> None:
+        """A "no memory" failure returned at `failed_ns` on `gpu_index` (None:
+        unknown): the RM sampler queries that GPU now (no-op without RM)."""
+        if self.sampler is not None:
+            self.sampler.incident(failed_ns, gpu_index)
 
     @property
     def pid(self) -> int:
@@ -266,6 +275,9 @@ class DriverPoller:
             rows = self.sampler.take()
             if rows:
                 add({"gpu_memory": driver_samples.gpu_memory_table(rows)})
+            procs = self.sampler.take_processes()
+            if procs:
+                add({"gpu_process_memory": driver_samples.gpu_process_memory_table(procs)})
         return out
 
     def attached_pids(self) -> list[int]:

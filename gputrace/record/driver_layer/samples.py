@@ -1,5 +1,6 @@
 """Rows of the driver layer's periodic samples: `uvm_counters` (a UVM tools counter
-tracker's array) and `gpu_memory` (our RM client's FB_GET_INFO_V2 answers).
+tracker's array) `gpu_memory` (our RM client's FB_GET_INFO_V2 answers) and `gpu_process_memory` (its
+GET_PIDS/GET_PID_INFO answers).
 
 Pure numpy/pyarrow, like the event decoder (`decode_uvm`) beside it.
 """
@@ -28,6 +29,21 @@ class GpuMemorySample:
     heap_free_bytes: int | None = None
     largest_free_bytes: int | None = None
     largest_free_base_bytes: int | None = None
+    trigger: str = "tick"
+    delay_ns: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuProcessMemorySample:
+    """One process's video memory on one GPU from RM's GET_PID_INFO (a
+    `gpu_process_memory` row); bytes None when the query failed (status != 0)."""
+
+    ts_ns: int
+    gpu_index: int
+    pid: int
+    status: int
+    vidmem_bytes: int | None = None
+    trigger: str = "tick"
 
 def counters_table(ts_ns: int, pid: int, counters: Sequence[int]) -> pa.Table:
     """`uvm_counters` rows of one sample of a counter tracker's array (indexed by
@@ -50,4 +66,13 @@ def gpu_memory_table(rows: Sequence[GpuMemorySample]) -> pa.Table:
             for k in ("heap_size_bytes", "heap_free_bytes", "largest_free_bytes",
                       "largest_free_base_bytes"):
                 data[k][i] = None
+    return pa.Table.from_pydict(data, schema=t.arrow_schema)
+
+
+def gpu_process_memory_table(rows: Sequence[GpuProcessMemorySample]) -> pa.Table:
+    """`gpu_process_memory` rows of RM per-process samples (bytes null where the query
+    failed)."""
+    t = schema.table("gpu_process_memory")
+    data = {c.name: [getattr(r, c.name) for r in rows] for c in t.columns}
+    data["vidmem_bytes"] = [r.vidmem_bytes if r.status == 0 else None for r in rows]
     return pa.Table.from_pydict(data, schema=t.arrow_schema)

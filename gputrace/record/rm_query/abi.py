@@ -159,3 +159,49 @@ class FbInfoV2(ctypes.Structure):
     """NV2080_CTRL_FB_GET_INFO_V2_PARAMS (1028 bytes)."""
 
     _fields_ = [("fbInfoListSize", ctypes.c_uint32), ("fbInfoList", FbInfo * 128)]
+
+
+# --- per-process GPU memory, as nvidia-smi lists processes ------------------------------------
+# ctrl2080gpu.h at tag 580.142 of github.com/NVIDIA/open-gpu-kernel-modules (the nearest
+# tag at or below the H200's 580.159.04); docs/driver-facts.md §2.
+NV2080_CTRL_CMD_GPU_GET_PIDS = 0x2080018D
+NV2080_CTRL_CMD_GPU_GET_PID_INFO = 0x2080018E
+GET_PIDS_ID_TYPE_CLASS = 0x0
+GET_PIDS_MAX_COUNT = 950
+GET_PID_INFO_MAX_COUNT = 200
+PID_INFO_INDEX_VIDEO_MEMORY_USAGE = 0x0
+
+
+class GetPidsParams(ctypes.Structure):
+    """NV2080_CTRL_GPU_GET_PIDS_PARAMS (3812 bytes). With idType CLASS and id
+    NV20_SUBDEVICE_0, RM lists every process holding a subdevice of the GPU, with or
+    without a GPU context."""
+
+    _fields_ = [("idType", ctypes.c_uint32), ("id", ctypes.c_uint32),
+                ("pidTblCount", ctypes.c_uint32),
+                ("pidTbl", ctypes.c_uint32 * GET_PIDS_MAX_COUNT)]  # fmt: skip
+
+
+class VidMemUsage(ctypes.Structure):
+    """NV2080_CTRL_GPU_PID_INFO_VIDEO_MEMORY_USAGE_DATA (48 bytes)."""
+
+    _fields_ = [("memPrivate", ctypes.c_uint64), ("memSharedOwned", ctypes.c_uint64),
+                ("memSharedDuped", ctypes.c_uint64), ("protectedMemPrivate", ctypes.c_uint64),
+                ("protectedMemSharedOwned", ctypes.c_uint64),
+                ("protectedMemSharedDuped", ctypes.c_uint64)]  # fmt: skip
+
+
+class PidInfo(ctypes.Structure):
+    """NV2080_CTRL_GPU_PID_INFO (72 bytes: `data` 8-aligned at 16)."""
+
+    _fields_ = [("pid", ctypes.c_uint32), ("index", ctypes.c_uint32),
+                ("result", ctypes.c_uint32), ("data", VidMemUsage),
+                ("computeInstanceId", ctypes.c_uint32),
+                ("gpuInstanceId", ctypes.c_uint32)]  # fmt: skip
+
+
+class GetPidInfoParams(ctypes.Structure):
+    """NV2080_CTRL_GPU_GET_PID_INFO_PARAMS (14408 bytes: the list 8-aligned at 8)."""
+
+    _fields_ = [("pidInfoListCount", ctypes.c_uint32),
+                ("pidInfoList", PidInfo * GET_PID_INFO_MAX_COUNT)]  # fmt: skip

@@ -6,7 +6,9 @@ Sequence (the one nvidia-smi issues on 580; ../shared/real-h200/README.md): open
 GPU_ATTACH_IDS, open each `nvidiaN` with WAIT_OPEN_COMPLETE and REGISTER_FD, a
 device (0x80) and a subdevice (0x2080) per GPU. Each sample is one
 `NV2080_CTRL_CMD_FB_GET_INFO_V2` per GPU for HEAP_SIZE, HEAP_FREE,
-LARGEST_FREE_REGION_SIZE and _BASE. Layouts: docs/driver-facts.md §2.
+LARGEST_FREE_REGION_SIZE and _BASE. Per process (`process_memory`): GPU_GET_PIDS
+names the processes holding a subdevice of the GPU and GPU_GET_PID_INFO their video
+memory, as nvidia-smi lists processes. Layouts: docs/driver-facts.md §2.
 
 The ABI (escape numbers, classes, parameter structs) is in `rm_abi`; the thread
 that samples every N ms is `memory_sampler.MemorySampler`.
@@ -25,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gputrace.record.driver_layer.samples import GpuMemorySample
+from gputrace.record.driver_layer.samples import GpuMemorySample, GpuProcessMemorySample
 from gputrace.record.driver_version import Version
 from gputrace.record.libc import ioctl
 from gputrace.record.rm_query.abi import (
@@ -40,6 +42,8 @@ from gputrace.record.rm_query.abi import (
     FB_INDICES,
     FB_LARGEST_FREE_BASE,
     FB_LARGEST_FREE_SIZE,
+    GET_PID_INFO_MAX_COUNT,
+    GET_PIDS_ID_TYPE_CLASS,
     GID_FLAGS_BINARY_SHA1,
     INVALID_ID,
     NV0000_CTRL_CMD_GPU_ATTACH_IDS,
@@ -50,8 +54,13 @@ from gputrace.record.rm_query.abi import (
     NV20_SUBDEVICE_0,
     NV2080_CTRL_CMD_FB_GET_INFO_V2,
     NV2080_CTRL_CMD_GPU_GET_GID_INFO,
+    NV2080_CTRL_CMD_GPU_GET_PID_INFO,
+    NV2080_CTRL_CMD_GPU_GET_PIDS,
+    PID_INFO_INDEX_VIDEO_MEMORY_USAGE,
     AttachIds,
     FbInfoV2,
+    GetPidInfoParams,
+    GetPidsParams,
     GidInfo,
     IdInfoV2,
     Nv0080Alloc,
@@ -315,3 +324,34 @@ class RmClient:
             largest_free_bytes=kib(FB_LARGEST_FREE_SIZE),
             largest_free_base_bytes=kib(FB_LARGEST_FREE_BASE),
         )  # fmt: skip
+
+    def process_memory(self, g: RmGpu,
+                       trigger: str = "tick") -> tuple[int, list[GpuProcessMemorySample]]:
+        """(GET_PIDS status, one row per process RM names on `g`): its video memory from
+        GET_PID_INFO. Our own client is left out. RM answers with host pids and counts
+        0 bytes for a pid asked from inside another PID namespace: ask from the host's."""
+        q = GetPidsParams(idType=GET_PIDS_ID_TYPE_CLASS, id=NV20_SUBDEVICE_0)
+        st = self.control(g.h_subdevice, NV2080_CTRL_CMD_GPU_GET_PIDS, q)
+        ts = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        if st != 0:
+            return st, []
+        me = self.pid
+        pids = sorted({int(p) for p in q.pidTbl[:min(q.pidTblCount, len(q.pidTbl))]} - {me})
+        rows: list[GpuProcessMemorySample] = []
+        for lo in range(0, len(pids), GET_PID_INFO_MAX_COUNT):
+            chunk = pids[lo:lo + GET_PID_INFO_MAX_COUNT]
+            info = GetPidInfoParams(pidInfoListCount=len(chunk))
+            for i, pid in enumerate(chunk):
+                info.pidInfoList[i].pid = pid
+                info.pidInfoList[i].index = PID_INFO_INDEX_VIDEO_MEMORY_USAGE
+            ist = self.control(g.h_subdevice, NV2080_CTRL_CMD_GPU_GET_PID_INFO, info)
+            ts = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            for i, pid in enumerate(chunk):
+                e = info.pidInfoList[i]
+                status = ist or int(e.result)
+                # RM's own per-process FB usage is private plus shared-owned memory
+                # (video_mem.c); duped handles belong to their owner.
+                used = int(e.data.memPrivate) + int(e.data.memSharedOwned)
+                rows.append(GpuProcessMemorySample(ts, g.gpu_index, pid, status,
+                                                   used if status == 0 else None, trigger))
+        return 0, rows

@@ -4,6 +4,7 @@ process lifecycle) and its ring buffers (docs/record.md)."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any, ClassVar
 
@@ -12,6 +13,7 @@ import numpy as np
 from gputrace import schema
 from gputrace.record import decode, loader
 from gputrace.record.layer import Buffer, Decoded, Due, Layer
+from gputrace.record.oom_watch import OomWatch
 from gputrace.record.session import Session
 
 DECODE_BYTES = 8 << 20  # hand ioctl events to the writer thread every ~50k
@@ -79,6 +81,8 @@ class SyscallLayer(Layer):
         # until when events are written raw for having come too fast
         self._rate = (0, time.monotonic())
         self._fast_until = 0.0
+        self.oom: OomWatch | None = None
+        self.oom_error: str | None = None
 
     @classmethod
     def build(cls, s: Session, prepared: Any) -> SyscallLayer:
@@ -102,6 +106,12 @@ class SyscallLayer(Layer):
 
     def attach(self, s: Session) -> None:
         self.p.add_targets(s.targets)
+        try:  # before the targets run: their first failure is heard at once
+            self.oom = OomWatch(self.p.bpf, s.incidents)
+        except Exception as e:  # the decoded rows still deliver every failure, later
+            self.oom_error = f"{type(e).__name__}: {e}"
+            print(f"gputrace: warning: out-of-memory failures are noticed at decode time "
+                  f"only ({self.oom_error})", file=sys.stderr, flush=True)  # fmt: skip
 
     def seed(self, s: Session) -> None:
         self.p.seed_fds(s.seeded)
@@ -156,7 +166,11 @@ class SyscallLayer(Layer):
     def manifest(self, s: Session, m: dict[str, Any]) -> dict[str, Any]:
         hooks = getattr(self.probes, "hooks", {}) if self.probes is not None else {}
         frag: dict[str, Any] = {"layers": ["syscall"], "drops": dict(self.drops),
-                                "syscall_hooks": hooks}  # fmt: skip
+                                "syscall_hooks": hooks,
+                                "oom_watch": {"open": self.oom is not None,
+                                              "error": self.oom_error,
+                                              "incidents": s.incidents.count,
+                                              "early": s.incidents.early}}  # fmt: skip
         if s.opts.raw or self.spilled:  # recorded undecoded (tables' raw_parts say where)
             frag["raw_tables"] = {"ioctls": "ioctl_event"}
         if self.spilled and not s.opts.raw:
@@ -164,6 +178,9 @@ class SyscallLayer(Layer):
         return frag
 
     def close(self, s: Session) -> None:
+        if self.oom is not None:
+            self.oom.close()
+            self.oom = None
         if self.probes is not None:
             self.probes.close()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gputrace import nvabi, schema
-from gputrace.record import decode, loader
+from gputrace.record import decode, incidents, loader
 from gputrace.record import driver_version as driver
 from gputrace.record.api import decode as decode_cuda
 from gputrace.record.api import libcuda as cuda
@@ -73,6 +73,8 @@ def python_value(name: str) -> int | None:
         "GT_PROC_EXIT": decode.PROC_EXIT,
         "GT_PROC_SEEN": decode.PROC_SEEN,
         "GT_PROC_UVM_INIT": decode.PROC_UVM_INIT,
+        "GT_NV_ERR_NO_MEMORY": nvabi.NV_ERR_NO_MEMORY,
+        "GT_CUDA_ERROR_OUT_OF_MEMORY": nvabi.CUDA_ERROR_OUT_OF_MEMORY,
         # the C default covers the largest pid_max, which the loader passes when it reads so
         "GT_TGID_WORDS": loader.tgid_words(Path("/nonexistent")),
         # the C defaults are the newest driver's offsets (the loader passes the resolved ones)

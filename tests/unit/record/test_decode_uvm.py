@@ -21,7 +21,13 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from gputrace.record.driver_layer.samples import GpuMemorySample, counters_table, gpu_memory_table
+from gputrace.record.driver_layer.samples import (
+    GpuMemorySample,
+    GpuProcessMemorySample,
+    counters_table,
+    gpu_memory_table,
+    gpu_process_memory_table,
+)
 from gputrace.record.uvm_tools.decode import UvmStreamContext, UvmStreamDecoder
 from tests.conftest import ROOT
 
@@ -407,12 +413,21 @@ def test_counters_and_gpu_memory_tables() -> None:
                         (2, "cpu_faults", 240), (7, "prefetch_bytes_htod", 5),
                         (8, "prefetch_bytes_dtoh", 6), (9, "gpu_faults", 70_813))]
     g = gpu_memory_table([GpuMemorySample(1, 0, 0, 10, 5, 4, 2),
-                          GpuMemorySample(2, 1, 0x59, 10, 5, 4, 2)])
+                          GpuMemorySample(2, 1, 0x59, 10, 5, 4, 2, "incident", 1234)])
     assert g.to_pylist() == [
         {"ts_ns": 1, "gpu_index": 0, "heap_size_bytes": 10, "heap_free_bytes": 5,
-         "largest_free_bytes": 4, "largest_free_base_bytes": 2, "status": 0},
+         "largest_free_bytes": 4, "largest_free_base_bytes": 2, "status": 0,
+         "trigger": "tick", "delay_ns": None},
         {"ts_ns": 2, "gpu_index": 1, "heap_size_bytes": None, "heap_free_bytes": None,
-         "largest_free_bytes": None, "largest_free_base_bytes": None, "status": 0x59}]
+         "largest_free_bytes": None, "largest_free_base_bytes": None, "status": 0x59,
+         "trigger": "incident", "delay_ns": 1234}]
+    p = gpu_process_memory_table([GpuProcessMemorySample(3, 0, 4242, 0, 96 << 20),
+                                  GpuProcessMemorySample(4, 0, 4243, 0x1f, 7, "incident")])
+    assert p.to_pylist() == [
+        {"ts_ns": 3, "gpu_index": 0, "pid": 4242, "vidmem_bytes": 96 << 20,
+         "trigger": "tick", "status": 0},
+        {"ts_ns": 4, "gpu_index": 0, "pid": 4243, "vidmem_bytes": None,
+         "trigger": "incident", "status": 0x1f}]
 
 
 @pytest.mark.parametrize("module", ["uvm_tools/decode", "uvm_tools/records", "uvm_tools/batches",

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gputrace.record import decode
+from gputrace.record import decode, incidents
 from gputrace.record.api import decode as decode_cuda
 from gputrace.record.cpu_faults import decode as decode_faults
 
@@ -33,6 +33,8 @@ STRUCTS = {
     "mblock": decode_faults.MBLOCK_DTYPE,
     # open/close/dup of NVIDIA fds (files table)
     "fd_event": decode.FD_DTYPE,
+    # "no memory" failures sent at once (record/incidents.py)
+    "oom_event": incidents.OOM_DTYPE,
 }
 
 

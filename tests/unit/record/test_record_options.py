@@ -121,6 +121,8 @@ def test_device_kinds_and_container_id() -> None:
         (["--sample-interval", "0"], "--sample-interval must be from 1 ms to 1 h"),
         (["--sample-interval", "soon"], "--sample-interval: cannot read"),
         (["--sample-interval", "2h"], "--sample-interval must be from 1 ms to 1 h"),
+        (["--pid-memory-interval", "0"], "--pid-memory-interval must be from 1 ms to 1 h"),
+        (["--pid-memory-interval", "often"], "--pid-memory-interval: cannot read"),
         (["--uvm-queue-version", "3"], "--uvm-queue-version must be a whole number from 1 to 2"),
     ],
 )

@@ -94,3 +94,32 @@ def test_samples_equal_the_standin_heap(tmp_path: Path) -> None:
         assert (r.status, r.heap_size_bytes, r.heap_free_bytes, r.largest_free_bytes,
                 r.largest_free_base_bytes) == (0, budget, budget, budget, 0)
     assert st.scalars["clients"] == 0  # everything the client made is freed again
+
+
+@pytest.mark.live
+@pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+def test_process_memory_equals_each_holders_bytes(tmp_path: Path) -> None:
+    """GET_PIDS/GET_PID_INFO against the stand-in's bookkeeping: the planted holders of
+    tests/standin/oom_scenario.py, exactly; the client's own process is left out."""
+    from tests.standin import oom_scenario as sc
+
+    with standin.mounted_driver(tmp_path, budget=sc.BUDGET_MIB * sc.MIB, gpus=1) as dev:
+        pre = sc.pre_holder(dev)
+        truth, holders = sc.run(dev, pre.pid)
+        try:
+            c = rc.RmClient.open(str(dev), parse_version(standin.DRIVER_VERSION), str(tmp_path))
+            try:
+                st, rows = c.process_memory(c.gpus[0], "incident")
+                mem = c.sample(c.gpus[0])
+            finally:
+                c.close()
+        finally:
+            for h in [*holders, pre]:
+                h.close()
+    assert st == 0
+    assert {r.pid: r.vidmem_bytes for r in rows} == {
+        int(k): v["bytes"] for k, v in truth["holders"].items()}
+    assert {(r.status, r.trigger, r.gpu_index) for r in rows} == {(0, "incident", 0)}
+    f = truth["failures"][0]
+    assert (mem.heap_free_bytes, mem.largest_free_bytes) == (
+        f["heap_free_bytes"], f["largest_free_bytes"]) == (384 * sc.MIB, 128 * sc.MIB)

@@ -18,8 +18,8 @@ def test_required_tables_and_columns() -> None:
     assert set(schema.TABLES) == {
         "processes", "ioctls", "files", "mappings", "cuda_calls", "stacks",
         "faults", "fault_batches", "migrations", "chunks", "uvm_events", "uvm_counters",
-        "gpu_memory", "alerts", "allocator_segments", "allocator_blocks", "allocator_events",
-        "allocator_frames",
+        "gpu_memory", "gpu_process_memory", "alerts", "allocator_segments",
+        "allocator_blocks", "allocator_events", "allocator_frames",
     }
     ioctls = {c.name for c in schema.IOCTLS.columns}
     assert {
@@ -78,3 +78,25 @@ def test_tools_enum_mappings_land_on_known_codes() -> None:
 def test_layers_name_every_table() -> None:
     named = {n for tables in schema.LAYERS.values() for n in tables}
     assert named == set(schema.TABLES)
+
+
+def test_rm_query_layer_tables_and_incident_columns() -> None:
+    assert schema.LAYERS["rm_query"] == ("gpu_memory", "gpu_process_memory")
+    cols = [c.name for c in schema.GPU_MEMORY.columns]
+    # appended last, nullable: parts written before them read them as null
+    assert cols[-2:] == ["trigger", "delay_ns"]
+    assert all(schema.GPU_MEMORY.columns[-i].nullable for i in (1, 2))
+    assert [c.name for c in schema.GPU_PROCESS_MEMORY.columns] == [
+        "ts_ns", "gpu_index", "pid", "vidmem_bytes", "trigger", "status"]
+
+
+def test_gpu_memory_parts_older_than_the_incident_columns_read_them_as_null() -> None:
+    from gputrace.trace.reader import open_trace
+    from tests.conftest import FIXTURES
+
+    trace = open_trace(FIXTURES / "real-h200-driver-cuda" / "trace")
+    df = trace.scan("gpu_memory").collect()
+    assert df.height > 0
+    assert df["trigger"].null_count() == df.height
+    assert df["delay_ns"].null_count() == df.height
+    assert trace.scan("gpu_process_memory").collect().height == 0
