@@ -207,6 +207,9 @@ static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 ou
     return -17;  /* EEXIST: every key tried holds another stack */
 }
 
+/* The calling thread's Python frames, when it runs CPython */
+#include "cuda_python.bpf.h"
+
 int uretprobe_cuda(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
@@ -223,7 +226,6 @@ int uretprobe_cuda(struct pt_regs *ctx)
         /* Every field is stored below (comm by the helper, which pads it): no
          * memset of the whole record first (it cost ~25-100 ns a call). */
         e->_pad0 = 0;
-        e->_pad1 = 0;
         e->ts_ns = p->ts_ns;
         e->latency_ns = now - p->ts_ns;
         e->pid = pid;
@@ -237,12 +239,15 @@ int uretprobe_cuda(struct pt_regs *ctx)
         e->stream = p->stream;
         e->valid = p->valid;
         e->stack_id = -1;
+        e->py_stack_id = -1;
         if (p->out) {
             u64 v = 0, pitch = 0;
             int have = 0;
             /* Taken at return: the caller's frame is current again, so the
              * frame-pointer walk starts in the caller on every kernel. */
             e->stack_id = cuda_stack_id(ctx, task, p->out, p->pitch_out, &v, &pitch, &have);
+            /* apart from the native walk, which may stop early (no frame pointers) */
+            e->py_stack_id = cuda_py_stack_id(task, pid, (u32)id);
             if (e->result == 0 &&
                 ((have & 1) || bpf_probe_read_user(&v, sizeof(v), (void *)p->out) == 0)) {
                 if (p->shape == S_CREATE)

@@ -247,7 +247,7 @@ struct cuda_event {
     u16 func;           /* id in gputrace.record.hooks.CUDA_FUNCS */
     u8 valid;           /* GT_CV_* bits */
     u8 _pad0;
-    u32 _pad1;
+    s32 py_stack_id;    /* Python stack in cuda_py_stacks; < 0: none (-errno, -1: not Python) */
     char comm[16];
 };
 
@@ -265,6 +265,33 @@ struct cuda_pause {
     u64 stop_boot_ns;   /* CLOCK_BOOTTIME of the stop: a pid whose process started
                          * later was reused, and is never sent SIGCONT */
 };
+
+/* A CPython process whose Python frames the API probe walks (the `cuda_py_procs`
+ * map, key: tgid), filled by gputrace/record/python_stacks from the interpreter's
+ * symbols and its version's layout. Offsets are in bytes; 0xffff: no such field. */
+struct py_proc {
+    u64 interp_head;    /* address of _PyRuntime.interpreters.head */
+    u16 interp_next;    /* PyInterpreterState.next */
+    u16 interp_threads; /* PyInterpreterState.threads.head (3.10: tstate_head) */
+    u16 ts_next;        /* PyThreadState.next */
+    u16 ts_tid;         /* PyThreadState.native_thread_id (3.10: thread_id, a pthread_t) */
+    u16 ts_frame;       /* PyThreadState.cframe (3.11, 3.12), current_frame (3.13+), frame (3.10) */
+    u16 ts_size;        /* bytes of PyThreadState read: past every field above */
+    u16 cframe_frame;   /* _PyCFrame.current_frame; 0xffff: ts_frame is the frame */
+    u16 pthread_tid;    /* 0: ts_tid is the kernel tid; else where glibc's struct pthread keeps it */
+    u16 fr_code;        /* frame's code object (f_code, f_executable) */
+    u16 fr_prev;        /* the caller's frame (previous, f_back) */
+    u16 fr_instr;       /* last instruction (prev_instr, instr_ptr, f_lasti) */
+    u16 fr_entry;       /* 3.11 is_entry; 0xffff: none */
+    u16 fr_owner;       /* owner (3.12+: FRAME_OWNED_BY_CSTACK marks an eval-loop entry) */
+    u16 fr_size;        /* bytes of a frame read: past every field above */
+    u8 entry_kind;      /* GT_PY_ENTRY_*: how a frame says it began its eval-loop call */
+    u8 instr32;         /* 1: fr_instr is an int (3.10 f_lasti), 0: a pointer */
+    u16 _pad0;
+};
+#define GT_PY_ENTRY_EVERY 0 /* 3.10: one _PyEval_EvalFrameDefault call per frame */
+#define GT_PY_ENTRY_FLAG 1  /* 3.11: fr_entry byte is non-zero */
+#define GT_PY_ENTRY_SHIM 2  /* 3.12+: a frame owned by the C stack lies below it */
 
 /* Settings of the API program (the `cuda_config` array). */
 struct cuda_config {

@@ -1,0 +1,152 @@
+"""Python frames of API-layer stacks (probes/cuda_python.bpf.h walks them).
+
+The recorder tells the probe where each traced CPython keeps its threads
+(`register`, when a process is first seen), names the code objects the probe
+kept (`frames`, at the drain, while the process lives) and merges them with the
+native frames (`merge`). docs/record.md, "Python frames".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from gputrace.record.python_stacks import code as pycode
+from gputrace.record.python_stacks import process
+from gputrace.record.python_stacks.layouts import NONE, LayoutError
+
+NO_NATIVE = 0xFFFFFFFF  # low half of a stack key whose native walk got nothing
+EVAL_FRAME = "_PyEval_EvalFrameDefault"
+
+
+def stack_keys(native: npt.NDArray[Any], py: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+    """The `stack_id` of each call: the native stack's id where there is no Python
+    stack (as before Python frames were walked), else (python id + 1) << 32 | the
+    native id (NO_NATIVE when none). < 0: no stack at all."""
+    nat = native.astype(np.int64)
+    pyi = py.astype(np.int64)
+    low = np.where(nat >= 0, nat, NO_NATIVE)
+    return np.where(pyi >= 0, ((pyi + 1) << 32) | low, nat)
+
+
+def split_key(key: int) -> tuple[int, int]:
+    """(native id or -1, python id or -1) of a stack key."""
+    if key < 1 << 32:
+        return key, -1
+    low = key & 0xFFFFFFFF
+    return (-1 if low == NO_NATIVE else low), (key >> 32) - 1
+
+
+class PythonStacks:
+    """The recorder's side of the Python walk: one entry per CPython process."""
+
+    def __init__(self, procs_map: Any, stacks_map: Any) -> None:
+        self.procs_map = procs_map
+        self.stacks_map = stacks_map
+        self.procs: dict[int, process.PyProcess] = {}
+        self.tried: set[int] = set()
+        self.codes: dict[tuple[int, int], pycode.Code | None] = {}
+        self.warnings: dict[int, str] = {}
+        self.frames = 0
+        self.unknown = 0  # frames whose code object could not be read
+
+    def register(self, pid: int) -> None:
+        """Find `pid`'s CPython (once) and hand the probe its layout."""
+        if pid in self.tried:
+            return
+        self.tried.add(pid)
+        try:
+            p = process.find(pid)
+        except process.NotPython:
+            return
+        except LayoutError as e:
+            self.warnings[pid] = f"pid {pid}: {e}; native frames only"
+            return
+        lay = p.layout
+        leaf = self.procs_map.Leaf()
+        leaf.interp_head = p.runtime + lay.runtime_interp_head
+        leaf.interp_next, leaf.interp_threads = lay.interp_next, lay.interp_threads
+        leaf.ts_next, leaf.ts_tid, leaf.ts_frame = lay.ts_next, lay.ts_tid, lay.ts_frame
+        leaf.ts_size, leaf.cframe_frame = lay.ts_size, lay.cframe_frame
+        leaf.pthread_tid = p.pthread_tid
+        leaf.fr_code, leaf.fr_prev, leaf.fr_instr = lay.fr_code, lay.fr_prev, lay.fr_instr
+        leaf.fr_entry, leaf.fr_owner, leaf.fr_size = lay.fr_entry, lay.fr_owner, lay.fr_size
+        leaf.entry_kind, leaf.instr32 = lay.entry_kind, int(lay.instr32)
+        self.procs_map[self.procs_map.Key(pid)] = leaf
+        self.procs[pid] = p
+
+    def versions(self) -> dict[str, str]:
+        """{pid: "3.12"} of the processes walked."""
+        return {str(pid): "%d.%d" % p.layout.version for pid, p in self.procs.items()}
+
+    def forget(self, pid: int) -> None:
+        p = self.procs.pop(pid, None)
+        if p is not None:
+            p.mem.close()
+        self.tried.discard(pid)
+        self.warnings.pop(pid, None)
+        for key in [k for k in self.codes if k[0] == pid]:
+            del self.codes[key]
+        try:
+            del self.procs_map[self.procs_map.Key(pid)]
+        except KeyError:
+            pass
+
+    def frames_of(self, pid: int, py_id: int) -> list[tuple[str | None, str | None,
+                                                           int | None, int, int, bool]]:
+        """(function, file, line, code address, bytecode offset, ends an eval-loop
+        call) per Python frame of a stack, innermost first; names are None when the
+        code object is gone (the process exited before the drain)."""
+        st = self.stacks_map[self.stacks_map.Key(py_id)]
+        p = self.procs.get(pid)
+        out = []
+        for i in range(min(int(st.n), len(st.code))):
+            word, instr = int(st.code[i]), int(st.instr[i])
+            addr, entry = word & ~1, bool(word & 1)
+            c = None
+            if p is not None:
+                key = (pid, addr)
+                if key not in self.codes:
+                    self.codes[key] = pycode.read_code(p.mem, p.layout, p.code_type, addr)
+                c = self.codes[key]
+            self.frames += 1
+            if c is None:
+                self.unknown += 1
+                out.append((None, None, None, addr, 0, entry))
+                continue
+            assert p is not None
+            line = pycode.line_of(c, p.layout, instr)
+            offset = (max(instr, 0) * 2 if p.layout.co_code_adaptive == NONE
+                      else max(instr - c.bytecode, 0))
+            out.append((c.name, c.filename, line, addr, offset, entry))
+        return out
+
+
+def merge(pid: int, stack_id: int, native: list[dict[str, Any]],
+          python: list[tuple[str | None, str | None, int | None, int, int, bool]]
+          ) -> list[dict[str, Any]]:
+    """Rows of one stack: native frames, each _PyEval_EvalFrameDefault replaced by
+    the Python frames of its call (as py-spy --native and memray show them),
+    innermost first; Python frames the native walk did not reach (it stops where
+    libraries keep no frame pointer) come after the native frames."""
+    groups: list[list[dict[str, Any]]] = [[]]
+    for function, filename, line, addr, offset, entry in python:
+        groups[-1].append({"pid": pid, "stack_id": stack_id, "ip": addr, "module": None,
+                           "offset": offset, "symbol": None, "kind": "python",
+                           "function": function, "filename": filename, "line": line})
+        if entry:
+            groups.append([])
+    groups = [g for g in groups if g]
+    rows: list[dict[str, Any]] = []
+    for r in native:
+        if r.get("symbol") == EVAL_FRAME and groups:
+            rows += groups.pop(0)
+        else:
+            rows.append({**r, "stack_id": stack_id, "kind": "native"})
+    for g in groups:
+        rows += g
+    for depth, r in enumerate(rows):
+        r["depth"] = depth
+    return rows

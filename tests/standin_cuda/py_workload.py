@@ -1,0 +1,112 @@
+"""TEST STAND-IN workload in Python: allocations through the stand-in libcuda
+(ctypes) from named nested functions, so the Python frames of each allocation are
+known. Runs under any CPython 3.10+ (standard library only).
+
+    python py_workload.py LIBCUDA [--depth N] [--thread] [--hold-fd FD] [--loops N]
+
+Planted truth (the lines are found by their markers, never hard-coded):
+  - `leak()` allocates LEAKS x 1 MiB with cuMemAlloc_v2 on the marked line
+    `# PLANT: leak`, never freed; called from `middle()`, from `outer()`, from `main()`.
+  - `scratch()` allocates and frees 2 MiB (`# PLANT: scratch`), freed at once.
+  - with --thread, `worker()` (run in a threading.Thread named "py-worker") allocates
+    1 x 4 MiB on `# PLANT: thread`, never freed.
+  - with --depth N, `deep()` recurses N - 1 times and allocates 1 x 8 MiB at the bottom
+    (`# PLANT: deep`), freed at once.
+  - with --loops N, `bench()` allocates and frees 64 KiB N times at the --depth
+    recursion's bottom (the benchmark).
+After its calls it waits for a line on stdin when --hold-fd is given (the recorder
+names code objects while the process lives), then prints DONE.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+
+MIB = 1 << 20
+LEAKS = 3
+LIB: ctypes.CDLL
+
+
+def _alloc(size: int) -> int:
+    ptr = ctypes.c_ulonglong(0)
+    r = LIB.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(size))
+    if r != 0:
+        raise SystemExit(f"cuMemAlloc_v2 returned {r}")
+    return ptr.value
+
+
+def leak() -> None:
+    for _ in range(LEAKS):
+        ptr = ctypes.c_ulonglong(0)
+        LIB.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(MIB))  # PLANT: leak
+
+
+def middle() -> None:
+    leak()
+
+
+def outer() -> None:
+    middle()
+
+
+def scratch() -> None:
+    ptr = ctypes.c_ulonglong(0)
+    LIB.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(2 * MIB))  # PLANT: scratch
+    LIB.cuMemFree_v2(ptr)
+
+
+def worker() -> None:
+    ptr = ctypes.c_ulonglong(0)
+    LIB.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(4 * MIB))  # PLANT: thread
+
+
+def deep(n: int) -> None:
+    if n > 1:
+        deep(n - 1)
+        return
+    ptr = ctypes.c_ulonglong(0)
+    LIB.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(8 * MIB))  # PLANT: deep
+    LIB.cuMemFree_v2(ptr)
+
+
+def bench(n: int, loops: int) -> None:
+    if n > 1:
+        bench(n - 1, loops)
+        return
+    ptr = ctypes.c_ulonglong(0)
+    alloc, free, size = LIB.cuMemAlloc_v2, LIB.cuMemFree_v2, ctypes.c_size_t(64 << 10)
+    for _ in range(loops):
+        alloc(ctypes.byref(ptr), size)
+        free(ptr)
+
+
+def main(argv: list[str]) -> int:
+    global LIB
+    LIB = ctypes.CDLL(argv[1])
+    LIB.cuMemFree_v2.argtypes = [ctypes.c_ulonglong]
+    args = argv[2:]
+    depth = int(args[args.index("--depth") + 1]) if "--depth" in args else 0
+    loops = int(args[args.index("--loops") + 1]) if "--loops" in args else 0
+    if LIB.cuInit(0) != 0:
+        raise SystemExit("cuInit failed")
+    outer()
+    scratch()
+    if "--thread" in args:
+        t = threading.Thread(target=worker, name="py-worker")
+        t.start()
+        t.join()
+    if depth and not loops:
+        deep(depth)
+    if loops:
+        bench(max(depth, 1), loops)
+    if "--hold-fd" in args:
+        os.read(int(args[args.index("--hold-fd") + 1]), 1)
+    print("DONE", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
