@@ -2,7 +2,7 @@
 (ctypes) from named nested functions, so the Python frames of each allocation are
 known. Runs under any CPython 3.10+ (standard library only).
 
-    python py_workload.py LIBCUDA [--depth N] [--thread] [--hold-fd FD] [--loops N]
+    python py_workload.py LIBCUDA [--wait] [--depth N] [--thread] [--loops N]
 
 Planted truth (the lines are found by their markers, never hard-coded):
   - `leak()` allocates LEAKS x 1 MiB with cuMemAlloc_v2 on the marked line
@@ -14,8 +14,10 @@ Planted truth (the lines are found by their markers, never hard-coded):
     (`# PLANT: deep`), freed at once.
   - with --loops N, `bench()` allocates and frees 64 KiB N times at the --depth
     recursion's bottom (the benchmark).
-After its calls it waits for a line on stdin when --hold-fd is given (the recorder
-names code objects while the process lives), then prints DONE.
+With --wait it prints `READY <pid>` (libcuda already loaded) and waits for a line on
+stdin before its calls, then prints `ALLOCATED` and waits for another line before it
+exits (the recorder names code objects while the process lives: a test stops the
+recorder first). It prints DONE last.
 """
 
 from __future__ import annotations
@@ -90,8 +92,14 @@ def main(argv: list[str]) -> int:
     args = argv[2:]
     depth = int(args[args.index("--depth") + 1]) if "--depth" in args else 0
     loops = int(args[args.index("--loops") + 1]) if "--loops" in args else 0
-    if LIB.cuInit(0) != 0:
-        raise SystemExit("cuInit failed")
+    dev, ctx = ctypes.c_int(0), ctypes.c_void_p(0)
+    if (LIB.cuInit(0) or LIB.cuDeviceGet(ctypes.byref(dev), 0)
+            or LIB.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev)):
+        raise SystemExit("the stand-in libcuda did not make a context")
+    wait = "--wait" in args
+    if wait:
+        print(f"READY {os.getpid()}", flush=True)
+        sys.stdin.readline()
     outer()
     scratch()
     if "--thread" in args:
@@ -102,8 +110,9 @@ def main(argv: list[str]) -> int:
         deep(depth)
     if loops:
         bench(max(depth, 1), loops)
-    if "--hold-fd" in args:
-        os.read(int(args[args.index("--hold-fd") + 1]), 1)
+    if wait:
+        print("ALLOCATED", flush=True)
+        sys.stdin.readline()
     print("DONE", flush=True)
     return 0
 
