@@ -181,3 +181,24 @@ def test_interpreter_exits_mid_recording(tmp_path: Path) -> None:
     named = stacks.filter(pl.col("function").is_not_null())
     assert set(named["function"].to_list()) <= {"leak", "middle", "outer", "main", "<module>",
                                                 "scratch", "deep"}
+
+
+def test_unknown_python_version_native_frames_only(tmp_path: Path) -> None:
+    """CPython 3.9 (a layout gputrace has no table for): native frames only, one
+    line in the manifest and in `gputrace info`, never guessed Python frames."""
+    exe = PYENV / "3.9.18" / "bin" / "python"
+    if not exe.exists():
+        pytest.skip(f"{exe} not installed")
+    trace, pid = _record(tmp_path, exe)
+    t = open_trace(trace)
+    py = t.manifest["api"]["python"]
+    line = (f"pid {pid}: CPython 3.9 (libpython3.9.so.1.0): a version whose layout this "
+            "gputrace does not know; native frames only")
+    assert py["warnings"] == [line] and py["versions"] == {} and py["frames"] == 0
+    stacks = t.scan("stacks").collect()
+    assert stacks.height > 0 and stacks.filter(pl.col("kind") == "python").height == 0
+    info = subprocess.run([sys.executable, "-m", "gputrace.cli", "info", str(trace)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert info.returncode == 0, info.stderr
+    assert f"warning: Python frames: {line}" in info.stdout.splitlines()
