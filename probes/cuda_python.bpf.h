@@ -24,8 +24,18 @@
 #define GT_PY_INTERPS 4     /* interpreters looked at */
 #define GT_PY_THREADS 32    /* thread states looked at per interpreter */
 #define GT_PY_BLOCK 512     /* the most bytes of a thread state or frame read */
+/* 3.11+ frames lie one after the other in the thread's data stack, callers below:
+ * one read from the start of a frame's page to its end serves every frame of that
+ * page (a deep stack costs a read per page, not per frame). */
+#define GT_PY_PAGE 4096
+#define GT_PY_WINDOW 8192   /* the window's buffer: a page and a frame, rounded up */
 #define GT_PY_NONE 0xffff
 #define GT_PY_CSTACK 3      /* FRAME_OWNED_BY_CSTACK (3.12+) */
+
+/* A load the compiler may not replace by the value it last stored: the walk's
+ * state stays in the map value, where the verifier keeps no bounds of it, so the
+ * paths through one turn of the loop meet again at the next (else they multiply). */
+#define PY_LOAD(x) (*(volatile typeof(x) *)&(x))
 
 struct py_stack {
     u32 n;              /* frames in code[] and instr[] */
@@ -42,11 +52,22 @@ struct py_walk {
     u64 h;
     u32 n;
     u32 _pad;
+    u64 wbase, wend;    /* the user bytes win[] holds: [wbase, wend) */
+    u64 frame;          /* the next frame to read */
+    s32 pending;        /* the stack id the call's entry found, for its return */
+    u32 _pad1;
     u8 buf[GT_PY_BLOCK];
+    u8 win[GT_PY_WINDOW];
 };
 BPF_HASH(cuda_py_procs, u32, struct py_proc, 4096);
 BPF_HASH(cuda_py_stacks, u32, struct py_stack, GT_PY_STACKS);
 BPF_TASK_STORAGE(cuda_py_scratch, struct py_walk);
+
+static __always_inline u64 py_mix(u64 h, u64 v)
+{
+    h = (h ^ v) * 0x9e3779b97f4a7c15ULL;
+    return h ^ (h >> 29);
+}
 
 static __always_inline u64 py_word(struct py_walk *w, u32 off)
 {
@@ -116,7 +137,10 @@ static __always_inline int py_same_stack(const struct py_stack *a, const struct 
 }
 
 /* The calling thread's Python stack id (>= 0) in cuda_py_stacks; -1 when the
- * process is not a known CPython or the thread runs no Python, else -errno. */
+ * process is not a known CPython or the thread runs no Python, else -errno.
+ * Walked at the call's entry (the Python frames are the same at its return), in
+ * the uprobe programs: the uretprobe program already holds the native walk, and
+ * the two loops in one program are more than the verifier follows. */
 static __always_inline int cuda_py_stack_id(void *task, u32 pid, u32 tid)
 {
     struct py_proc *p = cuda_py_procs.lookup(&pid);
@@ -134,36 +158,50 @@ static __always_inline int cuda_py_stack_id(void *task, u32 pid, u32 tid)
     struct py_stack *s = &w->s;
     w->h = 0x9e3779b97f4a7c15ULL;
     w->n = 0;
-    /* a shim frame (3.12+) takes a turn of its own: a few more turns than frames */
-    for (u32 i = 0; i < GT_PY_DEPTH + 16 && frame && w->n < GT_PY_DEPTH; i++) {
-        if (py_read(w, p->fr_size, frame))
+    w->wbase = w->wend = 0;
+    w->frame = frame;
+    /* a shim frame (3.12+) takes a turn of its own: a few more turns than frames.
+     * The frame address, like the count and hash, lives in the map value. */
+    for (u32 i = 0; i < GT_PY_DEPTH + 16 && PY_LOAD(w->n) < GT_PY_DEPTH; i++) {
+        frame = PY_LOAD(w->frame);
+        if (!frame)
             break;
-        u64 prev = py_word(w, p->fr_prev);
-        u32 n = w->n;
-        if (p->entry_kind == GT_PY_ENTRY_SHIM &&
-            w->buf[p->fr_owner & (GT_PY_BLOCK - 1)] == GT_PY_CSTACK) {
+        u64 size = p->fr_size & (GT_PY_BLOCK - 1);
+        if (frame < PY_LOAD(w->wbase) || frame + size > PY_LOAD(w->wend)) {
+            u64 start = frame & p->page_mask;
+            /* < GT_PY_PAGE + GT_PY_BLOCK: the mask only bounds it for the verifier */
+            u64 len = (frame + size - start) & (GT_PY_WINDOW - 1);
+            if (bpf_probe_read_user(w->win, len, (void *)start))
+                break;
+            w->wbase = start, w->wend = start + len;
+        }
+        u64 off = frame - PY_LOAD(w->wbase);  /* 8-aligned, as every field read as a word */
+        u64 prev = *(u64 *)(w->win + ((off + p->fr_prev) & (GT_PY_WINDOW - 8)));
+        u32 n = PY_LOAD(w->n);
+        if (w->win[(off + p->fr_owner) & (GT_PY_WINDOW - 1)] == p->shim_owner) {
             s->code[(n - 1) & (GT_PY_DEPTH - 1)] |= (n > 0);
-            frame = prev;
+            w->frame = prev;
             continue;
         }
-        u64 code = py_word(w, p->fr_code);
-        u64 instr = p->instr32 ? *(u32 *)(w->buf + (p->fr_instr & (GT_PY_BLOCK - 4)))
-                               : py_word(w, p->fr_instr);
-        u64 entry = p->entry_kind == GT_PY_ENTRY_EVERY ||
-                    (p->entry_kind == GT_PY_ENTRY_FLAG &&
-                     w->buf[p->fr_entry & (GT_PY_BLOCK - 1)] != 0);
+        u64 code = *(u64 *)(w->win + ((off + p->fr_code) & (GT_PY_WINDOW - 8)));
+        /* a word even where the field is an int (3.10's f_lasti): user space keeps
+         * the low half */
+        u64 instr = *(u64 *)(w->win + ((off + p->fr_instr) & (GT_PY_WINDOW - 8)));
+        u64 flag = (w->win[(off + p->fr_entry) & (GT_PY_WINDOW - 1)] & p->entry_mask) +
+                   0xff;
+        u64 entry = (flag >> 8) | p->entry_all;  /* 1: the byte was not 0, or always */
         s->code[n & (GT_PY_DEPTH - 1)] = code | entry;
         s->instr[n & (GT_PY_DEPTH - 1)] = instr;
-        w->h = cuda_mix(cuda_mix(w->h, code | entry), instr);
+        w->h = py_mix(py_mix(PY_LOAD(w->h), code | entry), instr);
         w->n = n + (code != 0);
-        frame = prev;
+        w->frame = prev;
     }
     u32 n = w->n;
     if (!n || n > GT_PY_DEPTH)
         return -1;
     s->n = n;
     s->_pad = 0;
-    u64 h = cuda_mix(w->h, n);
+    u64 h = py_mix(w->h, n);
     h ^= h >> 32;
     for (u32 k = 0; k < GT_CUDA_STACK_PROBES; k++) {
         u32 key = (u32)(h + k) & 0x7fffffff;
@@ -182,4 +220,24 @@ static __always_inline int cuda_py_stack_id(void *task, u32 pid, u32 tid)
             return key;
     }
     return -17;
+}
+
+/* At an allocating call's entry: walk, and keep the id for its return. */
+static __always_inline void cuda_py_enter(void *task, u32 pid, u32 tid)
+{
+    s32 id = cuda_py_stack_id(task, pid, tid);
+    struct py_walk *w = cuda_py_scratch.task_storage_get(task, 0, 0);
+    if (w)
+        w->pending = id;
+}
+
+/* At its return: the id the entry found (-1 when none). */
+static __always_inline s32 cuda_py_take(void *task)
+{
+    struct py_walk *w = cuda_py_scratch.task_storage_get(task, 0, 0);
+    if (!w)
+        return -1;
+    s32 id = w->pending;
+    w->pending = -1;
+    return id;
 }

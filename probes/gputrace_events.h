@@ -271,6 +271,8 @@ struct cuda_pause {
  * symbols and its version's layout. Offsets are in bytes; 0xffff: no such field. */
 struct py_proc {
     u64 interp_head;    /* address of _PyRuntime.interpreters.head */
+    u64 page_mask;      /* ~4095: frames lie in a data stack (3.11+), a page is read at
+                         * once; ~0: each frame is read alone (3.10's heap frames) */
     u16 interp_next;    /* PyInterpreterState.next */
     u16 interp_threads; /* PyInterpreterState.threads.head (3.10: tstate_head) */
     u16 ts_next;        /* PyThreadState.next */
@@ -282,16 +284,18 @@ struct py_proc {
     u16 fr_code;        /* frame's code object (f_code, f_executable) */
     u16 fr_prev;        /* the caller's frame (previous, f_back) */
     u16 fr_instr;       /* last instruction (prev_instr, instr_ptr, f_lasti) */
-    u16 fr_entry;       /* 3.11 is_entry; 0xffff: none */
-    u16 fr_owner;       /* owner (3.12+: FRAME_OWNED_BY_CSTACK marks an eval-loop entry) */
+    u16 fr_entry;       /* 3.11 is_entry (else any byte: entry_mask is 0) */
+    u16 fr_owner;       /* owner (else any byte: shim_owner matches no byte) */
     u16 fr_size;        /* bytes of a frame read: past every field above */
-    u8 entry_kind;      /* GT_PY_ENTRY_*: how a frame says it began its eval-loop call */
-    u8 instr32;         /* 1: fr_instr is an int (3.10 f_lasti), 0: a pointer */
-    u16 _pad0;
+    /* How a frame says it is the first of its _PyEval_EvalFrameDefault call, as
+     * numbers rather than a kind (no branch in the walk for the verifier to follow):
+     * entry = entry_all | (byte at fr_entry & entry_mask) != 0 (3.10: every frame,
+     * entry_all 1; 3.11: is_entry, entry_mask 0xff); 3.12+: the frame below it is
+     * owned by the C stack (byte at fr_owner == shim_owner, 3; 0x100 otherwise). */
+    u16 shim_owner;
+    u8 entry_all;
+    u8 entry_mask;
 };
-#define GT_PY_ENTRY_EVERY 0 /* 3.10: one _PyEval_EvalFrameDefault call per frame */
-#define GT_PY_ENTRY_FLAG 1  /* 3.11: fr_entry byte is non-zero */
-#define GT_PY_ENTRY_SHIM 2  /* 3.12+: a frame owned by the C stack lies below it */
 
 /* Settings of the API program (the `cuda_config` array). */
 struct cuda_config {

@@ -2,7 +2,7 @@
 (ctypes) from named nested functions, so the Python frames of each allocation are
 known. Runs under any CPython 3.10+ (standard library only).
 
-    python py_workload.py LIBCUDA [--wait] [--depth N] [--thread] [--loops N]
+    python py_workload.py LIBCUDA [--wait] [--depth N] [--thread] [--bench D,D.. --loops N]
 
 Planted truth (the lines are found by their markers, never hard-coded):
   - `leak()` allocates LEAKS x 1 MiB with cuMemAlloc_v2 on the marked line
@@ -12,8 +12,9 @@ Planted truth (the lines are found by their markers, never hard-coded):
     1 x 4 MiB on `# PLANT: thread`, never freed.
   - with --depth N, `deep()` recurses N - 1 times and allocates 1 x 8 MiB at the bottom
     (`# PLANT: deep`), freed at once.
-  - with --loops N, `bench()` allocates and frees 64 KiB N times at the --depth
-    recursion's bottom (the benchmark).
+  - with --bench D1,D2.. --loops N, `bench()` allocates and frees 64 KiB N times from
+    a Python stack D frames deep (main and <module> included), for each D, and prints
+    `bench D NS` (the thread's CPU ns per pair: where the probes run).
 With --wait it prints `READY <pid>` (libcuda already loaded) and waits for a line on
 stdin before its calls, then prints `ALLOCATED` and waits for another line before it
 exits (the recorder names code objects while the process lives: a test stops the
@@ -26,6 +27,7 @@ import ctypes
 import os
 import sys
 import threading
+import time
 
 MIB = 1 << 20
 LEAKS = 3
@@ -74,15 +76,20 @@ def deep(n: int) -> None:
     LIB.cuMemFree_v2(ptr)
 
 
-def bench(n: int, loops: int) -> None:
+def bench(n: int, loops: int) -> float:
     if n > 1:
-        bench(n - 1, loops)
-        return
+        return bench(n - 1, loops)
     ptr = ctypes.c_ulonglong(0)
     alloc, free, size = LIB.cuMemAlloc_v2, LIB.cuMemFree_v2, ctypes.c_size_t(64 << 10)
-    for _ in range(loops):
-        alloc(ctypes.byref(ptr), size)
+    ref = ctypes.byref(ptr)
+    for _ in range(100):  # warm: the first call of a process is stopped for the recorder
+        alloc(ref, size)
         free(ptr)
+    t0 = time.thread_time_ns()
+    for _ in range(loops):
+        alloc(ref, size)
+        free(ptr)
+    return (time.thread_time_ns() - t0) / loops
 
 
 def main(argv: list[str]) -> int:
@@ -106,10 +113,11 @@ def main(argv: list[str]) -> int:
         t = threading.Thread(target=worker, name="py-worker")
         t.start()
         t.join()
-    if depth and not loops:
+    if depth:
         deep(depth)
-    if loops:
-        bench(max(depth, 1), loops)
+    if "--bench" in args:
+        for d in (int(x) for x in args[args.index("--bench") + 1].split(",")):
+            print(f"bench {d} {bench(d - 2, loops):.1f}", flush=True)  # main, <module>: 2
     if wait:
         print("ALLOCATED", flush=True)
         sys.stdin.readline()

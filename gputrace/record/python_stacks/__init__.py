@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gputrace.record.python_stacks import code as pycode
-from gputrace.record.python_stacks import process
+from gputrace.record.python_stacks import layouts, process
 from gputrace.record.python_stacks.layouts import NONE, LayoutError
 
 NO_NATIVE = 0xFFFFFFFF  # low half of a stack key whose native walk got nothing
@@ -73,7 +73,13 @@ class PythonStacks:
         leaf.pthread_tid = p.pthread_tid
         leaf.fr_code, leaf.fr_prev, leaf.fr_instr = lay.fr_code, lay.fr_prev, lay.fr_instr
         leaf.fr_entry, leaf.fr_owner, leaf.fr_size = lay.fr_entry, lay.fr_owner, lay.fr_size
-        leaf.entry_kind, leaf.instr32 = lay.entry_kind, int(lay.instr32)
+        # 3.11+: _PyInterpreterFrames lie in the thread's data stack (a page at once)
+        leaf.page_mask = ~4095 & (1 << 64) - 1 if lay.version >= (3, 11) else (1 << 64) - 1
+        leaf.entry_all = int(lay.entry_kind == layouts.ENTRY_EVERY)
+        leaf.entry_mask = 0xFF if lay.entry_kind == layouts.ENTRY_FLAG else 0
+        leaf.shim_owner = 3 if lay.entry_kind == layouts.ENTRY_SHIM else 0x100
+        leaf.fr_entry = 0 if lay.fr_entry == NONE else lay.fr_entry
+        leaf.fr_owner = 0 if lay.fr_owner == NONE else lay.fr_owner
         self.procs_map[self.procs_map.Key(pid)] = leaf
         self.procs[pid] = p
 
@@ -118,7 +124,7 @@ class PythonStacks:
                 continue
             assert p is not None
             line = pycode.line_of(c, p.layout, instr)
-            offset = (max(instr, 0) * 2 if p.layout.co_code_adaptive == NONE
+            offset = (max(instr & 0x7FFFFFFF, 0) * 2 if p.layout.co_code_adaptive == NONE
                       else max(instr - c.bytecode, 0))
             out.append((c.name, c.filename, line, addr, offset, entry))
         return out

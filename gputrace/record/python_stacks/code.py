@@ -67,7 +67,8 @@ def line_of(code: Code, lay: Layout, instr: int) -> int | None:
     """The source line of the instruction a frame last ran (`instr`: its address,
     3.11+, or f_lasti, 3.10); None where the table gives it none."""
     if lay.version == (3, 10):
-        lasti = instr - (1 << 32) if instr >= 1 << 31 else instr  # f_lasti is an int
+        instr &= 0xFFFFFFFF  # f_lasti is an int: the probe's word holds f_lineno above it
+        lasti = instr - (1 << 32) if instr >= 1 << 31 else instr
         return _line_310(code.linetable, code.firstlineno, max(lasti, 0) * 2)
     unit = (instr - code.bytecode) // 2 if instr >= code.bytecode else 0
     return _line_311(code.linetable, code.firstlineno, unit)

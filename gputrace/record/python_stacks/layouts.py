@@ -55,7 +55,8 @@ class Layout:
 
     @property
     def fr_size(self) -> int:
-        last = max(self.fr_code, self.fr_prev, self.fr_instr + (4 if self.instr32 else 8) - 8,
+        # fr_instr is read as a word even where it is an int (3.10: f_lineno follows)
+        last = max(self.fr_code, self.fr_prev, self.fr_instr,
                    *(x for x in (self.fr_entry, self.fr_owner) if x != NONE))
         return last + 8
 
