@@ -28,6 +28,7 @@
  * one read from the start of a frame's page to its end serves every frame of that
  * page (a deep stack costs a read per page, not per frame). */
 #define GT_PY_PAGE 4096
+#define GT_PY_FIRST 1024    /* bytes of the walk's first read, at most */
 #define GT_PY_WINDOW 8192   /* the window's buffer: a page and a frame, rounded up */
 #define GT_PY_NONE 0xffff
 #define GT_PY_CSTACK 3      /* FRAME_OWNED_BY_CSTACK (3.12+) */
@@ -169,6 +170,10 @@ static __always_inline int cuda_py_stack_id(void *task, u32 pid, u32 tid)
         u64 size = p->fr_size & (GT_PY_BLOCK - 1);
         if (frame < PY_LOAD(w->wbase) || frame + size > PY_LOAD(w->wend)) {
             u64 start = frame & p->page_mask;
+            /* the walk's first read is short (a shallow stack needs no more): a
+             * page copy costs more than the few frames most calls have */
+            if (!i && frame - start > GT_PY_FIRST - GT_PY_BLOCK)
+                start = frame - (GT_PY_FIRST - GT_PY_BLOCK);  /* 8-aligned, as frame */
             /* < GT_PY_PAGE + GT_PY_BLOCK: the mask only bounds it for the verifier */
             u64 len = (frame + size - start) & (GT_PY_WINDOW - 1);
             if (bpf_probe_read_user(w->win, len, (void *)start))
