@@ -28,12 +28,14 @@ CUDA_PAUSE_DTYPE = np.dtype(
      ("stop_boot_ns", "<u8")]
 )  # fmt: skip
 PY_PROC_DTYPE = np.dtype(
-    [("interp_head", "<u8"), ("page_mask", "<u8"), ("interp_next", "<u2"), ("interp_threads", "<u2"),
+    [("interp_head", "<u8"), ("page_mask", "<u8"), ("interp_next", "<u2"),
+     ("interp_threads", "<u2"),
      ("ts_next", "<u2"), ("ts_tid", "<u2"), ("ts_frame", "<u2"), ("ts_size", "<u2"),
      ("cframe_frame", "<u2"), ("pthread_tid", "<u2"), ("fr_code", "<u2"), ("fr_prev", "<u2"),
      ("fr_instr", "<u2"), ("fr_entry", "<u2"), ("fr_owner", "<u2"), ("fr_size", "<u2"),
      ("shim_owner", "<u2"), ("entry_all", "u1"), ("entry_mask", "u1")]
-)  # struct py_proc: the `cuda_py_procs` map's value  # fmt: skip
+)  # fmt: skip
+"""struct py_proc: the `cuda_py_procs` map's value (python_stacks fills it)."""
 CUDA_CONFIG_DTYPE = np.dtype(
     [("self_tgid", "<u4"), ("filter", "<u4"), ("pause", "<u4"), ("comm_cache", "<u4")]
 )

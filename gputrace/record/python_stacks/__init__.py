@@ -8,6 +8,7 @@ native frames (`merge`). docs/record.md, "Python frames".
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,8 @@ from gputrace.record.python_stacks import code as pycode
 from gputrace.record.python_stacks import layouts, process
 from gputrace.record.python_stacks.layouts import NONE, LayoutError
 
+PyFrame = tuple[str | None, str | None, int | None, int, int, bool]
+"""(function, file, line, code address, bytecode offset, ends an eval-loop call)."""
 NO_NATIVE = 0xFFFFFFFF  # low half of a stack key whose native walk got nothing
 EVAL_FRAME = "_PyEval_EvalFrameDefault"
 
@@ -85,7 +88,7 @@ class PythonStacks:
 
     def versions(self) -> dict[str, str]:
         """{pid: "3.12"} of the processes walked."""
-        return {str(pid): "%d.%d" % p.layout.version for pid, p in self.procs.items()}
+        return {str(pid): "{}.{}".format(*p.layout.version) for pid, p in self.procs.items()}
 
     def forget(self, pid: int) -> None:
         p = self.procs.pop(pid, None)
@@ -95,19 +98,16 @@ class PythonStacks:
         self.warnings.pop(pid, None)
         for key in [k for k in self.codes if k[0] == pid]:
             del self.codes[key]
-        try:
+        with contextlib.suppress(KeyError):
             del self.procs_map[self.procs_map.Key(pid)]
-        except KeyError:
-            pass
 
-    def frames_of(self, pid: int, py_id: int) -> list[tuple[str | None, str | None,
-                                                           int | None, int, int, bool]]:
+    def frames_of(self, pid: int, py_id: int) -> list[PyFrame]:
         """(function, file, line, code address, bytecode offset, ends an eval-loop
         call) per Python frame of a stack, innermost first; names are None when the
         code object is gone (the process exited before the drain)."""
         st = self.stacks_map[self.stacks_map.Key(py_id)]
         p = self.procs.get(pid)
-        out = []
+        out: list[PyFrame] = []
         for i in range(min(int(st.n), len(st.code))):
             word, instr = int(st.code[i]), int(st.instr[i])
             addr, entry = word & ~1, bool(word & 1)
@@ -131,8 +131,7 @@ class PythonStacks:
 
 
 def merge(pid: int, stack_id: int, native: list[dict[str, Any]],
-          python: list[tuple[str | None, str | None, int | None, int, int, bool]]
-          ) -> list[dict[str, Any]]:
+          python: list[PyFrame]) -> list[dict[str, Any]]:
     """Rows of one stack: native frames, each _PyEval_EvalFrameDefault replaced by
     the Python frames of its call (as py-spy --native and memray show them),
     innermost first; Python frames the native walk did not reach (it stops where

@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gputrace.record.python_stacks import NO_NATIVE, merge, split_key, stack_keys
+from gputrace.record.python_stacks import NO_NATIVE, layouts, merge, process, split_key, stack_keys
 from gputrace.record.python_stacks import code as pycode
-from gputrace.record.python_stacks import layouts, process
 
 PYENV = Path("/root/.pyenv/versions")
 INTERPRETERS = {
@@ -130,7 +129,7 @@ print(json.dumps({"table": co.co_linetable.hex(), "first": co.co_firstlineno,
 """
 
 
-@pytest.mark.parametrize("version", list(INTERPRETERS), ids=lambda v: "%d.%d" % v)
+@pytest.mark.parametrize("version", list(INTERPRETERS), ids=lambda v: "{}.{}".format(*v))
 def test_line_tables_match_co_lines(version: tuple[int, int]) -> None:
     exe = INTERPRETERS[version]
     if not exe.exists():
@@ -182,7 +181,7 @@ def test_offsets_match_installed_headers(tmp_path: Path) -> None:
     per_version[(3, 12)] = [x for x in per_version[(3, 11)] if x[1] != "is_entry"]
     for version, lay in layouts.TABLES.items():
         inc = PYENV / {(3, 10): "3.10.13", (3, 11): "3.11.7", (3, 12): "3.12.1"}[version] / \
-            "include" / ("python%d.%d" % version)
+            "include" / "python{}.{}".format(*version)
         if not inc.exists():
             continue
         checks = [(s, f, a) for s, fs in fields.items() for f, a in fs] + per_version[version]
