@@ -20,7 +20,9 @@ CUDA_CALLS = Table(
         Column("stream", U64, "", "CUstream argument of async calls"),
         Column("result", I32, "", "CUresult returned (0 = CUDA_SUCCESS)"),
         Column("latency_ns", I64, "ns", "time from call to return"),
-        Column("stack_id", I64, "", "key into the stacks table (with pid); null when none"),
+        Column("stack_id", I64, "", "key into the stacks table (with pid); null when none. "
+               "With Python frames: (Python stack id + 1) << 32 | native stack id "
+               "(0xffffffff when the native walk got none)"),
     ),
 )
 
