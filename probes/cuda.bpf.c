@@ -26,6 +26,9 @@
 #define S_POOL_ASYNC 11     /* (out, size, pool, stream)          */
 #define S_FREE_ASYNC 12     /* (ptr, stream)                      */
 
+/* The calling thread's Python frames, when it runs CPython */
+#include "cuda_python.bpf.h"
+
 /* ------------------------------------------------------------ calls */
 static __always_inline int api_enter(struct pt_regs *ctx, u16 func, u8 shape)
 {
@@ -79,6 +82,11 @@ static __always_inline int api_enter(struct pt_regs *ctx, u16 func, u8 shape)
         p->ptr = a1, p->size = a2, p->valid = GT_CV_PTR | GT_CV_SIZE;
     else if (shape == S_FREE_ASYNC)
         p->ptr = a1, p->stream = a2, p->valid = GT_CV_PTR | GT_CV_STREAM;
+    if (shape != S_FREE && shape != S_RELEASE && shape != S_MAP && shape != S_PTR_SIZE &&
+        shape != S_FREE_ASYNC) {  /* the calls that take a stack at return */
+        u64 id = bpf_get_current_pid_tgid();
+        cuda_py_enter(task, id >> 32, (u32)id);
+    }
     p->active = 1;
     p->ts_ns = bpf_ktime_get_ns();
     return 0;
@@ -231,7 +239,6 @@ int uretprobe_cuda(struct pt_regs *ctx)
         /* Every field is stored below (comm by the helper, which pads it): no
          * memset of the whole record first (it cost ~25-100 ns a call). */
         e->_pad0 = 0;
-        e->_pad1 = 0;
         e->ts_ns = p->ts_ns;
         e->latency_ns = now - p->ts_ns;
         e->pid = pid;
@@ -245,12 +252,15 @@ int uretprobe_cuda(struct pt_regs *ctx)
         e->stream = p->stream;
         e->valid = p->valid;
         e->stack_id = -1;
+        e->py_stack_id = -1;
         if (p->out) {
             u64 v = 0, pitch = 0;
             int have = 0;
             /* Taken at return: the caller's frame is current again, so the
              * frame-pointer walk starts in the caller on every kernel. */
             e->stack_id = cuda_stack_id(ctx, task, p->out, p->pitch_out, &v, &pitch, &have);
+            /* walked at entry, apart from the native walk, which may stop early */
+            e->py_stack_id = cuda_py_take(task);
             if (e->result == 0 &&
                 ((have & 1) || bpf_probe_read_user(&v, sizeof(v), (void *)p->out) == 0)) {
                 if (p->shape == S_CREATE)

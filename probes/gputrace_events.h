@@ -262,7 +262,7 @@ struct cuda_event {
     u16 func;           /* id in gputrace.record.hooks.CUDA_FUNCS */
     u8 valid;           /* GT_CV_* bits */
     u8 _pad0;
-    u32 _pad1;
+    s32 py_stack_id;    /* Python stack in cuda_py_stacks; < 0: none (-errno, -1: not Python) */
     char comm[16];
 };
 
@@ -279,6 +279,37 @@ struct cuda_pause {
     u32 _pad0;
     u64 stop_boot_ns;   /* CLOCK_BOOTTIME of the stop: a pid whose process started
                          * later was reused, and is never sent SIGCONT */
+};
+
+/* A CPython process whose Python frames the API probe walks (the `cuda_py_procs`
+ * map, key: tgid), filled by gputrace/record/python_stacks from the interpreter's
+ * symbols and its version's layout. Offsets are in bytes; 0xffff: no such field. */
+struct py_proc {
+    u64 interp_head;    /* address of _PyRuntime.interpreters.head */
+    u64 page_mask;      /* ~4095: frames lie in a data stack (3.11+), a page is read at
+                         * once; ~0: each frame is read alone (3.10's heap frames) */
+    u16 interp_next;    /* PyInterpreterState.next */
+    u16 interp_threads; /* PyInterpreterState.threads.head (3.10: tstate_head) */
+    u16 ts_next;        /* PyThreadState.next */
+    u16 ts_tid;         /* PyThreadState.native_thread_id (3.10: thread_id, a pthread_t) */
+    u16 ts_frame;       /* PyThreadState.cframe (3.11, 3.12), current_frame (3.13+), frame (3.10) */
+    u16 ts_size;        /* bytes of PyThreadState read: past every field above */
+    u16 cframe_frame;   /* _PyCFrame.current_frame; 0xffff: ts_frame is the frame */
+    u16 pthread_tid;    /* 0: ts_tid is the kernel tid; else where glibc's struct pthread keeps it */
+    u16 fr_code;        /* frame's code object (f_code, f_executable) */
+    u16 fr_prev;        /* the caller's frame (previous, f_back) */
+    u16 fr_instr;       /* last instruction (prev_instr, instr_ptr, f_lasti) */
+    u16 fr_entry;       /* 3.11 is_entry (else any byte: entry_mask is 0) */
+    u16 fr_owner;       /* owner (else any byte: shim_owner matches no byte) */
+    u16 fr_size;        /* bytes of a frame read: past every field above */
+    /* How a frame says it is the first of its _PyEval_EvalFrameDefault call, as
+     * numbers rather than a kind (no branch in the walk for the verifier to follow):
+     * entry = entry_all | (byte at fr_entry & entry_mask) != 0 (3.10: every frame,
+     * entry_all 1; 3.11: is_entry, entry_mask 0xff); 3.12+: the frame below it is
+     * owned by the C stack (byte at fr_owner == shim_owner, 3; 0x100 otherwise). */
+    u16 shim_owner;
+    u8 entry_all;
+    u8 entry_mask;
 };
 
 /* Settings of the API program (the `cuda_config` array). */

@@ -42,6 +42,8 @@ def trace_info(trace: Trace) -> dict[str, Any]:
         )
     if dl.get("error"):
         warnings.append(str(dl["error"]))
+    py = (m.get("api") or {}).get("python") or {}
+    warnings += [f"Python frames: {w}" for w in py.get("warnings") or []]
     if m.get("synthetic"):
         warnings.append("synthetic trace: built by gputrace.trace.builder, not recorded")
     held = raw_parts_held(trace)
@@ -132,6 +134,12 @@ def render_info(info: dict[str, Any], fmt: str = "text") -> str:
             f"api        {', '.join(api['libraries'])}; {api.get('stack_frames', 0)} stack "
             f"frames, {api.get('unresolved_frames', 0)} unresolved"
         )
+    py = api.get("python") or {}
+    if py.get("versions"):
+        versions = sorted(set(map(str, py["versions"].values())))
+        lines.append(f"python     CPython {', '.join(versions)} in {len(py['versions'])} "
+                     f"process(es); {py.get('frames', 0)} Python frames, "
+                     f"{py.get('unknown_frames', 0)} unknown (the process exited first)")
     lines += _untracked_lines(info.get("cpu_faults"), info.get("driver_layer"))
     lines += _driver_lines(info.get("driver_layer"))
     drops = info["drops"]

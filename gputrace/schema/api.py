@@ -20,13 +20,16 @@ CUDA_CALLS = Table(
         Column("stream", U64, "", "CUstream argument of async calls"),
         Column("result", I32, "", "CUresult returned (0 = CUDA_SUCCESS)"),
         Column("latency_ns", I64, "ns", "time from call to return"),
-        Column("stack_id", I64, "", "key into the stacks table (with pid); null when none"),
+        Column("stack_id", I64, "", "key into the stacks table (with pid); null when none. "
+               "With Python frames: (Python stack id + 1) << 32 | native stack id "
+               "(0xffffffff when the native walk got none)"),
     ),
 )
 
 STACKS = Table(
     "stacks",
-    "Symbolized user call stacks, one row per frame, innermost first.",
+    "Symbolized user call stacks, one row per frame, innermost first: native frames "
+    "and, in a CPython process, its Python frames in place of the interpreter's eval loop.",
     "api",
     (
         Column("pid", I32, "", "process whose address space the addresses belong to", False),
@@ -36,5 +39,11 @@ STACKS = Table(
         Column("module", STR, "", "path of the mapped object holding ip (null if unknown)"),
         Column("offset", U64, "bytes", "ip relative to the module's load base"),
         Column("symbol", STR, "", "function name (null when it could not be resolved)"),
+        Column("kind", STR, "", "native (a machine address) or python (an interpreter "
+               "frame: ip is its code object's address, offset its bytecode offset)"),
+        Column("function", STR, "", "Python frames: qualified function name (null when "
+               "the process exited before it was read)"),
+        Column("filename", STR, "", "Python frames: source file"),
+        Column("line", I32, "", "Python frames: source line"),
     ),
 )

@@ -110,12 +110,23 @@ class TargetFacts(_Model):
     pids: list[StrictInt] = []
 
 
+class ApiPython(_Model):
+    """Python frames of API stacks: the CPython minor version per pid walked, frames
+    kept, frames not named, one line per interpreter that could not be walked."""
+
+    versions: dict[StrictStr, StrictStr] = {}
+    frames: Count = 0
+    unknown_frames: Count = 0
+    warnings: list[StrictStr] = []
+
+
 class Api(_Model):
     libraries: list[StrictStr] = []
     stack_frames: Count = 0
     unresolved_frames: Count = 0
     stack_errors: Count = 0
     pauses: Count = 0
+    python: ApiPython | None = None
 
 
 class TargetExit(_Model):

@@ -1,8 +1,11 @@
 """Which call stack made an allocation, in words?
 
 Stacks are stored one frame a row (pid, stack_id, depth, ip, module, offset,
-symbol); reports show a stack as its frames innermost first, each its symbol
-or, unsymbolized, module+0xoffset (else 0xip), as perf prints them.
+symbol, and for Python frames kind "python", function, filename, line); reports
+show a stack as its frames innermost first: a Python frame as
+`function (file:line)` (the file's base name; `?` for what the recorder could
+not read), a native one as its symbol or, unsymbolized, module+0xoffset (else
+0xip), as perf prints them. The one place a stack frame becomes text.
 """
 
 from __future__ import annotations
@@ -14,7 +17,17 @@ def stack_frames(stacks: pl.LazyFrame) -> pl.LazyFrame:
     """(pid, stack_id, frames): symbols innermost first, joined by ' < '."""
     return (stacks.sort("pid", "stack_id", "depth")
             .group_by("pid", "stack_id", maintain_order=True)
-            .agg(pl.coalesce("symbol", _unresolved()).str.join(" < ").alias("frames")))
+            .agg(frame_text().str.join(" < ").alias("frames")))
+
+
+def frame_text() -> pl.Expr:
+    """One stacks row as text: `function (file:line)` for a Python frame, else the
+    native symbol or its address."""
+    python = pl.format("{} ({}:{})", pl.col("function").fill_null("?"),
+                       pl.col("filename").str.extract(r"([^/]+)$").fill_null("?"),
+                       pl.col("line").cast(pl.String).fill_null("?"))
+    return (pl.when(pl.col("kind") == "python").then(python)
+            .otherwise(pl.coalesce("symbol", _unresolved())))
 
 
 def _unresolved() -> pl.Expr:

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
-from gputrace.record import bpf_load, decode, elf, hooks, loader, procfs
+from gputrace.record import bpf_load, decode, elf, hooks, loader, procfs, python_stacks
 from gputrace.record.api import decode as decode_cuda
 from gputrace.record.api import watchdog
 from gputrace.record.api.symbolize import Symbolizer
@@ -141,6 +141,7 @@ class LibcudaProbes:
         self.attached: list[str] = []
         self.skipped: list[dict[str, str]] = []
         self.sym = Symbolizer()
+        self.py = python_stacks.PythonStacks(self.bpf["cuda_py_procs"], self.bpf["cuda_py_stacks"])
         self.stacks_done: set[tuple[int, int]] = set()
         self.stack_errors = 0
         self.pauses = 0
@@ -179,6 +180,7 @@ class LibcudaProbes:
             if libs:
                 found |= libs
                 self.sym.refresh(pid)
+                self.py.register(pid)
         found |= from_ldconfig()
         if self.libcuda:
             found.add(self.libcuda)
@@ -237,6 +239,7 @@ class LibcudaProbes:
                     self.attach(target if plain else link, shown=target)
             if kinds & PAUSE_FIRST:
                 self.sym.refresh(pid)
+            self.py.register(pid)  # stopped (filter mode): its threads are read as they are
             if stopped:
                 self.pauses += 1
             self._release(tbl, pid, stopped, boot)
@@ -260,6 +263,7 @@ class LibcudaProbes:
         self.stacks_done = {k for k in self.stacks_done if k[0] not in gone}
         for pid in gone:
             self.sym.forget(pid)
+            self.py.forget(pid)
 
     def resume_all(self) -> None:
         """Continue everyone stopped now. Entries are removed one by one, never
@@ -293,25 +297,31 @@ class LibcudaProbes:
         return items
 
     def _stacks(self, ev: np.ndarray[Any, Any]) -> list[dict[str, Any]]:
-        sid = ev["stack_id"].astype(np.int64)
-        self.stack_errors += int(((sid < 0) & (sid != -1)).sum())
-        ok = sid >= 0
-        keys = np.unique((ev["pid"].astype(np.int64)[ok] << 32) | sid[ok])
+        sid, py = ev["stack_id"].astype(np.int64), ev["py_stack_id"].astype(np.int64)
+        self.stack_errors += int(((sid < 0) & (sid != -1)).sum() + ((py < 0) & (py != -1)).sum())
+        key = python_stacks.stack_keys(sid, py)
+        ok = key >= 0
         rows: list[dict[str, Any]] = []
         tbl = self.bpf["cuda_stacks"]
-        for k in keys.tolist():
-            pid, stack_id = k >> 32, k & 0xFFFFFFFF
+        for pid, stack_id in set(zip(ev["pid"][ok].tolist(), key[ok].tolist(), strict=True)):
             if (pid, stack_id) in self.stacks_done:
                 continue
             self.stacks_done.add((pid, stack_id))
+            native_id, py_id = python_stacks.split_key(stack_id)
             try:
-                st = tbl[tbl.Key(stack_id)]
-                # frames up to the first 0, as the kernel's stack map gave them
-                ips = [int(ip) for ip in itertools.takewhile(bool, st.ip[: st.n])]
+                ips: list[int] = []
+                if native_id >= 0:
+                    st = tbl[tbl.Key(native_id)]
+                    # frames up to the first 0, as the kernel's stack map gave them
+                    ips = [int(ip) for ip in itertools.takewhile(bool, st.ip[: st.n])]
+                frames = self.sym.stack_rows(pid, stack_id, ips)
+                if py_id >= 0:
+                    frames = python_stacks.merge(pid, stack_id, frames,
+                                                 self.py.frames_of(pid, py_id))
             except Exception:
                 self.stack_errors += 1
                 continue
-            rows += self.sym.stack_rows(pid, stack_id, ips)
+            rows += [{"kind": "native", **r} for r in frames]
         return rows
 
     def drops(self) -> dict[str, int]:
@@ -327,6 +337,9 @@ class LibcudaProbes:
             "stack_errors": self.stack_errors,
             "pauses": self.pauses,
             "stack_depth": self.stack_depth,
+            "python": {"versions": self.py.versions(), "frames": self.py.frames,
+                       "unknown_frames": self.py.unknown,
+                       "warnings": sorted(self.py.warnings.values())},
             "library_loads": self.library_loads,
             "comm_cache": self.comm_cache_note,
         }

@@ -27,6 +27,7 @@ STRUCTS = {
     "cuda_event": decode_cuda.CUDA_DTYPE,
     "cuda_pause": decode_cuda.CUDA_PAUSE_DTYPE,
     "cuda_config": decode_cuda.CUDA_CONFIG_DTYPE,
+    "py_proc": decode_cuda.PY_PROC_DTYPE,
     # CPU faults on managed memory
     "fault_event": decode_faults.FAULT_DTYPE,
     "mblock_key": decode_faults.MBLOCK_KEY_DTYPE,
