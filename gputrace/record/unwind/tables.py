@@ -64,7 +64,7 @@ class UnwindTables:
             path = m.path.removesuffix(" (deleted)")
             if not path.startswith("/") or os.path.basename(path).startswith(_OUTERMOST):
                 continue
-            found = self._for_file(pid, path)
+            found = self._for_file(pid, path, m.pgoff)
             if found is None:
                 continue
             table, link_start = found
@@ -78,7 +78,7 @@ class UnwindTables:
         self.procs[pid] = key
         self._store_proc(pid, entries)
 
-    def _for_file(self, pid: int, path: str) -> tuple[_Table, int] | None:
+    def _for_file(self, pid: int, path: str, pgoff: int) -> tuple[_Table, int] | None:
         """The file's table (compiled on first sight) and the link-time address
         of the mapping's first byte; None when it gets none."""
         for candidate in (f"/proc/{pid}/root{path}", path):
@@ -95,14 +95,10 @@ class UnwindTables:
         table = self.by_file[ino]
         if table is None:
             return None
-        return table, self._link_start(candidate)
-
-    @staticmethod
-    def _link_start(candidate: str) -> int:
         try:
-            return elf.read(candidate, symbols=False).vaddr(0)
+            return table, elf.read(candidate, symbols=False).vaddr(pgoff)
         except elf.ElfError:
-            return 0
+            return None
 
     def _compile(self, candidate: str, path: str) -> _Table | None:
         try:
@@ -126,7 +122,7 @@ class UnwindTables:
         keys = (tbl.Key * len(rows))()
         values = (tbl.Leaf * len(rows))()
         for i, r in enumerate(rows):
-            keys[i].value = first + i
+            keys[i] = first + i
             v = values[i]
             v.pc, v.cfa, v.kind, v.rbp = r.pack()
         tbl.items_update_batch(keys, values)
