@@ -20,14 +20,14 @@
 #ifndef GT_UNWIND_FRAMES
 #define GT_UNWIND_FRAMES 8        /* frames unwound by tables at the top of a stack */
 #endif
-#define UNWIND_STOP 0
-#define UNWIND_CFA_RSP 1
-#define UNWIND_CFA_RBP 2
+#define GT_UNWIND_STOP 0
+#define GT_UNWIND_CFA_RSP 1
+#define GT_UNWIND_CFA_RBP 2
 
 struct unwind_row {
     u32 pc;             /* link-time address where the row starts */
     u16 cfa;            /* CFA = the kind's register + cfa */
-    u8 kind;            /* UNWIND_* */
+    u8 kind;            /* GT_UNWIND_* */
     u8 rbp;             /* %rbp saved at CFA - 8 * rbp; 0: unchanged */
 };
 struct unwind_map {
@@ -145,11 +145,11 @@ static __always_inline u32 unwind_top_frames(struct cuda_stack_walk *w, struct u
         int t = unwind_find(u, r->ip, &row);
         if (t == 0)
             break;
-        if (t < 0 || row.kind == UNWIND_STOP) {
+        if (t < 0 || row.kind == GT_UNWIND_STOP) {
             r->stop = 1;
             break;
         }
-        u64 cfa = (row.kind == UNWIND_CFA_RSP ? r->sp : r->fp) + row.cfa;
+        u64 cfa = (row.kind == GT_UNWIND_CFA_RSP ? r->sp : r->fp) + row.cfa;
         /* the return address and the saved %rbp lie below the CFA, in this
          * frame: [from, cfa) is read at once */
         u64 from = cfa - 8 * (row.rbp > 1 ? row.rbp : 1);

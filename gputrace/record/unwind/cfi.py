@@ -40,7 +40,7 @@ class Row:
 
 
 @dataclass(frozen=True)
-class Table:
+class UnwindTable:
     rows: list[Row]
     functions: int  # FDEs compiled
     fp_functions: int  # FDEs whose CFA moves to %rbp: built with frame pointers
@@ -74,7 +74,7 @@ def _row(pc: int, line: dict[Any, Any]) -> Row:
     return Row(pc, CFA_RSP if cfa.reg == RSP else CFA_RBP, cfa.offset, rbp)
 
 
-def compile_file(path: str, max_rows: int) -> Table:
+def compile_file(path: str, max_rows: int) -> UnwindTable:
     """The rows of `path`'s CFI, sorted by pc, adjacent equal rules merged.
     Raises CfiError when it has none, is not x86-64, or needs more than
     `max_rows` rows (a table that big is not loaded)."""
@@ -109,7 +109,7 @@ def compile_file(path: str, max_rows: int) -> Table:
         if isinstance(e, CfiError):
             raise
         raise CfiError(f"{path}: unreadable call frame information ({e})") from None
-    return Table(_merge(spans, max_rows, path), len(spans), fp)
+    return UnwindTable(_merge(spans, max_rows, path), len(spans), fp)
 
 
 def _merge(spans: list[tuple[int, int, list[Row]]], max_rows: int, path: str) -> list[Row]:

@@ -29,7 +29,7 @@ def _symbol(path: str, name: str) -> tuple[int, int]:
     raise AssertionError(f"{name} not in {path}")
 
 
-def _rule(table: cfi.Table, pc: int) -> cfi.Row:
+def _rule(table: cfi.UnwindTable, pc: int) -> cfi.Row:
     return [r for r in table.rows if r.pc <= pc][-1]
 
 
