@@ -66,3 +66,25 @@ __attribute__((visibility("default"), noinline)) int cache_release_all(void)
     nsegments = 0;
     return bad;
 }
+
+/* The allocation storm through this library (benchmarks/unwind_storm): k
+ * allocations of 4 KiB into p[], each from two frames without frame pointers
+ * (cache_storm -> storm_one -> cuMemAlloc_v2). Returns 0, or 1 on a failure. */
+__attribute__((noinline)) static int storm_one(CUdeviceptr *p, unsigned long i)
+{
+    unsigned long a = i * 3, b = i ^ 5, c = i + 7; /* live across the call */
+    int r = cuMemAlloc_v2(p, 4096);
+    checksum += a + b * c;
+    return r;
+}
+
+__attribute__((visibility("default"), noinline)) int cache_storm(CUdeviceptr *p, long k)
+{
+    char scratch[64];
+    for (long i = 0; i < k; i++)
+        if (storm_one(&p[i], (unsigned long)i))
+            return 1;
+    scratch[k & 63] = (char)k;
+    checksum += (unsigned long)scratch[k & 63];
+    return 0;
+}
