@@ -44,12 +44,15 @@ class UnwindTable:
     rows: list[Row]
     functions: int  # FDEs compiled
     fp_functions: int  # FDEs whose CFA moves to %rbp: built with frame pointers
+    code_bytes: int = 0  # bytes the FDEs cover
+    fp_bytes: int = 0  # of which in functions with frame pointers
 
     @property
     def has_frame_pointers(self) -> bool:
-        """Most functions set up %rbp as their frame pointer: the FP walk is right
-        (and cheaper) there. A library built without them has few or none."""
-        return self.functions > 0 and 2 * self.fp_functions >= self.functions
+        """Most of the code (by bytes: the C runtime's small start-up stubs keep
+        none, whatever the program) sets up %rbp as a frame pointer: the FP walk
+        is right (and cheaper) there. A library built without them has few or none."""
+        return self.code_bytes > 0 and 2 * self.fp_bytes >= self.code_bytes
 
 
 def _row(pc: int, line: dict[Any, Any]) -> Row:
@@ -95,13 +98,16 @@ def compile_file(path: str, max_rows: int) -> UnwindTable:
             else:
                 raise CfiError(f"{path}: no .eh_frame or .debug_frame")
             spans: list[tuple[int, int, list[Row]]] = []
-            fp = 0
+            fp = fp_bytes = code_bytes = 0
             for e in entries:
                 if not isinstance(e, FDE):
                     continue
                 start, size = e["initial_location"], e["address_range"]
                 rows = [_row(line["pc"], line) for line in e.get_decoded().table]
-                fp += any(r.kind == CFA_RBP for r in rows)
+                uses_fp = any(r.kind == CFA_RBP for r in rows)
+                fp += uses_fp
+                fp_bytes += size if uses_fp else 0
+                code_bytes += size
                 spans.append((start, start + size, rows))
                 if len(spans) > max_rows:
                     raise CfiError(f"{path}: more than {max_rows} unwind rows")
@@ -109,7 +115,7 @@ def compile_file(path: str, max_rows: int) -> UnwindTable:
         if isinstance(e, CfiError):
             raise
         raise CfiError(f"{path}: unreadable call frame information ({e})") from None
-    return UnwindTable(_merge(spans, max_rows, path), len(spans), fp)
+    return UnwindTable(_merge(spans, max_rows, path), len(spans), fp, code_bytes, fp_bytes)
 
 
 def _merge(spans: list[tuple[int, int, list[Row]]], max_rows: int, path: str) -> list[Row]:
