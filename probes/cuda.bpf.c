@@ -128,6 +128,9 @@ static __always_inline int cuda_chunk_word(struct cuda_stack_walk *w, u64 addr, 
  * caller's locals, where the out pointer of an allocation usually points, so
  * `out` and `pitch_out` are read from it (cuda_chunk_word) rather than by more
  * user reads (each ~80 ns after the first on the VM measured, whatever its size).
+ * In a process with unwind tables (cuda_unwind.bpf.h) the top frames whose
+ * return addresses lie in libraries built without frame pointers are unwound
+ * by their rows first; the frame-pointer walk goes on from the first other.
  * Returns the stack's id (one per distinct stack, >= 0), or -errno; `*out_v`
  * and `*pitch_v` are set and `*have` has bit 0 / 1 set where the chunk held them. */
 static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 out, u64 pitch_out,
