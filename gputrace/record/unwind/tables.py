@@ -56,9 +56,15 @@ class UnwindTables:
     loaded: dict[str, int] = field(default_factory=dict)  # module -> rows (manifest)
     skipped: dict[str, str] = field(default_factory=dict)  # module -> why no table
     procs: dict[int, tuple[tuple[int, int, int, int, int], ...]] = field(default_factory=dict)
+    seen: dict[int, list[Mapping]] = field(default_factory=dict)  # the maps last given
 
     def update(self, pid: int, maps: list[Mapping]) -> None:
-        """Give `pid`'s mappings of libraries without frame pointers their tables."""
+        """Give `pid`'s mappings of libraries without frame pointers their tables
+        (nothing to do when they are the same list as last time: the symbolizer
+        makes a new one each time it reads /proc/PID/maps)."""
+        if self.seen.get(pid) is maps:
+            return
+        self.seen[pid] = maps
         entries: list[tuple[int, int, int, int, int]] = []
         for m in maps:
             path = m.path.removesuffix(" (deleted)")
@@ -145,6 +151,7 @@ class UnwindTables:
 
     def forget(self, pid: int) -> None:
         """An exited process: its entry goes (its pid may be reused)."""
+        self.seen.pop(pid, None)
         if self.procs.pop(pid, None):
             with contextlib.suppress(KeyError):
                 del self.bpf["unwind_procs"][ctypes.c_uint(pid)]
