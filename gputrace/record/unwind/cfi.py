@@ -81,9 +81,14 @@ def compile_file(path: str, max_rows: int) -> UnwindTable:
     """The rows of `path`'s CFI, sorted by pc, adjacent equal rules merged.
     Raises CfiError when it has none, is not x86-64, or needs more than
     `max_rows` rows (a table that big is not loaded)."""
-    from elftools.common.exceptions import ELFError
-    from elftools.dwarf.callframe import FDE
-    from elftools.elf.elffile import ELFFile
+    try:
+        from elftools.common.exceptions import ELFError
+        from elftools.dwarf.callframe import FDE
+        from elftools.elf.elffile import ELFFile
+    except ImportError:  # the record extra not installed: frame pointers only
+        raise CfiError(
+            f"{path}: pyelftools is not installed (pip install 'gputrace[record]')"
+        ) from None
 
     try:
         with open(path, "rb") as f:
