@@ -110,6 +110,8 @@ static __always_inline int cuda_same_stack(const struct cuda_stack *a, const str
     return 1;
 }
 
+#include "cuda_unwind.bpf.h"
+
 /* The word at user address `addr` if the chunk holds it (called after the
  * walk's first read: the caller's own frame, where an allocation's out pointer
  * usually lies). */
@@ -134,6 +136,9 @@ static __always_inline int cuda_chunk_word(struct cuda_stack_walk *w, u64 addr, 
  * caller's locals, where the out pointer of an allocation usually points, so
  * `out` and `pitch_out` are read from it (cuda_chunk_word) rather than by more
  * user reads (each ~80 ns after the first on the VM measured, whatever its size).
+ * In a process with unwind tables (cuda_unwind.bpf.h) the top frames whose
+ * return addresses lie in libraries built without frame pointers are unwound
+ * by their rows first; the frame-pointer walk goes on from the first other.
  * Returns the stack's id (one per distinct stack, >= 0), or -errno; `*out_v`
  * and `*pitch_v` are set and `*have` has bit 0 / 1 set where the chunk held them. */
 static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 out, u64 pitch_out,
@@ -165,6 +170,27 @@ static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 ou
     u64 h = cuda_mix(0, ip);
     u32 n = 1;
     s->ip[0] = ip;
+    /* the top frames in libraries with unwind tables (built without frame
+     * pointers: cuda_unwind.bpf.h), then frame pointers from the first other */
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct unwind_proc *unw = unwind_procs.lookup(&tgid);
+    /* n and h wait in the map value across the frame-pointer walk: its states
+     * are then the same whether or not tables were used (else it is verified
+     * once for each) */
+    *(volatile u32 *)&w->top_n = 1;
+    *(volatile u64 *)&w->top_h = h;
+    if (unw) {
+        struct unwind_regs r = {.ip = ip, .sp = sp, .fp = fp, .top = top, .h = h};
+        *(volatile u32 *)&w->top_n = unwind_top_frames(w, unw, &r);
+        *(volatile u64 *)&w->top_h = r.h;
+        fp = r.fp, low = r.sp;
+        if (r.stop)
+            fp = 0;  /* a frame its table cannot unwind: no walk by %rbp from there */
+    }
+    /* the frame-pointer walk's frames go to fp_ip[1..m), then after the
+     * tables' (at a constant index each: a walk that started at frame n
+     * would be verified once per n) */
+    u32 m = 1;
     for (u32 i = 1; i < GT_CUDA_STACK_DEPTH; i++) {
         if ((fp & 7) || fp < low || fp >= top)
             break;
@@ -186,12 +212,28 @@ static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 ou
         }
         u64 off = (fp - w->base) >> 3;  /* < GT_CUDA_STACK_CHUNK - 1: fp + 16 <= end */
         u64 ret = w->chunk[(off + 1) & (GT_CUDA_STACK_CHUNK - 1)];
-        s->ip[i] = ret;
-        h = cuda_mix(h, ret);
-        n = i + 1;
+        w->fp_ip[i] = ret;
+        m = i + 1;
         low = fp + 16;  /* callers' records lie above this one */
         fp = w->chunk[off & (GT_CUDA_STACK_CHUNK - 1)];
     }
+    /* m too goes through the map value: as a constant on each of the walk's
+     * exits, it would have the loop below verified once per exit */
+    *(volatile u32 *)&w->fp_m = m;
+    m = *(volatile u32 *)&w->fp_m;
+    n = *(volatile u32 *)&w->top_n & 0xff;
+    h = *(volatile u64 *)&w->top_h;
+    for (u32 j = 1; j < GT_CUDA_STACK_DEPTH; j++) {
+        /* masked: the verifier then bounds the index inside the map value
+         * whichever register the compiler checks */
+        u32 d = (n - 1 + j) & 0xff;
+        if (j >= m || d >= GT_CUDA_STACK_DEPTH)
+            break;
+        u64 ret = w->fp_ip[j];
+        s->ip[d] = ret;
+        h = cuda_mix(h, ret);
+    }
+    n = n - 1 + m < GT_CUDA_STACK_DEPTH ? n - 1 + m : GT_CUDA_STACK_DEPTH;
     s->n = n;
     s->_pad = 0;
     h = cuda_mix(h, n);

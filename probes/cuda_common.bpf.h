@@ -77,6 +77,10 @@ struct cuda_stack {
 struct cuda_stack_walk {
     struct cuda_stack s;
     u64 base, end;      /* the user bytes chunk[] holds: [base, end) */
+    u64 fp_ip[GT_CUDA_STACK_DEPTH]; /* the frame-pointer walk's frames, before they join s */
+    u64 top_h;          /* the hash of the frames unwound by tables (cuda_unwind.bpf.h) */
+    u32 top_n;          /* frames in s after them */
+    u32 fp_m;           /* frames in fp_ip, after the frame-pointer walk */
     u64 chunk[GT_CUDA_STACK_CHUNK];
 };
 BPF_HASH(cuda_stacks, u32, struct cuda_stack, GT_CUDA_STACKS);

@@ -10,7 +10,8 @@ import struct
 from dataclasses import dataclass, field
 
 ET_EXEC, ET_DYN = 2, 3
-PT_LOAD = 1
+PT_LOAD, PT_NOTE = 1, 4
+NT_GNU_BUILD_ID = 3
 SHT_SYMTAB, SHT_DYNSYM = 2, 11
 STT_FUNC, STT_GNU_IFUNC = 2, 10
 STB_GLOBAL, STB_WEAK = 1, 2
@@ -29,6 +30,8 @@ class Elf:
     ends: list[int] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     exported: set[str] = field(default_factory=set)  # defined global functions in .dynsym
+    build_id: str = ""  # the GNU build-id note, hex ("" when none)
+    has_symtab: bool = False  # .symtab present (else only .dynsym's exports are named)
 
     def vaddr(self, file_offset: int) -> int:
         """The link-time address of a file offset (what addr2line takes)."""
@@ -78,6 +81,8 @@ def _parse(path: str, d: mmap.mmap, symbols: bool) -> Elf:
         )
         if p_type == PT_LOAD:
             elf.loads.append((p_offset, p_vaddr, p_filesz))
+        elif p_type == PT_NOTE and not elf.build_id:
+            elf.build_id = _build_id(d, p_offset, p_filesz)
     if not symbols:
         return elf
     sections = [struct.unpack_from("<IIQQQQIIQQ", d, shoff + i * shentsize) for i in range(shnum)]
@@ -86,6 +91,7 @@ def _parse(path: str, d: mmap.mmap, symbols: bool) -> Elf:
         for sh in sections:
             if sh[1] != want or sh[9] == 0:
                 continue
+            elf.has_symtab |= want == SHT_SYMTAB
             strtab = sections[sh[6]]
             str_off = strtab[4]
             for j in range(sh[5] // sh[9]):
@@ -107,3 +113,16 @@ def _parse(path: str, d: mmap.mmap, symbols: bool) -> Elf:
         elf.ends.append(start + size)
         elf.names.append(name)
     return elf
+
+
+def _build_id(d: mmap.mmap, off: int, size: int) -> str:
+    """The GNU build-id in the notes at [off, off + size), hex; "" when none."""
+    end = min(off + size, len(d))
+    while off + 12 <= end:
+        namesz, descsz, kind = struct.unpack_from("<III", d, off)
+        name_at = off + 12
+        desc_at = name_at + (namesz + 3) // 4 * 4
+        if kind == NT_GNU_BUILD_ID and d[name_at : name_at + namesz] == b"GNU\0":
+            return bytes(d[desc_at : desc_at + descsz]).hex()
+        off = desc_at + (descsz + 3) // 4 * 4
+    return ""

@@ -29,6 +29,7 @@ from gputrace.record import bpf_load, decode, elf, hooks, loader, procfs, python
 from gputrace.record.api import decode as decode_cuda
 from gputrace.record.api import watchdog
 from gputrace.record.api.symbolize import Symbolizer
+from gputrace.record.unwind import tables as unwind
 
 MAIN = "cuda.bpf.c"
 BUFFER = "cuda_events"
@@ -52,7 +53,7 @@ def cflags(probes: Path = loader.PROBES, stack_depth: int = STACK_DEPTH) -> list
     if not 1 <= stack_depth <= STACK_DEPTH:  # a number, never text, reaches the C source
         raise UsageError(f"--stack-depth must be from 1 to {STACK_DEPTH}, not {stack_depth}")
     return [f"-I{probes}", f"-DGT_CUDA_RB_PAGES={CUDA_RB_PAGES}",
-            f"-DGT_CUDA_STACK_DEPTH={int(stack_depth)}"]  # fmt: skip
+            f"-DGT_CUDA_STACK_DEPTH={int(stack_depth)}", *unwind.cflags()]  # fmt: skip
 
 
 def load_program(bcc: Any, probes: Any = None, stack_depth: int = STACK_DEPTH) -> tuple[Any, str]:
@@ -142,6 +143,7 @@ class LibcudaProbes:
         self.skipped: list[dict[str, str]] = []
         self.sym = Symbolizer()
         self.py = python_stacks.PythonStacks(self.bpf["cuda_py_procs"], self.bpf["cuda_py_stacks"])
+        self.unwind = unwind.UnwindTables(self.bpf)
         self.stacks_done: set[tuple[int, int]] = set()
         self.stack_errors = 0
         self.pauses = 0
@@ -179,7 +181,7 @@ class LibcudaProbes:
             libs = from_maps(pid)
             if libs:
                 found |= libs
-                self.sym.refresh(pid)
+                self._refresh(pid)
                 self.py.register(pid)
         found |= from_ldconfig()
         if self.libcuda:
@@ -238,11 +240,17 @@ class LibcudaProbes:
                     plain = os.path.exists(target) and os.path.samefile(target, link)
                     self.attach(target if plain else link, shown=target)
             if kinds & PAUSE_FIRST:
-                self.sym.refresh(pid)
+                self._refresh(pid)
             self.py.register(pid)  # stopped (filter mode): its threads are read as they are
             if stopped:
                 self.pauses += 1
             self._release(tbl, pid, stopped, boot)
+
+    def _refresh(self, pid: int) -> None:
+        """Read `pid`'s mappings: for symbols, and unwind tables for its libraries
+        built without frame pointers (loaded before its next allocation's walk)."""
+        if self.sym.refresh(pid):
+            self.unwind.update(pid, self.sym.maps[pid])
 
     def _release(self, tbl: Any, pid: int, stopped: int, boot: int) -> None:
         """Take `pid` out of the map and continue it if the probe stopped it. The
@@ -264,6 +272,7 @@ class LibcudaProbes:
         for pid in gone:
             self.sym.forget(pid)
             self.py.forget(pid)
+            self.unwind.forget(pid)
 
     def resume_all(self) -> None:
         """Continue everyone stopped now. Entries are removed one by one, never
@@ -322,6 +331,9 @@ class LibcudaProbes:
                 self.stack_errors += 1
                 continue
             rows += [{"kind": "native", **r} for r in frames]
+            # a library loaded since (the symbolizer read the maps again): its table
+            if pid in self.sym.maps:
+                self.unwind.update(pid, self.sym.maps[pid])
         return rows
 
     def drops(self) -> dict[str, int]:
@@ -342,6 +354,7 @@ class LibcudaProbes:
                        "warnings": sorted(self.py.warnings.values())},
             "library_loads": self.library_loads,
             "comm_cache": self.comm_cache_note,
+            "unwind": self.unwind.manifest(),
         }
 
     def decode_calls(self, data: bytes) -> tuple[pa.RecordBatch | None, int]:

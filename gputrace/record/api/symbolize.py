@@ -3,21 +3,76 @@
 Addresses are placed in modules with /proc/PID/maps, read while the process is
 alive (when it is first paused at its first API call, and again whenever an
 address falls outside the known mappings); module files are parsed once (by
-device and inode) with gputrace.record.elf. Each distinct (pid, address) is
-symbolized once: the stacks of one program share most of their frames. A frame
-whose module or symbol is unknown counts as unresolved.
+device and inode) with gputrace.record.elf; a module without .symtab takes its
+symbols from its build-id debug file where one is installed
+(DEBUG_ROOT/.build-id/xx/yyyy.debug, as gdb finds them). C++ names are
+demangled by binutils' c++filt (the toolchain that built the stand-ins; no
+Python demangler is as complete), once per name; without it they stay mangled.
+Each distinct (pid, address) is symbolized once: the stacks of one program
+share most of their frames. A frame whose module or symbol is unknown counts
+as unresolved.
 """
 
 from __future__ import annotations
 
 import bisect
 import os
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
 from gputrace.record import elf
 
 PROC = "/proc"
+DEBUG_ROOT = "/usr/lib/debug"
+
+
+def debug_file(build_id: str, root: str = DEBUG_ROOT) -> str | None:
+    """The installed debug file of a build-id, or None."""
+    if len(build_id) < 3:
+        return None
+    path = os.path.join(root, ".build-id", build_id[:2], build_id[2:] + ".debug")
+    return path if os.path.isfile(path) else None
+
+
+def with_debug_symbols(mod: elf.Elf, root: str = DEBUG_ROOT) -> elf.Elf:
+    """`mod` with the symbols of its build-id debug file when it has no .symtab
+    (the debug file's addresses are the module's link-time addresses)."""
+    if mod.has_symtab or not mod.build_id:
+        return mod
+    path = debug_file(mod.build_id, root)
+    if path is None:
+        return mod
+    try:
+        dbg = elf.read(path)
+    except elf.ElfError:
+        return mod
+    if dbg.build_id != mod.build_id or not dbg.starts:
+        return mod
+    mod.starts, mod.ends, mod.names = dbg.starts, dbg.ends, dbg.names
+    mod.has_symtab = True
+    return mod
+
+
+_DEMANGLED: dict[str, str] = {}
+
+
+def demangle(name: str) -> str:
+    """A C++ (Itanium ABI) name as c++filt writes it; other names as they are."""
+    if not name.startswith("_Z"):
+        return name
+    if name not in _DEMANGLED:
+        exe = shutil.which("c++filt")
+        out = name
+        if exe is not None:
+            try:
+                r = subprocess.run([exe, "--", name], capture_output=True, text=True, timeout=10)
+                out = r.stdout.strip() or name
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        _DEMANGLED[name] = out
+    return _DEMANGLED[name]
 
 
 @dataclass(frozen=True)
@@ -53,7 +108,8 @@ class Symbolizer:
     starts: dict[int, list[int]] = field(default_factory=dict)
     # (pid, ip) -> (module, offset, symbol) of frames that fell in a mapping
     resolved: dict[tuple[int, int], tuple[str, int | None, str | None]] = field(
-        default_factory=dict)
+        default_factory=dict
+    )
     frames: int = 0
     unresolved: int = 0
 
@@ -96,7 +152,7 @@ class Symbolizer:
                 ino = (st.st_dev, st.st_ino)
                 if ino not in self.modules:
                     try:
-                        self.modules[ino] = elf.read(candidate)
+                        self.modules[ino] = with_debug_symbols(elf.read(candidate))
                     except elf.ElfError:
                         self.modules[ino] = None
                 mod = self.modules[ino]
@@ -131,6 +187,7 @@ class Symbolizer:
         if mod is not None:
             offset = mod.vaddr(ip - m.start + m.pgoff)
             symbol = mod.symbol(offset - 1)
+            symbol = demangle(symbol) if symbol is not None else None
         else:
             offset = ip - m.start + m.pgoff
         self.resolved[(pid, ip)] = (m.path, offset, symbol)

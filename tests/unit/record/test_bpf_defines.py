@@ -17,6 +17,8 @@ from gputrace.record import driver_version as driver
 from gputrace.record.api import decode as decode_cuda
 from gputrace.record.api import libcuda as cuda
 from gputrace.record.cpu_faults import decode as decode_faults
+from gputrace.record.unwind import cfi as unwind_cfi
+from gputrace.record.unwind import tables as unwind_tables
 
 PROBES = Path(__file__).resolve().parents[3] / "probes"
 _DEFINE = re.compile(r"^\s*#\s*define\s+(GT_[A-Z0-9_]+)\s+(.+?)\s*(?:/\*.*)?$")
@@ -62,6 +64,13 @@ def python_value(name: str) -> int | None:
         "GT_FAULT_RB_PAGES": loader.FAULT_RB_PAGES,
         "GT_CUDA_RB_PAGES": cuda.CUDA_RB_PAGES,
         "GT_CUDA_STACK_DEPTH": cuda.STACK_DEPTH,
+        "GT_UNWIND_ROWS": unwind_tables.ROWS,
+        "GT_UNWIND_MAPS": unwind_tables.MAPS,
+        "GT_UNWIND_FRAMES": unwind_tables.FRAMES,
+        "GT_UNWIND_SEARCH": unwind_tables.TABLE_ROWS.bit_length() - 1,
+        "GT_UNWIND_STOP": unwind_cfi.STOP,
+        "GT_UNWIND_CFA_RSP": unwind_cfi.CFA_RSP,
+        "GT_UNWIND_CFA_RBP": unwind_cfi.CFA_RBP,
         "GT_PAUSE_LOAD": cuda.PAUSE_LOAD,
         "GT_PAUSE_FIRST": cuda.PAUSE_FIRST,
         "GT_FV_RET": decode.FV_RET,

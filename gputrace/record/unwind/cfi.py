@@ -1,0 +1,148 @@
+"""x86-64 call frame information (.eh_frame, else .debug_frame) compiled into
+compact unwind rows for the API probe's native unwinder (probes/cuda_unwind.bpf.h).
+
+Each row covers the addresses from its `pc` to the next row's and says how to
+find the caller from a frame stopped there: CFA = rsp + N or rbp + N; the
+return address at CFA - 8; %rbp saved at CFA - 8k, or unchanged. Anything else
+(a DWARF expression, a CFA in another register, a return address elsewhere, an
+offset that does not fit) compiles to a STOP row: the walk ends there rather
+than guess a frame. PLT entries (their CFA is an expression of %rip) are STOP
+rows too: no uretprobe stack has a return address inside a PLT stub.
+Gaps between functions are STOP rows. Parsed with pyelftools.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# DWARF register numbers on x86-64 (System V psABI, figure 3.36)
+RBP, RSP, RA = 6, 7, 16
+# row kinds (mirrored in probes/cuda_unwind.bpf.h)
+STOP, CFA_RSP, CFA_RBP = 0, 1, 2
+MAX_CFA = 0xFFFF  # the row's CFA offset field is a u16
+MAX_RBP_SLOT = 0xFF  # %rbp's slot, in words below the CFA, is a u8
+
+
+class CfiError(ValueError):
+    """The file has no usable call frame information."""
+
+
+@dataclass(frozen=True)
+class Row:
+    pc: int  # link-time address where the row starts
+    kind: int  # STOP, CFA_RSP or CFA_RBP
+    cfa: int = 0  # CFA = register + cfa
+    rbp: int = 0  # %rbp saved at CFA - 8 * rbp; 0: unchanged
+
+    def pack(self) -> tuple[int, int, int, int]:
+        return self.pc, self.cfa, self.kind, self.rbp
+
+
+@dataclass(frozen=True)
+class UnwindTable:
+    rows: list[Row]
+    functions: int  # FDEs compiled
+    fp_functions: int  # FDEs whose CFA moves to %rbp: built with frame pointers
+    code_bytes: int = 0  # bytes the FDEs cover
+    fp_bytes: int = 0  # of which in functions with frame pointers
+
+    @property
+    def has_frame_pointers(self) -> bool:
+        """Most of the code (by bytes: the C runtime's small start-up stubs keep
+        none, whatever the program) sets up %rbp as a frame pointer: the FP walk
+        is right (and cheaper) there. A library built without them has few or none."""
+        return self.code_bytes > 0 and 2 * self.fp_bytes >= self.code_bytes
+
+
+def _row(pc: int, line: dict[Any, Any]) -> Row:
+    """One decoded CFI line as a row (STOP when it is not of the compact forms)."""
+    from elftools.dwarf.callframe import RegisterRule
+
+    cfa = line.get("cfa")
+    ra = line.get(RA)
+    if cfa is None or cfa.expr is not None or cfa.reg not in (RSP, RBP):
+        return Row(pc, STOP)
+    if ra is None or ra.type != RegisterRule.OFFSET or ra.arg != -8:
+        return Row(pc, STOP)
+    if not 0 <= cfa.offset <= MAX_CFA:
+        return Row(pc, STOP)
+    rbp, rule = 0, line.get(RBP)
+    if rule is not None and rule.type == RegisterRule.OFFSET:
+        if rule.arg >= 0 or rule.arg % 8 or -rule.arg // 8 > MAX_RBP_SLOT:
+            return Row(pc, STOP)
+        rbp = -rule.arg // 8
+    elif rule is not None and rule.type not in (RegisterRule.SAME_VALUE,):
+        return Row(pc, STOP)  # %rbp in another register, or undefined: not followed
+    return Row(pc, CFA_RSP if cfa.reg == RSP else CFA_RBP, cfa.offset, rbp)
+
+
+def compile_file(path: str, max_rows: int) -> UnwindTable:
+    """The rows of `path`'s CFI, sorted by pc, adjacent equal rules merged.
+    Raises CfiError when it has none, is not x86-64, or needs more than
+    `max_rows` rows (a table that big is not loaded)."""
+    try:
+        from elftools.common.exceptions import ELFError
+        from elftools.dwarf.callframe import FDE
+        from elftools.elf.elffile import ELFFile
+    except ImportError:  # the record extra not installed: frame pointers only
+        raise CfiError(
+            f"{path}: pyelftools is not installed (pip install 'gputrace[record]')"
+        ) from None
+
+    try:
+        with open(path, "rb") as f:
+            ef = ELFFile(f)
+            if ef["e_machine"] != "EM_X86_64":
+                raise CfiError(f"{path}: not x86-64")
+            dw = ef.get_dwarf_info(relocate_dwarf_sections=False, follow_links=False)
+            if dw.has_EH_CFI():
+                entries = dw.EH_CFI_entries()
+            elif dw.has_CFI():
+                entries = dw.CFI_entries()
+            else:
+                raise CfiError(f"{path}: no .eh_frame or .debug_frame")
+            spans: list[tuple[int, int, list[Row]]] = []
+            fp = fp_bytes = code_bytes = 0
+            for e in entries:
+                if not isinstance(e, FDE):
+                    continue
+                start, size = e["initial_location"], e["address_range"]
+                rows = [_row(line["pc"], line) for line in e.get_decoded().table]
+                uses_fp = any(r.kind == CFA_RBP for r in rows)
+                fp += uses_fp
+                fp_bytes += size if uses_fp else 0
+                code_bytes += size
+                spans.append((start, start + size, rows))
+                if len(spans) > max_rows:
+                    raise CfiError(f"{path}: more than {max_rows} unwind rows")
+    except (OSError, ELFError, KeyError, ValueError, AttributeError) as e:
+        if isinstance(e, CfiError):
+            raise
+        raise CfiError(f"{path}: unreadable call frame information ({e})") from None
+    return UnwindTable(_merge(spans, max_rows, path), len(spans), fp, code_bytes, fp_bytes)
+
+
+def _merge(spans: list[tuple[int, int, list[Row]]], max_rows: int, path: str) -> list[Row]:
+    """Sorted rows with a STOP row at each function's end (unless the next one
+    starts there), and no row that repeats the rule before it."""
+    out: list[Row] = []
+    for start, end, rows in sorted(spans, key=lambda s: s[0]):
+        if out and out[-1].pc > start:
+            continue  # overlapping FDEs: keep the first, never mix two functions' rules
+        for r in rows:
+            if start <= r.pc < end and not (out and out[-1].pack()[1:] == r.pack()[1:]):
+                out.append(r)
+        out.append(Row(end, STOP))
+    # a STOP at a function's end followed by its neighbour's first row at the same pc
+    rows_by_pc: dict[int, Row] = {}
+    for r in out:
+        rows_by_pc[r.pc] = r  # the later row (the next function's) wins
+    merged: list[Row] = []
+    for pc in sorted(rows_by_pc):
+        r = rows_by_pc[pc]
+        if not (merged and merged[-1].pack()[1:] == r.pack()[1:]):
+            merged.append(r)
+    if len(merged) > max_rows:
+        raise CfiError(f"{path}: more than {max_rows} unwind rows")
+    return merged

@@ -1,0 +1,165 @@
+"""Unwind tables in the API probe's maps (probes/cuda_unwind.bpf.h).
+
+A library gets a table when it is mapped executable by a traced process and
+its call frame information shows it was built without frame pointers (fewer
+than half of its functions move the CFA to %rbp): there the frame-pointer walk
+loses frames; elsewhere it is right and cheaper, and stays. The C library and
+the dynamic loader get none: their frames are the outermost of a stack
+(__libc_start_call_main, start_thread), where walks end as before. A table is
+compiled once per file (device, inode) and its rows stored once in
+`unwind_rows`, shared by every process mapping it; `unwind_procs` holds each
+process's mappings with a table (at most MAPS). Bounds: TABLE_ROWS rows per
+library, ROWS in all; a library over them is walked by frame pointers and
+listed in the manifest with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputrace.record import elf
+from gputrace.record.api.symbolize import Mapping
+from gputrace.record.unwind import cfi
+
+ROWS = 1 << 18  # rows of all tables together (GT_UNWIND_ROWS)
+TABLE_ROWS = 1 << 16  # rows of one table: GT_UNWIND_SEARCH binary-search steps
+MAPS = 8  # mappings with a table per process (GT_UNWIND_MAPS)
+# frames unwound by tables at the top of a stack (GT_UNWIND_FRAMES): the
+# verifier follows each, and 8 keeps the program under its 1M-instruction limit
+FRAMES = 8
+# walks end in these, as before the unwinder: no table
+_OUTERMOST = ("libc.so", "ld-linux", "ld64.so")
+
+
+def cflags() -> list[str]:
+    """The table bounds the BPF program is compiled with (numbers only)."""
+    return [f"-DGT_UNWIND_ROWS={ROWS}", f"-DGT_UNWIND_FRAMES={FRAMES}"]
+
+
+@dataclass
+class _Table:
+    row: int  # first row in unwind_rows
+    rows: int
+
+
+@dataclass
+class UnwindTables:
+    """Tables loaded into one API program's maps, and what each process uses."""
+
+    bpf: Any
+    used: int = 0
+    by_file: dict[tuple[int, int], _Table | None] = field(default_factory=dict)
+    loaded: dict[str, int] = field(default_factory=dict)  # module -> rows (manifest)
+    skipped: dict[str, str] = field(default_factory=dict)  # module -> why no table
+    procs: dict[int, tuple[tuple[int, int, int, int, int], ...]] = field(default_factory=dict)
+    seen: dict[int, list[Mapping]] = field(default_factory=dict)  # the maps last given
+
+    def update(self, pid: int, maps: list[Mapping]) -> None:
+        """Give `pid`'s mappings of libraries without frame pointers their tables
+        (nothing to do when they are the same list as last time: the symbolizer
+        makes a new one each time it reads /proc/PID/maps)."""
+        if self.seen.get(pid) is maps:
+            return
+        self.seen[pid] = maps
+        entries: list[tuple[int, int, int, int, int]] = []
+        for m in maps:
+            path = m.path.removesuffix(" (deleted)")
+            if not path.startswith("/") or os.path.basename(path).startswith(_OUTERMOST):
+                continue
+            found = self._for_file(pid, path, m.pgoff)
+            if found is None:
+                continue
+            table, link_start = found
+            if len(entries) == MAPS:
+                self.skipped.setdefault(path, f"more than {MAPS} tables in one process")
+                continue
+            entries.append((m.start, m.end, m.start - link_start, table.row, table.rows))
+        key = tuple(entries)
+        if self.procs.get(pid) == key:
+            return
+        self.procs[pid] = key
+        self._store_proc(pid, entries)
+
+    def _for_file(self, pid: int, path: str, pgoff: int) -> tuple[_Table, int] | None:
+        """The file's table (compiled on first sight) and the link-time address
+        of the mapping's first byte; None when it gets none."""
+        for candidate in (f"/proc/{pid}/root{path}", path):
+            try:
+                st = os.stat(candidate)
+                break
+            except OSError:
+                continue
+        else:
+            return None
+        ino = (st.st_dev, st.st_ino)
+        if ino not in self.by_file:
+            self.by_file[ino] = self._compile(candidate, path)
+        table = self.by_file[ino]
+        if table is None:
+            return None
+        try:
+            return table, elf.read(candidate, symbols=False).vaddr(pgoff)
+        except elf.ElfError:
+            return None
+
+    def _compile(self, candidate: str, path: str) -> _Table | None:
+        try:
+            t = cfi.compile_file(candidate, TABLE_ROWS)
+        except cfi.CfiError as e:
+            self.skipped[path] = str(e).removeprefix(f"{candidate}: ")
+            return None
+        if t.has_frame_pointers:
+            return None  # the frame-pointer walk is right here
+        if self.used + len(t.rows) > ROWS:
+            self.skipped[path] = f"all {ROWS} unwind rows in use"
+            return None
+        table = _Table(self.used, len(t.rows))
+        self._store_rows(table.row, t.rows)
+        self.used += len(t.rows)
+        self.loaded[path] = len(t.rows)
+        return table
+
+    def _store_rows(self, first: int, rows: list[cfi.Row]) -> None:
+        tbl = self.bpf["unwind_rows"]
+        keys = (tbl.Key * len(rows))()
+        values = (tbl.Leaf * len(rows))()
+        for i, r in enumerate(rows):
+            keys[i] = first + i
+            v = values[i]
+            v.pc, v.cfa, v.kind, v.rbp = r.pack()
+        tbl.items_update_batch(keys, values)
+
+    def _store_proc(self, pid: int, entries: list[tuple[int, int, int, int, int]]) -> None:
+        tbl = self.bpf["unwind_procs"]
+        key = ctypes.c_uint(pid)
+        if not entries:
+            with contextlib.suppress(KeyError):
+                del tbl[key]
+            return
+        leaf = tbl.Leaf()
+        leaf.n = len(entries)
+        leaf.lo = min(e[0] for e in entries)
+        leaf.hi = max(e[1] for e in entries)
+        for k, (start, end, bias, row, rows) in enumerate(entries):
+            m = leaf.m[k]
+            m.start, m.end, m.bias, m.row, m.rows = start, end, bias & (2**64 - 1), row, rows
+        tbl[key] = leaf
+
+    def forget(self, pid: int) -> None:
+        """An exited process: its entry goes (its pid may be reused)."""
+        self.seen.pop(pid, None)
+        if self.procs.pop(pid, None):
+            with contextlib.suppress(KeyError):
+                del self.bpf["unwind_procs"][ctypes.c_uint(pid)]
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "tables": [{"module": k, "rows": v} for k, v in sorted(self.loaded.items())],
+            "skipped": [{"module": k, "reason": v} for k, v in sorted(self.skipped.items())],
+            "rows": self.used,
+            "rows_max": ROWS,
+        }

@@ -1,0 +1,170 @@
+/* gputrace API layer, part of cuda.bpf.c: the native unwinder's tables.
+ *
+ * Libraries built without frame pointers (PyTorch's wheels, libcudart) leave
+ * no %rbp chain to walk. For each such library mapped by a traced process the
+ * recorder (gputrace/record/unwind/) compiles its .eh_frame into rows, sorted
+ * by address, each saying how to find the caller of a frame stopped there:
+ * CFA = rsp + cfa or rbp + cfa, the return address at CFA - 8, the caller's
+ * %rbp saved at CFA - 8 * rbp (0: %rbp unchanged). A STOP row ends the walk
+ * (rules the rows cannot say, gaps between functions): no frame is guessed.
+ * A library's rows are stored once in `unwind_rows` whatever the processes
+ * mapping it; `unwind_procs` lists, per process, the mappings with a table.
+ * cuda_stack_id() looks each return address up here; one in no such mapping
+ * is walked by its frame pointer, as before.
+ */
+#ifndef GT_UNWIND_ROWS
+#define GT_UNWIND_ROWS (1 << 18)  /* rows of all tables together: 2 MiB */
+#endif
+#define GT_UNWIND_MAPS 8          /* mappings with a table per process */
+#define GT_UNWIND_SEARCH 16       /* binary-search steps: a table has at most 65536 rows */
+#ifndef GT_UNWIND_FRAMES
+#define GT_UNWIND_FRAMES 8        /* frames unwound by tables at the top of a stack */
+#endif
+#define GT_UNWIND_STOP 0
+#define GT_UNWIND_CFA_RSP 1
+#define GT_UNWIND_CFA_RBP 2
+
+struct unwind_row {
+    u32 pc;             /* link-time address where the row starts */
+    u16 cfa;            /* CFA = the kind's register + cfa */
+    u8 kind;            /* GT_UNWIND_* */
+    u8 rbp;             /* %rbp saved at CFA - 8 * rbp; 0: unchanged */
+};
+struct unwind_map {
+    u64 start, end;     /* the executable mapping [start, end) */
+    u64 bias;           /* address - bias = link-time address */
+    u32 row, rows;      /* its table: unwind_rows[row, row + rows) */
+};
+struct unwind_proc {
+    u32 n;              /* entries of m[] in use */
+    u32 _pad;
+    u64 lo, hi;         /* the span of m[]: most addresses are rejected by it */
+    struct unwind_map m[GT_UNWIND_MAPS];
+};
+BPF_ARRAY(unwind_rows, struct unwind_row, GT_UNWIND_ROWS);
+BPF_HASH(unwind_procs, u32, struct unwind_proc, 4096);
+
+#define unwind_opaque(x) asm volatile("" : "+r"(x))
+
+/* The row that covers return address `ip` of a process with tables: 1 and
+ * *row set; 0 when ip lies in no mapping with a table (walk it by %rbp); -1
+ * when it lies in one but no row covers it (the walk stops). The address
+ * looked up is ip - 1, the call instruction: a call that ends a function
+ * returns to the first byte of the next. */
+static __always_inline int unwind_find(struct unwind_proc *u, u64 ip, struct unwind_row *row)
+{
+    if (ip < u->lo || ip >= u->hi)
+        return 0;
+    /* Written for the verifier: one path through, whatever the mapping and
+     * the rows compared. A comparison is a branch in BPF, and the verifier
+     * follows both sides with what each learnt (a frame's search would fork
+     * its states thousands of times): the mapping's index is summed, each
+     * search step adds its bit, from borrows of subtractions. */
+    u64 found = 0;
+    for (u32 k = 0; k < GT_UNWIND_MAPS; k++) {
+        /* entries past u->n are zero: [0, 0) holds nothing */
+        u64 off = ip - u->m[k].start, len = u->m[k].end - u->m[k].start;
+        u64 in = ((~off & len) | (~(off ^ len) & (off - len))) >> 63;  /* off < len */
+        found += in * (k + 1);
+    }
+    /* no branch on `found` itself (each value would be a path of its own):
+     * the entry it names is checked instead (none found names the last) */
+    unwind_opaque(found);
+    struct unwind_map *m = &u->m[(found - 1) & (GT_UNWIND_MAPS - 1)];
+    if (ip < m->start || ip >= m->end)
+        return 0;
+    u64 pc = ip - 1 - m->bias;
+    u64 rows = m->rows, base = m->row;
+    if (pc >> 32 || rows == 0 || rows > (1ULL << GT_UNWIND_SEARCH))
+        return -1;
+    /* opaque to the compiler, which would turn the borrows below back into
+     * comparisons where it knows the values are small */
+    unwind_opaque(pc);
+    unwind_opaque(rows);
+    /* the last row whose pc <= the address: lo grows by each power of two
+     * that keeps it so, largest first */
+    u64 lo = 0;
+    for (int s = GT_UNWIND_SEARCH - 1; s >= 0; s--) {
+        u64 probe = lo + (1ULL << s);
+        u64 inside = (probe - rows) >> 63;  /* probe < rows (both < 2^32) */
+        u32 key = base + probe * inside;    /* row 0 of the table when outside */
+        struct unwind_row *r = unwind_rows.lookup(&key);
+        if (!r)
+            return -1;
+        u64 rpc = r->pc;
+        unwind_opaque(rpc);
+        u64 le = 1 - ((pc - rpc) >> 63);  /* r->pc <= pc */
+        lo += (inside & le) << s;
+    }
+    u32 key = base + lo;
+    struct unwind_row *r = unwind_rows.lookup(&key);
+    if (!r || r->pc > pc)
+        return -1;
+    *row = *r;
+    return 1;
+}
+
+/* [from, to) of the user stack in the walk's chunk, read from `from` (to the
+ * end of its page, or to `to` where that is further) when it is not there
+ * yet. 0 when it cannot be read. */
+static __always_inline int unwind_cover(struct cuda_stack_walk *w, u64 from, u64 to)
+{
+    if (from >= w->base && to <= w->end)
+        return 1;
+    u64 len = 4096 - (from & 4095);
+    if (len > GT_CUDA_STACK_CHUNK * 8)
+        len = GT_CUDA_STACK_CHUNK * 8;
+    if (len < to - from)
+        len = to - from;
+    if (len > GT_CUDA_STACK_CHUNK * 8 || (from & 7))
+        return 0;
+    if (bpf_probe_read_user(w->chunk, len, (void *)from))
+        return 0;
+    w->base = from, w->end = from + len;
+    return 1;
+}
+
+struct unwind_regs {
+    u64 ip, sp, fp;     /* the frame's return address, its CFA-to-be base and %rbp */
+    u64 top;            /* no CFA at or above this (the stack span) */
+    u64 h;              /* the stack's hash so far (cuda_mix) */
+    u32 stop;           /* 1: a frame in a table that cannot be unwound */
+};
+
+/* Unwind frames by their tables while their return addresses lie in mappings
+ * with one, at most GT_UNWIND_FRAMES; stores each caller's return address in
+ * the walk's stack from ip[1]. Returns the frames in ip[] (1 + those found);
+ * `r` is left at the first frame outside the tables (its %rbp, and its CFA
+ * base as sp: where the frame-pointer walk goes on from) or `stop` is set. */
+static __always_inline u32 unwind_top_frames(struct cuda_stack_walk *w, struct unwind_proc *u,
+                                             struct unwind_regs *r)
+{
+    u32 n = 1;
+    for (u32 i = 1; i <= GT_UNWIND_FRAMES && i < GT_CUDA_STACK_DEPTH; i++) {
+        struct unwind_row row = {};
+        int t = unwind_find(u, r->ip, &row);
+        if (t == 0)
+            break;
+        if (t < 0 || row.kind == GT_UNWIND_STOP) {
+            r->stop = 1;
+            break;
+        }
+        u64 cfa = (row.kind == GT_UNWIND_CFA_RSP ? r->sp : r->fp) + row.cfa;
+        /* the return address and the saved %rbp lie below the CFA, in this
+         * frame: [from, cfa) is read at once */
+        u64 from = cfa - 8 * (row.rbp > 1 ? row.rbp : 1);
+        if ((cfa & 7) || from < r->sp || cfa >= r->top || !unwind_cover(w, from, cfa)) {
+            r->stop = 1;
+            break;
+        }
+        u64 ret = w->chunk[((cfa - 8 - w->base) >> 3) & (GT_CUDA_STACK_CHUNK - 1)];
+        if (row.rbp)
+            r->fp = w->chunk[((from - w->base) >> 3) & (GT_CUDA_STACK_CHUNK - 1)];
+        r->sp = cfa;
+        r->ip = ret;
+        w->s.ip[i] = ret;
+        r->h = cuda_mix(r->h, ret);
+        n = i + 1;
+    }
+    return n;
+}

@@ -1,0 +1,105 @@
+"""Native frames through a library built without frame pointers: does every
+segment allocation of the stand-in caching allocator (tests/standin_cuda/
+caching_alloc.c, -O2 -fomit-frame-pointer) carry exactly the frames of its
+call chain, main -> run -> alloc_tensor -> cache_alloc -> grow_segment ->
+cuMemAlloc_v2, recovered from the library's .eh_frame?
+
+Before the unwinder, the frame-pointer walk gave one frame per segment
+allocation: [grow_segment+0x3f] (libcaching_standin.so 0x115f), and nothing
+else: grow_segment keeps a size in %rbp across its call (0x400000), not a
+frame pointer, so the walk stopped there; cache_alloc, alloc_tensor, run and
+main were lost. (On a library that leaves %rbp alone the walk instead skips the
+frames without a record and goes on from the next one: frames lost silently.)
+The expected frames are the return addresses of the calls in the built
+binaries (objdump), as tests/live/test_record_stack_walk.py finds them."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gputrace.record.unwind import cfi, tables
+from gputrace.trace.reader import open_trace
+from tests.record_helpers import ROOT, live_skip_reason, record_cmd
+
+SEGMENTS = 3
+
+Frame = tuple[str | None, int | None, str | None]
+
+
+def _return_addresses(exe: Path) -> dict[tuple[str, str], int]:
+    """(function, callee) -> link-time address of the instruction after that call."""
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(exe)], check=True,
+                          capture_output=True, text=True).stdout  # fmt: skip
+    out: dict[tuple[str, str], int] = {}
+    func, pending = "", None
+    for line in text.splitlines():
+        if m := re.match(r"^[0-9a-f]+ <([^>]+)>:$", line):
+            func, pending = m.group(1), None
+            continue
+        if not (m := re.match(r"^\s+([0-9a-f]+):\s+(.*)$", line)):
+            continue
+        if pending is not None:
+            out.setdefault(pending, int(m.group(1), 16))
+            pending = None
+        if c := re.match(r"call\s+[0-9a-f]+ <([^>@]+)", m.group(2)):
+            pending = (func, c.group(1))
+    return out
+
+
+def _record(tmp: Path, exe: Path) -> tuple[dict[str, object], list[list[Frame]]]:
+    """The api manifest and each cuMemAlloc_v2's stack as (module, offset, symbol)."""
+    out = tmp / "trace"
+    env = {k: v for k, v in os.environ.items() if k != "GPUTRACE_STANDIN_DEVDIR"}
+    r = subprocess.run(record_cmd(out, "--", str(exe), str(SEGMENTS)), cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert f"segments {SEGMENTS}" in r.stdout
+    t = open_trace(out)
+    assert t.status == "complete" and sum(t.drops.values()) == 0
+    api = t.manifest["api"]
+    assert api["stack_errors"] == 0
+    calls = t.scan("cuda_calls").collect()
+    allocs = calls.filter(calls["func"] == "cuMemAlloc_v2")
+    assert allocs.height == SEGMENTS + 1  # the warm-up call from main, then the segments
+    frames: dict[int, list[Frame]] = {}
+    rows = t.scan("stacks").collect().sort("stack_id", "depth")
+    for sid, d, module, offset, symbol in rows.select("stack_id", "depth", "module", "offset",
+                                                      "symbol").rows():  # fmt: skip
+        frames.setdefault(sid, []).append((module, offset, symbol))
+        assert len(frames[sid]) == d + 1
+    return api, [frames[sid] for sid in allocs["stack_id"].to_list()]
+
+
+@pytest.mark.live
+@pytest.mark.skipif(live_skip_reason() is not None, reason=str(live_skip_reason()))
+def test_unwinder_recovers_frames_through_a_library_without_frame_pointers(
+        tmp_path: Path) -> None:  # fmt: skip
+    from tests.standin_cuda.standin_cuda import build
+
+    lib_dir = build().lib_dir
+    exe, lib = lib_dir / "caching_program", lib_dir / "libcaching_standin.so"
+    prog, cache = _return_addresses(exe), _return_addresses(lib)
+    api, stacks = _record(tmp_path, exe)
+    me, so = str(exe), str(lib)
+    libc = stacks[0][-1]  # main's caller, where the walk of main's frame ends
+    assert libc[0] is not None and os.path.basename(libc[0]).startswith("libc.so")
+    assert stacks[0] == [(me, prog[("main", "cuMemAlloc_v2")], "main"), libc]
+    segment = [
+        (so, cache[("grow_segment", "cuMemAlloc_v2")], "grow_segment"),
+        (so, cache[("cache_alloc", "grow_segment")], "cache_alloc"),
+        (me, prog[("alloc_tensor", "cache_alloc")], "alloc_tensor"),
+        (me, prog[("run", "alloc_tensor")], "run"),
+        (me, prog[("main", "run")], "main"),
+        libc,
+    ]
+    assert stacks[1:] == [segment] * SEGMENTS
+    # one table, for the library without frame pointers only (the program and the
+    # stand-in libcuda keep them; libc and the loader get none), with all its rows
+    rows = len(cfi.compile_file(so, tables.TABLE_ROWS).rows)
+    assert api["unwind"]["tables"] == [{"module": so, "rows": rows}]
+    assert api["unwind"]["skipped"] == [] and api["unwind"]["rows"] == rows
