@@ -20,8 +20,9 @@ from gputrace.analyses.leaks.growth import growth
 
 def allocator_growth(lt: pl.LazyFrame, stacks: pl.LazyFrame) -> dict[str, pl.DataFrame]:
     """`allocator_growth`: one fit row per (allocator, pid), `allocator` in place of
-    `layer` (`program` for the program's own API allocations); `allocator_segments`: (allocator, pid, stack_id, frames, count, bytes) of the API allocations
-    each allocator made."""
+    `layer` (`program` for the program's own API allocations); `allocator_segments`:
+    (allocator, pid, stack_id, frames, count, bytes, first_ts_ns) of the API
+    allocations each named allocator made."""
     owners = stack_allocators(stacks).select("pid", "stack_id", "allocator")
     api = (lt.filter(pl.col("layer") == "api")
            .join(owners, on=["pid", "stack_id"], how="left")
