@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-__all__ = ["ALLOCATORS", "PROGRAM", "Allocator", "allocator_of", "cached", "label",
+__all__ = ["ALLOCATORS", "CACHED", "PROGRAM", "Allocator", "allocator_of", "cached", "label",
            "stack_allocators"]
 
 
@@ -47,6 +47,8 @@ ALLOCATORS: tuple[Allocator, ...] = (
     Allocator("rmm", "RAPIDS RMM pool", True, r"(^|/)librmm\.so|/rmm/(.*/)?[^/]*\.so"),
 )
 PROGRAM = "program"
+CACHED = [a.name for a in ALLOCATORS if a.cached]
+"""Allocators whose unfreed memory is held by design, never a leak."""
 _BY_NAME = {a.name: a for a in ALLOCATORS}
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import polars as pl
 
-from gputrace.analyses.helpers.allocators import ALLOCATORS, PROGRAM, stack_allocators
+from gputrace.analyses.helpers.allocators import ALLOCATORS, CACHED, PROGRAM, stack_allocators
 from gputrace.analyses.helpers.common import records
 from gputrace.analyses.helpers.partition import Slice
 from gputrace.analyses.helpers.stacks import stack_frames
@@ -23,7 +23,6 @@ from gputrace.analyses.helpers.uvm_ranges import UVM_VIRTUAL_LAYER
 from gputrace.analyses.leaks.allocation_rows import leak_kind, with_exits
 from gputrace.analyses.leaks.allocations import COUNTED
 
-CACHED = [a.name for a in ALLOCATORS if a.cached]
 JOINED = ["pid", "comm", "kind", "class", "what", "api_count", "bytes", "rm_what",
           "rm_handle", "rm_bytes", "uvm_base", "uvm_bytes", "gpu_index", "alloc_ts_ns",
           "age_s", "stack_id", "frames", "api_ids", "freed_by"]
