@@ -68,6 +68,13 @@ def leaks_section(con: Console, d: dict[str, Any], limit: int) -> None:
         ("frames", "call stack (innermost first)", plain)], limit)
     for name, v in sorted((d.get("held_by_allocator") or {}).items()):
         con.print(Text(_kept_line(name, v)))
+    for g in d.get("growth_by_allocator") or []:
+        if g["flagged"] and g["allocator"] in (d.get("held_by_allocator") or {}):
+            by = [plain(s["trigger"] or "?") for s in d.get("allocator_sites") or []
+                  if s["allocator"] == g["allocator"] and s["pid"] == g["pid"]][:3]
+            con.print(Text(f"growing: {d['held_by_allocator'][g['allocator']]['label']} "
+                           f"(pid {g['pid']}) adds memory, {human_bytes(g['slope_bytes_per_min'])}"
+                           f"/min, asked for by {', '.join(by) or '?'}"))
     held = d.get("driver_held")
     for kind, v in sorted((held or {}).get("by_kind", {}).items()):
         how = ("released by the driver at exit" if kind == "unfreed_at_exit"

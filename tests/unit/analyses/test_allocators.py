@@ -11,7 +11,10 @@ import polars as pl
 import pytest
 
 from gputrace.analyses.helpers.allocators import allocator_of, stack_allocators
+from gputrace.analyses.helpers.inputs import inputs_from_trace
+from gputrace.analyses.timeseries.stacks_by_bytes import folded_stacks
 from gputrace.trace.builder import MiB
+from gputrace.trace.reader import open_trace
 from tests.analyze_helpers import SCENARIO_DIR, analyze
 
 SITE = "/usr/local/lib/python3.11/site-packages/"
@@ -87,12 +90,23 @@ def test_growth_is_judged_per_allocator(leaks: dict[str, Any]) -> None:
     assert g["program"]["flagged"] and g["program"]["end_bytes"] == 160 * MiB
     assert g["program"]["slope_bytes_per_min"] == pytest.approx(16 * MiB * 60, rel=0.02)
     assert not g["cublas"]["flagged"] and g["cublas"]["end_bytes"] == 64 * MiB
-    sites = [(s["allocator"], s["count"], s["bytes"], s["frames"].split(" < ")[1])
-             for s in leaks["allocator_sites"]]
+    sites = [(s["allocator"], s["count"], s["bytes"], s["frames"].split(" < ")[1],
+              s["trigger"]) for s in leaks["allocator_sites"]]
     assert sites == [
         ("pytorch", 9, 270 * MiB,
-         "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"),
-        ("cublas", 1, 64 * MiB, "cublasLtMatmul")]
+         "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc",
+         "at::empty_cuda"),
+        ("cublas", 1, 64 * MiB, "cublasLtMatmul", "at::cuda::blas::gemm")]
+
+
+def test_folded_stacks_add_up_to_the_headline() -> None:
+    """The leak icicle / `--format folded` rows leave out memory held by design: their
+    sum is `total_bytes` (160 MiB, one stack), not the 494 MiB never freed."""
+    inp = inputs_from_trace(open_trace(SCENARIO_DIR / "torch_caching"))
+    rows = folded_stacks(inp)
+    assert [(r["bytes"], r["frames"]) for r in rows] == [
+        (160 * MiB, ["main", "keep_tensor", "cudaMalloc"])]
+    assert sum(r["bytes"] for r in folded_stacks(inp, allocated=True)) == 494 * MiB
 
 
 def test_plain_programs_have_no_allocator_held(tmp_path: Any) -> None:
