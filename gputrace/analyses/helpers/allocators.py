@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-__all__ = ["ALLOCATORS", "CACHED", "PROGRAM", "Allocator", "allocator_of", "cached", "label",
-           "stack_allocators"]
+__all__ = ["ALLOCATORS", "CACHED", "PROGRAM", "Allocator", "allocator_of", "stack_allocators"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,6 @@ ALLOCATORS: tuple[Allocator, ...] = (
 PROGRAM = "program"
 CACHED = [a.name for a in ALLOCATORS if a.cached]
 """Allocators whose unfreed memory is held by design, never a leak."""
-_BY_NAME = {a.name: a for a in ALLOCATORS}
 
 
 def allocator_of(module: str | None) -> Allocator | None:
@@ -57,17 +55,6 @@ def allocator_of(module: str | None) -> Allocator | None:
     if not module:
         return None
     return next((a for a in ALLOCATORS if re.search(a.pattern, module)), None)
-
-
-def label(name: str) -> str:
-    """The words for allocator `name` (`program` for the program's own)."""
-    a = _BY_NAME.get(name)
-    return a.label if a else "the program"
-
-
-def cached(name: str) -> bool:
-    a = _BY_NAME.get(name)
-    return bool(a and a.cached)
 
 
 def stack_allocators(stacks: pl.LazyFrame) -> pl.LazyFrame:
