@@ -19,7 +19,8 @@ from gputrace.render.safe import PlotFigure, plot_figure
 Figure = PlotFigure
 
 HOVER_BYTES = "%{label}<br>%{value:,} bytes<extra></extra>"
-TEMPLATES = frozenset({HOVER_BYTES})
+HOVER_SITE = "%{meta}<br>%{y:,} bytes live at %{x} s<extra></extra>"
+TEMPLATES = frozenset({HOVER_BYTES, HOVER_SITE})
 """The only strings of a figure that keep their markup (`plot_figure` refuses others)."""
 
 _BYTES_AXIS = {"title": {"text": "bytes"}, "tickformat": "~s", "ticksuffix": "B",
@@ -127,3 +128,20 @@ def latency(s: dict[str, Any]) -> Figure | None:
     return plot_figure(data, _layout(
         "ioctl latency distribution", {"title": {"text": "calls"}, "rangemode": "tozero"},
         xaxis={"title": {"text": "latency (us, bucket lower edge)"}, "type": "log"}))
+
+
+def active_memory(s: dict[str, Any]) -> Figure | None:
+    """Live bytes stacked by allocation site; each band's hover names its stack."""
+    if not s["recorded"] or not s["bands"]:
+        return None
+    data = [{"type": "scatter", "mode": "lines", "stackgroup": "sites", "x": s["t_s"],
+             "y": b["values"], "name": _short(b["site"]), "meta": b["site"],
+             "line": {"shape": "hv", "width": 0.5}, "hovertemplate": HOVER_SITE}
+            for b in s["bands"]]
+    return plot_figure(data, _layout(f"Active memory by allocation site ({s['source']} layer)",
+                                     _BYTES_AXIS), TEMPLATES)
+
+
+def _short(site: str, width: int = 60) -> str:
+    """A legend entry: the site's first `width` characters (the hover has it whole)."""
+    return site if len(site) <= width else site[:width - 1] + "\N{HORIZONTAL ELLIPSIS}"

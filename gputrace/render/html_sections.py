@@ -74,6 +74,19 @@ def live_bytes(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                                   ("duration_s", "span s", num), ("flagged", "growing", text)]))
 
 
+def active_memory(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
+    """Live bytes over time stacked by allocation site (leaks report)."""
+    a = s["active_memory"]
+    miss = _missing(doc.get("leaks"), "allocations") or (
+        not_recorded("allocation layers (allocator, api)") if not a["recorded"]
+        else '<p class="note">no allocations in this trace</p>')
+    rows = [{"site": b["site"], "peak": b["peak"], "end": b["values"][-1] if b["values"]
+             else 0} for b in a["bands"]]
+    page.section("Active memory by allocation site", plots.active_memory(a), miss,
+                 table(rows, [("site", "allocation site (innermost first)", text),
+                              ("peak", "peak", human_bytes), ("end", "at end", human_bytes)]))
+
+
 def gpu_bytes(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
     """Bytes in use per GPU (summary report)."""
     summ = doc.get("summary")

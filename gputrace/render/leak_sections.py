@@ -37,6 +37,16 @@ def _sub_allocation(s: dict[str, Any]) -> str | None:
             "ones; the leaked figure counts the API bytes")
 
 
+def _kept_line(name: str, v: dict[str, Any]) -> str:
+    """One sentence for the memory a caching allocator keeps by design."""
+    n, size = num(v["count"]), human_bytes(v["bytes"])
+    if name == "cublas":
+        what = f"a {size} workspace" if v["count"] == 1 else f"{n} workspaces, {size}"
+        return f"cuBLAS holds {what} (cached by design, freed at exit); not a leak"
+    return (f"held by {v['label']}: {n} segments, {size} reserved (cached by design, "
+            "freed at exit); not a leak")
+
+
 def leaks_section(con: Console, d: dict[str, Any], limit: int) -> None:
     """The joined view: each piece of memory once, one leaked-bytes figure."""
     total = d["total_bytes"]
@@ -56,6 +66,15 @@ def leaks_section(con: Console, d: dict[str, Any], limit: int) -> None:
         ("what", "what", str), ("api_count", "allocs", num), ("bytes", "leaked", human_bytes),
         ("rm_bytes", "driver", human_bytes), ("age_s", "age s", num),
         ("frames", "call stack (innermost first)", plain)], limit)
+    for name, v in sorted((d.get("held_by_allocator") or {}).items()):
+        con.print(Text(_kept_line(name, v)))
+    for g in d.get("growth_by_allocator") or []:
+        if g["flagged"] and g["allocator"] in (d.get("held_by_allocator") or {}):
+            by = [plain(s["trigger"] or "?") for s in d.get("allocator_sites") or []
+                  if s["allocator"] == g["allocator"] and s["pid"] == g["pid"]][:3]
+            con.print(Text(f"growing: {d['held_by_allocator'][g['allocator']]['label']} "
+                           f"(pid {g['pid']}) adds memory, {human_bytes(g['slope_bytes_per_min'])}"
+                           f"/min, asked for by {', '.join(by) or '?'}"))
     held = d.get("driver_held")
     for kind, v in sorted((held or {}).get("by_kind", {}).items()):
         how = ("released by the driver at exit" if kind == "unfreed_at_exit"

@@ -69,7 +69,7 @@ class TraceBuilder:
         self.rows: dict[str, list[dict[str, Any]]] = {n: [] for n in schema.TABLES}
         self._next_handle = 0xC1D00001
         self._next_ptr = 0x7F0000000000
-        self._stacks: dict[tuple[int, tuple[str, ...]], int] = {}
+        self._stacks: dict[tuple[int, tuple[str | tuple[str, str], ...]], int] = {}
         self._comm: dict[int, str] = {}
         self._max_t = 0.0
 
@@ -200,14 +200,16 @@ class TraceBuilder:
                  length=length, ret=0, managed=True, latency_ns=5_000)
 
     # --------------------------------------------------------------- API layer
-    def stack(self, pid: int, frames: Sequence[str]) -> int:
-        """Intern a call stack (innermost first) for pid; returns its stack id."""
+    def stack(self, pid: int, frames: Sequence[str | tuple[str, str]]) -> int:
+        """Intern a call stack (innermost first) for pid; returns its stack id. A frame
+        is a symbol of the program's executable, or (symbol, module path)."""
         key = (pid, tuple(frames))
         if key not in self._stacks:
             sid = len(self._stacks) + 1
             self._stacks[key] = sid
-            for depth, sym in enumerate(frames):
-                module = f"/usr/bin/{self._comm.get(pid, 'a.out')}"
+            for depth, frame in enumerate(frames):
+                sym, module = (frame if isinstance(frame, tuple)
+                               else (frame, f"/usr/bin/{self._comm.get(pid, 'a.out')}"))
                 self.row("stacks", pid=pid, stack_id=sid, depth=depth,
                          ip=0x400000 + 0x100 * depth + sid, module=module,
                          offset=0x100 * depth + sid, symbol=sym)
@@ -215,7 +217,7 @@ class TraceBuilder:
 
     def cuda_alloc(self, t: float, pid: int, size: int, *, func: str = "cuMemAlloc_v2",
                    ptr: int | None = None, result: int = 0,
-                   stack: Sequence[str] | None = None) -> int:
+                   stack: Sequence[str | tuple[str, str]] | None = None) -> int:
         """A cuMemAlloc-family call; returns the pointer (0 when it failed)."""
         if ptr is None:
             ptr = self._next_ptr if result == 0 else 0

@@ -24,6 +24,7 @@ from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.rm_objects import VIRTUAL_LAYER
 from gputrace.analyses.helpers.stacks import stack_frames
 from gputrace.analyses.leaks.allocation_rows import leak_kind, with_exits
+from gputrace.analyses.leaks.allocator_growth import allocator_growth
 from gputrace.analyses.leaks.growth import growth
 from gputrace.analyses.leaks.leaks_joined import joined_part, joined_report
 from gputrace.analyses.registry import spec, unrecorded
@@ -82,6 +83,7 @@ def leak_part(sl: Slice, opts: LeakOptions | None = None) -> dict[str, pl.DataFr
         by_stack, leaked.group_by("layer", size_class=size_class()).agg(count_bytes),
         virt.select(count_bytes), closed.select(count_bytes)])
     return {**dict(zip(names, frames, strict=True)), "growth": growth(lt),
+            **allocator_growth(lt, inp.scan("stacks")),
             **joined_part(sl, o.older_ns, o.min_size_bytes)}
 
 
@@ -115,6 +117,9 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
              .select("layer", "size_class", "count", pl.col("size_bytes").alias("bytes")))
     virt_df, closed_df = _sums(parts, "virt"), _sums(parts, "closed")
     grow = pl.concat([p["growth"] for p in parts]).sort("layer", "pid")
+    a_grow = pl.concat([p["allocator_growth"] for p in parts]).sort("allocator", "pid")
+    a_segs = pl.concat([p["allocator_segments"] for p in parts]).sort(
+        "bytes", "allocator", "pid", "stack_id", descending=[True, False, False, False])
     if o.top is not None:
         allocs, procs, stacks = allocs.head(o.top), procs.head(o.top), stacks.head(o.top)
     by_layer = {k: (int(tot.filter(pl.col("layer") == k)["size_bytes"].sum()) if v else None)
@@ -132,6 +137,8 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
         "by_size_class": records(sizes),
         "growth": records(grow),
         "growing_pids": sorted({int(p) for p in grow.filter("flagged")["pid"]}),
+        "growth_by_allocator": records(a_grow),
+        "allocator_sites": records(a_segs.head(o.top) if o.top is not None else a_segs),
         "rm_virtual_unreleased": {"count": int(virt_df["count"][0]),
                                   "bytes": int(virt_df["size_bytes"][0] or 0)}
         if layers["rm"] else None,

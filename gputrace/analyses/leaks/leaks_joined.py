@@ -15,6 +15,7 @@ from typing import Any
 
 import polars as pl
 
+from gputrace.analyses.helpers.allocators import ALLOCATORS, CACHED, PROGRAM, stack_allocators
 from gputrace.analyses.helpers.common import records
 from gputrace.analyses.helpers.partition import Slice
 from gputrace.analyses.helpers.stacks import stack_frames
@@ -44,6 +45,8 @@ def joined_part(sl: Slice, older_ns: int, min_size: int) -> dict[str, pl.DataFra
     ids = (r.filter((pl.col("layer") == "api") & pl.col("kind").is_not_null())
            .sort("_row").group_by("piece").agg(pl.col("id").alias("api_ids")))
     frames = stack_frames(inp.scan("stacks")).collect()
+    owners = stack_allocators(inp.scan("stacks")).select(
+        "pid", "stack_id", "allocator").collect()
     leaked = (pieces.filter((pl.col(COUNTED) > 0) & pl.col("kind").is_not_null())
               .with_columns(bytes=pl.col(COUNTED),
                             api_count=pl.col("api_leaked_count"),
@@ -52,11 +55,21 @@ def joined_part(sl: Slice, older_ns: int, min_size: int) -> dict[str, pl.DataFra
               .filter((pl.col("age_s") * 1e9 >= older_ns) & (pl.col("bytes") >= min_size))
               .join(frames, on=["pid", "stack_id"], how="left")
               .join(ids, on="piece", how="left")
-              .with_columns(pl.col("api_ids").fill_null(pl.lit([], pl.List(pl.UInt64)))))
+              .with_columns(pl.col("api_ids").fill_null(pl.lit([], pl.List(pl.UInt64))))
+              .join(owners, on=["pid", "stack_id"], how="left")
+              .with_columns(pl.col("allocator").fill_null(PROGRAM)))
+    # Memory a caching allocator keeps by design (freed at exit) is told apart, never
+    # counted in the headline: the headline is what the program leaked.
+    by_design = pl.col("allocator").is_in(CACHED)
+    kept = (leaked.filter(by_design).group_by("allocator")
+            .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("bytes").sum()))
+    leaked = leaked.filter(~by_design)
     # leak sites: leaked API allocations by call stack, with the driver memory they sit in
     backing = leaked.select("piece", "rm_count", "rm_bytes")
     api_rows = (r.filter((pl.col("layer") == "api") & pl.col("kind").is_not_null())
-                .join(backing, on="piece"))
+                .join(backing, on="piece")
+                .join(owners, on=["pid", "stack_id"], how="left")
+                .filter(~pl.col("allocator").fill_null(PROGRAM).is_in(CACHED)))
     api_sites = api_rows.group_by("pid", "stack_id").agg(
         pl.col("comm").first(), pl.len().cast(pl.Int64).alias("count"),
         pl.col("size_bytes").sum().alias("bytes"), _uniform("size_bytes").alias("size_bytes"),
@@ -87,7 +100,8 @@ def joined_part(sl: Slice, older_ns: int, min_size: int) -> dict[str, pl.DataFra
     res = (lazy_res.filter(pl.col("kind").is_not_null()).group_by("layer")
            .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("size_bytes").sum().alias(
                "bytes")).collect())
-    return {"joined": leaked.select(JOINED), "sites": sites, "held": held, "reserved": res}
+    return {"joined": leaked.select(JOINED), "sites": sites, "held": held, "reserved": res,
+            "kept": kept}
 
 
 def _add(parts: list[dict[str, pl.DataFrame]], name: str, key: str) -> dict[str, Any]:
@@ -132,4 +146,13 @@ def joined_report(parts: list[dict[str, pl.DataFrame]], top: int | None,
             "by_kind": held,
         } if api else None,
         "reservations": _add(parts, "reserved", "layer"),
+        "held_by_allocator": _kept(parts),
     }
+
+
+def _kept(parts: list[dict[str, pl.DataFrame]]) -> dict[str, Any]:
+    """Unfreed API memory of caching allocators that keep it by design, per allocator:
+    label, count and bytes (outside the headline)."""
+    words = {a.name: a.label for a in ALLOCATORS}
+    return {k: {"label": words[k], "cached_by_design": True, **v}
+            for k, v in _add(parts, "kept", "allocator").items()}

@@ -1,7 +1,7 @@
 """What does each plot of the HTML report and the Perfetto timeline show?
 
 The series are built by downsample (the one downsampling rule), memory_over_time,
-rates_over_time, latency and stacks_by_bytes; this module gathers them for the
+rates_over_time, latency, stacks_by_bytes and active_memory; this module gathers them for the
 HTML report (`plot_series`) and the Perfetto timeline (`timeline`).
 
 Everything returned is JSON-ready; renderers only draw it.
@@ -14,6 +14,7 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses.helpers.inputs import Inputs
+from gputrace.analyses.timeseries.active_memory import active_memory
 from gputrace.analyses.timeseries.downsample import BUCKETS
 from gputrace.analyses.timeseries.latency import latency_histograms
 from gputrace.analyses.timeseries.memory_over_time import gpu_bytes, live_bytes
@@ -31,7 +32,7 @@ def plot_series(inp: Inputs, doc: dict[str, Any], buckets: int = BUCKETS) -> dic
             "gpu_bytes": gpu_bytes(inp, buckets),
             "fault_rates": fault_rates(inp, rate_cuts(inp, fr.get("window_s"), buckets)),
             "latency": latency_histograms(inp), "leak_stacks": rows[:200],
-            "leak_tree": icicle(rows)}
+            "leak_tree": icicle(rows), "active_memory": active_memory(inp)}
 
 
 TIMELINE_BUCKETS = 2_000

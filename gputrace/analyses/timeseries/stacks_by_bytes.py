@@ -10,6 +10,7 @@ from typing import Any
 
 import polars as pl
 
+from gputrace.analyses.helpers.allocators import CACHED, PROGRAM, stack_allocators
 from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.stacks import stack_frames
@@ -29,7 +30,12 @@ def _slice_stacks(sl: Slice, allocated: bool) -> pl.DataFrame:
     else:
         # the leak headline: API bytes of leaked API allocations, driver bytes of
         # unattributed pieces; driver-made memory of API processes is not a leak
-        api = api.filter(pl.col("kind").is_not_null())
+        # ... nor is what a caching allocator keeps by design (leaks.held_by_allocator)
+        owners = stack_allocators(sl.inp.scan("stacks")).select(
+            "pid", "stack_id", "allocator").collect()
+        api = (api.filter(pl.col("kind").is_not_null())
+               .join(owners, on=["pid", "stack_id"], how="left")
+               .filter(~pl.col("allocator").fill_null(PROGRAM).is_in(CACHED)))
         drv = drv.filter(pl.col("kind").is_not_null() & (pl.col(COUNTED) > 0))
         drv_bytes = pl.col(COUNTED)
     by_stack = api.group_by("pid", "stack_id").agg(

@@ -1,0 +1,100 @@
+"""How much memory is live over time, and which allocation sites hold it?
+
+Live bytes are replayed per allocation site (a call stack: a Python stack in the
+allocator layer, a native stack in the API layer) and sampled at the ends of
+`buckets` equal buckets of the trace's span, so the sites stack into one total.
+The `top` sites with the highest peak are drawn apart and the rest summed as
+`other`. From the allocator layer when the trace has one (PyTorch's trace
+entries: `alloc` adds a block, the `free_completed` of the same device and
+address removes it; blocks allocated before the kept history are not drawn,
+since their sites are unknown), else from the API layer's allocation lifetimes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from gputrace.analyses.allocator.frames import frame_label
+from gputrace.analyses.helpers.inputs import Inputs
+from gputrace.analyses.helpers.lifetimes import lifetimes, memory
+from gputrace.analyses.helpers.stacks import stack_frames
+from gputrace.analyses.timeseries.downsample import seconds_since_start
+
+TOP = 8
+BUCKETS = 200
+OTHER = "other"
+
+
+def _allocator_deltas(inp: Inputs) -> pl.LazyFrame:
+    """(site, ts_ns, delta) of the allocator layer's blocks, site = its stack's frames."""
+    ev = inp.scan("allocator_events").select(
+        "ts_ns", "seq", "device", "action", "address", "stack_id",
+        pl.col("size_bytes").cast(pl.Int64).fill_null(0).alias("size"))
+    allocs = ev.filter(pl.col("action") == "alloc").sort("ts_ns", "seq")
+    frees = (ev.filter(pl.col("action") == "free_completed").sort("ts_ns", "seq")
+             .join_asof(allocs.select("ts_ns", "device", "address",
+                                      pl.col("stack_id").alias("a_stack"),
+                                      pl.col("size").alias("a_size")),
+                        on="ts_ns", by=["device", "address"], strategy="backward",
+                        check_sortedness=False)
+             .filter(pl.col("a_size").is_not_null())
+             .select("ts_ns", pl.col("a_stack").alias("stack_id"),
+                     (-pl.col("a_size")).alias("delta")))
+    deltas = pl.concat([allocs.select("ts_ns", "stack_id", pl.col("size").alias("delta")),
+                        frees])
+    labels = (inp.scan("allocator_frames").sort("stack_id", "depth")
+              .group_by("stack_id", maintain_order=True)
+              .agg(frame_label().str.join(" < ").alias("site")))
+    return (deltas.join(labels, on="stack_id", how="left")
+            .select(pl.col("site").fill_null("(no stack recorded)"), "ts_ns", "delta"))
+
+
+def _api_deltas(inp: Inputs) -> pl.LazyFrame:
+    """(site, ts_ns, delta) of the API layer's allocations, site = pid and native stack."""
+    lt = memory(lifetimes(inp)).filter(pl.col("layer") == "api").join(
+        stack_frames(inp.scan("stacks")), on=["pid", "stack_id"], how="left")
+    site = pl.format("pid {}: {}", pl.col("pid"),
+                     pl.col("frames").fill_null("(no stack recorded)")).alias("site")
+    up = lt.select(site, pl.col("alloc_ts_ns").alias("ts_ns"),
+                   pl.col("size_bytes").cast(pl.Int64).alias("delta"))
+    down = lt.filter(pl.col("free_ts_ns").is_not_null()).select(
+        site, pl.col("free_ts_ns").alias("ts_ns"),
+        (-pl.col("size_bytes").cast(pl.Int64)).alias("delta"))
+    return pl.concat([up, down])
+
+
+def active_memory(inp: Inputs, buckets: int = BUCKETS, top: int = TOP) -> dict[str, Any]:
+    """Live bytes per allocation site at each bucket end: `source` (allocator | api),
+    `t_s`, and `bands` ({site, peak, values}) largest peak first, `other` last."""
+    if inp.has("allocator"):
+        source, deltas = "allocator", _allocator_deltas(inp)
+    elif inp.has("api"):
+        source, deltas = "api", _api_deltas(inp)
+    else:
+        return {"recorded": False, "source": None, "t_s": [], "bands": []}
+    span = max(inp.end_ns - inp.start_ns, 1)
+    grid = [inp.start_ns + span * (i + 1) // buckets for i in range(buckets)]
+    live = (deltas.sort("ts_ns")
+            .with_columns(live=pl.col("delta").cum_sum().over("site"))).collect()
+    peaks = (live.group_by("site").agg(pl.col("live").max().alias("peak"))
+             .sort(["peak", "site"], descending=[True, False]))
+    kept = peaks["site"].head(top).to_list()
+    # every site sampled at every bucket end, the sites past `top` summed as one band
+    band = pl.when(pl.col("site").is_in(kept)).then(pl.col("site")).otherwise(pl.lit(OTHER))
+    grid_df = pl.DataFrame({"ts_ns": grid}).cast(pl.Int64).join(
+        live.select("site").unique(), how="cross").sort("ts_ns")
+    sampled = (grid_df.join_asof(live.select("site", "ts_ns", "live").sort("ts_ns"),
+                                 on="ts_ns", by="site", strategy="backward",
+                                 check_sortedness=False)
+               .with_columns(pl.col("live").fill_null(0), band=band)
+               .group_by("band", "ts_ns").agg(pl.col("live").sum()).sort("ts_ns"))
+    order = [*kept, *([OTHER] if peaks.height > len(kept) else [])]
+    bands = [{"site": b, "values": [int(v) for v in
+                                    sampled.filter(pl.col("band") == b)["live"]]}
+             for b in order]
+    for b in bands:
+        b["peak"] = max(b["values"], default=0)
+    return {"recorded": True, "source": source,
+            "t_s": seconds_since_start(inp, pl.Series(grid)), "bands": bands}
