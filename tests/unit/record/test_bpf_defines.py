@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gputrace import nvabi, schema
-from gputrace.record import decode, incidents, loader
+from gputrace.record import decode, loader
 from gputrace.record import driver_version as driver
 from gputrace.record.api import decode as decode_cuda
 from gputrace.record.api import libcuda as cuda
