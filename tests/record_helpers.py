@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -85,3 +86,23 @@ class RecorderProc:
         rc = self.proc.wait(timeout=timeout)
         self._t.join(timeout=timeout)
         return rc
+
+
+def return_addresses(exe: Path) -> dict[tuple[str, str], int]:
+    """(function, callee) -> link-time address of the instruction after that call."""
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(exe)], check=True,
+                          capture_output=True, text=True).stdout  # fmt: skip
+    out: dict[tuple[str, str], int] = {}
+    func, pending = "", None
+    for line in text.splitlines():
+        if m := re.match(r"^[0-9a-f]+ <([^>]+)>:$", line):
+            func, pending = m.group(1), None
+            continue
+        if not (m := re.match(r"^\s+([0-9a-f]+):\s+(.*)$", line)):
+            continue
+        if pending is not None:
+            out.setdefault(pending, int(m.group(1), 16))
+            pending = None
+        if c := re.match(r"call\s+[0-9a-f]+ <([^>@]+)", m.group(2)):
+            pending = (func, c.group(1))
+    return out

@@ -51,7 +51,7 @@ counted in the manifest (`incidents_dropped`), not kept."""
 
 
 @dataclass
-class Incident:
+class FrozenWindow:
     """One incident trace being filled: the parts linked so far, until `to_ns`."""
 
     name: str
@@ -126,7 +126,7 @@ class FlightWriter(TraceWriter):
         self.held = Held(keep)
         self.grace_ns = grace_ns
         self.rotate_s = rotate_s
-        self.incidents: list[Incident] = []  # open ones
+        self.incidents: list[FrozenWindow] = []  # open ones
         self.kept: list[dict[str, Any]] = []  # every incident, for the manifest
         self.incidents_dropped = 0
         self._raw_span: dict[str, tuple[int, int]] = {}
@@ -224,7 +224,7 @@ class FlightWriter(TraceWriter):
         return f"{INCIDENTS}/{inc.name}"
 
     def _open_incident(self, trigger: str, at_ns: int, after_ns: int,
-                       detail: dict[str, Any]) -> Incident:  # fmt: skip
+                       detail: dict[str, Any]) -> FrozenWindow:  # fmt: skip
         if self._incidents_fd < 0:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(INCIDENTS, 0o700, dir_fd=self._fd)
@@ -238,9 +238,9 @@ class FlightWriter(TraceWriter):
             except FileExistsError:
                 name = f"{stamp}-{trigger}-{i}"
         fd = open_dir_at(self._incidents_fd, name, self.path / INCIDENTS / name)
-        return Incident(name, trigger, at_ns, at_ns + after_ns, detail, fd)
+        return FrozenWindow(name, trigger, at_ns, at_ns + after_ns, detail, fd)
 
-    def _seal(self, inc: Incident) -> None:
+    def _seal(self, inc: FrozenWindow) -> None:
         """The incident's still-running processes and its manifest, written once."""
         self.incidents.remove(inc)
         self._pending_processes(inc)
@@ -268,7 +268,7 @@ class FlightWriter(TraceWriter):
             if k["dir"] == f"{INCIDENTS}/{inc.name}":
                 k["status"] = "kept"
 
-    def _pending_processes(self, inc: Incident) -> None:
+    def _pending_processes(self, inc: FrozenWindow) -> None:
         """Processes still running at the seal have no row in a part yet: their
         PENDING rows become the incident's last processes part."""
         if "processes" not in self._pending:
@@ -294,7 +294,7 @@ class FlightWriter(TraceWriter):
         write_part(inc.folder("processes"), name, got, self.path / INCIDENTS / inc.name)
         inc.parts.append(Part("processes", name, got.num_rows, 0, None, None))
 
-    def _guarded(self, inc: Incident, step: Any) -> None:
+    def _guarded(self, inc: FrozenWindow, step: Any) -> None:
         """An incident that cannot be written (disk full) is given up with one line;
         the recording and what it holds go on."""
         try:

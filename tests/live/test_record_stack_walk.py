@@ -9,14 +9,13 @@ then one per frame up to glibc's __libc_start_call_main, where its walk ended)."
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from gputrace.trace.reader import open_trace
-from tests.record_helpers import ROOT, live_skip_reason, record_cmd
+from tests.record_helpers import ROOT, live_skip_reason, record_cmd, return_addresses
 
 STORM = ROOT / "benchmarks" / "alloc_storm" / "storm.c"
 CALLS = 30
@@ -30,25 +29,6 @@ def _storm(tmp: Path) -> Path:
 
     return link_program(STORM, tmp / "alloc_storm")
 
-
-def _return_addresses(exe: Path) -> dict[tuple[str, str], int]:
-    """(function, callee) -> link-time address of the instruction after that call."""
-    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(exe)], check=True,
-                          capture_output=True, text=True).stdout  # fmt: skip
-    out: dict[tuple[str, str], int] = {}
-    func, pending = "", None
-    for line in text.splitlines():
-        if m := re.match(r"^[0-9a-f]+ <([^>]+)>:$", line):
-            func, pending = m.group(1), None
-            continue
-        if not (m := re.match(r"^\s+([0-9a-f]+):\s+(.*)$", line)):
-            continue
-        if pending is not None:
-            out.setdefault(pending, int(m.group(1), 16))
-            pending = None
-        if c := re.match(r"call\s+[0-9a-f]+ <([^>@]+)", m.group(2)):
-            pending = (func, c.group(1))
-    return out
 
 
 def _record(tmp: Path, exe: Path, depth: int | str) -> tuple[list[list[Frame]], int]:
@@ -82,7 +62,7 @@ def test_stack_walk_records_the_kernel_walkers_frames(tmp_path: Path, depth: int
     """40b: frames of 256 bytes of locals (descend_big), so the walk reads across
     several pages, each from its first record to the page's end."""
     exe = _storm(tmp_path)
-    ret = _return_addresses(exe)
+    ret = return_addresses(exe)
     stacks, distinct = _record(tmp_path, exe, depth)
     me = str(exe)
     # main's own frame ends in glibc's __libc_start_call_main (no symbol in a

@@ -16,7 +16,6 @@ binaries (objdump), as tests/live/test_record_stack_walk.py finds them."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from pathlib import Path
 
@@ -24,31 +23,12 @@ import pytest
 
 from gputrace.record.unwind import cfi, tables
 from gputrace.trace.reader import open_trace
-from tests.record_helpers import ROOT, live_skip_reason, record_cmd
+from tests.record_helpers import ROOT, live_skip_reason, record_cmd, return_addresses
 
 SEGMENTS = 3
 
 Frame = tuple[str | None, int | None, str | None]
 
-
-def _return_addresses(exe: Path) -> dict[tuple[str, str], int]:
-    """(function, callee) -> link-time address of the instruction after that call."""
-    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(exe)], check=True,
-                          capture_output=True, text=True).stdout  # fmt: skip
-    out: dict[tuple[str, str], int] = {}
-    func, pending = "", None
-    for line in text.splitlines():
-        if m := re.match(r"^[0-9a-f]+ <([^>]+)>:$", line):
-            func, pending = m.group(1), None
-            continue
-        if not (m := re.match(r"^\s+([0-9a-f]+):\s+(.*)$", line)):
-            continue
-        if pending is not None:
-            out.setdefault(pending, int(m.group(1), 16))
-            pending = None
-        if c := re.match(r"call\s+[0-9a-f]+ <([^>@]+)", m.group(2)):
-            pending = (func, c.group(1))
-    return out
 
 
 def _record(tmp: Path, exe: Path) -> tuple[dict[str, object], list[list[Frame]]]:
@@ -83,7 +63,7 @@ def test_unwinder_recovers_frames_through_a_library_without_frame_pointers(
 
     lib_dir = build().lib_dir
     exe, lib = lib_dir / "caching_program", lib_dir / "libcaching_standin.so"
-    prog, cache = _return_addresses(exe), _return_addresses(lib)
+    prog, cache = return_addresses(exe), return_addresses(lib)
     api, stacks = _record(tmp_path, exe)
     me, so = str(exe), str(lib)
     libc = stacks[0][-1]  # main's caller, where the walk of main's frame ends

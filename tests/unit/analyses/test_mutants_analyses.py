@@ -220,9 +220,13 @@ def test_stack_frames_symbols_then_module_offset_then_ip() -> None:
     st = pl.LazyFrame({
         "pid": [1, 1, 1], "stack_id": [5, 5, 5], "depth": [2, 0, 1],
         "ip": [0x401000, 0x7F00AB, 0xDEAD], "module": [None, "/usr/lib/libcuda.so.1", None],
-        "offset": [None, 0x1F2, None], "symbol": ["main", None, None]},
+        "offset": [None, 0x1F2, None], "symbol": ["main", None, None],
+        "kind": ["native"] * 3, "function": [None] * 3, "filename": [None] * 3,
+        "line": [None] * 3},
         schema={"pid": pl.Int32, "stack_id": pl.Int64, "depth": pl.Int32, "ip": pl.UInt64,
-                "module": pl.String, "offset": pl.UInt64, "symbol": pl.String})
+                "module": pl.String, "offset": pl.UInt64, "symbol": pl.String,
+                "kind": pl.String, "function": pl.String, "filename": pl.String,
+                "line": pl.Int32})
     (row,) = stack_frames(st).collect().to_dicts()
     assert row == {"pid": 1, "stack_id": 5, "frames": "libcuda.so.1+0x1f2 < 0xdead < main"}
 

@@ -139,6 +139,16 @@ C_ONLY = {
     "GT_CUDA_STACK_FIRST": "words the first read of a stack walk copies",
     "GT_PATH_MAX": "path buffer of the API layer's open probe",
     "GT_COMM_TTL_NS": "how long a thread's kept name serves before it is read again",
+    "GT_PY_DEPTH": "Python frames the probe keeps per stack (python_stacks reads them all)",
+    "GT_PY_STACKS": "capacity of the Python stack map",
+    "GT_PY_INTERPS": "interpreters the probe looks at, a BPF loop bound",
+    "GT_PY_THREADS": "thread states looked at per interpreter, a BPF loop bound",
+    "GT_PY_BLOCK": "bytes of one thread state or frame read, a buffer size",
+    "GT_PY_PAGE": "the page a frame read does not cross",
+    "GT_PY_FIRST": "bytes of the Python walk's first read",
+    "GT_PY_WINDOW": "the Python walk's read buffer",
+    "GT_PY_NONE": "an offset the layout lacks (no such field in this CPython)",
+    "GT_PY_CSTACK": "FRAME_OWNED_BY_CSTACK of CPython 3.12+, compared in the probe only",
 }
 
 

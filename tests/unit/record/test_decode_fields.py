@@ -399,6 +399,7 @@ def test_cuda_events_decode_field_by_field() -> None:
                      "ptr": 0x7F0000000000 + i, "handle": 0x55000000 + i, "flags": 0x10 + i,
                      "stream": 0x9000 + i, "pid": 31 + i % 2, "tid": 40 + i,
                      "result": (0, 2, 1, 0, 0, 999, 0, 0)[i], "stack_id": (-1, 0, 5)[i % 3],
+                     "py_stack_id": -1,  # not a Python thread: the stack id is the native one
                      "func": 1 + i % 3, "valid": valid, "comm": b"cu%d" % (i % 2)})
     got = decode_cuda.cuda_calls_batch(_raw_array(rows, decode_cuda.CUDA_DTYPE), names)
     got_rows = got.to_pylist()

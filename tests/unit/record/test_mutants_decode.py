@@ -187,7 +187,7 @@ def test_64_bit_values_are_exact() -> None:
     b = decode.mappings_batch(m)
     assert (b.column("ts_ns")[0].as_py(), b.column("latency_ns")[0].as_py()) == (big, big)
     c = np.zeros(1, decode_cuda.CUDA_DTYPE)
-    c["ts_ns"], c["latency_ns"], c["stack_id"], c["func"] = big, big, -1, 1
+    c["ts_ns"], c["latency_ns"], c["stack_id"], c["py_stack_id"], c["func"] = big, big, -1, -1, 1
     cb = decode_cuda.cuda_calls_batch(c, {1: "cuMemAlloc_v2"})
     assert (cb.column("ts_ns")[0].as_py(), cb.column("latency_ns")[0].as_py()) == (big, big)
     assert cb.column("stack_id")[0].as_py() is None
