@@ -28,20 +28,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "untraced"))
-from api_runs import build, under_uprobe_floor  # noqa: E402
+from api_runs import Result, build, parse, under_uprobe_floor  # noqa: E402
 from api_runs import traced as run_traced  # noqa: E402
 from api_runs import untraced as run_untraced  # noqa: E402
 from revision import tree_of  # noqa: E402
-
-Result = tuple[float, float]  # CPU ns per allocation, per free
-
-
-def parse(out: str) -> Result:
-    for line in out.splitlines():
-        if line.startswith("calls "):
-            f = line.split()
-            return float(f[7]), float(f[9])
-    raise RuntimeError(f"no result in {out!r}")
 
 
 def best(runs: list[Result]) -> Result:

@@ -16,6 +16,7 @@ from revision import start_recorder_from
 T = TypeVar("T")
 
 SYMS = ("cuMemAlloc_v2", "cuMemFree_v2")
+Result = tuple[float, float]  # CPU ns per allocation, per free
 _FLOOR = "int on_entry(void *ctx) { return 0; }\nint on_return(void *ctx) { return 0; }\n"
 
 
@@ -69,3 +70,12 @@ def traced(argv: list[str], tree: Path | None, out: Path, *flags: str) -> tuple[
     stdout = w.communicate()[0]
     rec.wait()
     return stdout, open_trace(out)
+
+
+def parse(out: str) -> Result:
+    """The storm programs' result line (api_program.h): CPU ns per allocation, per free."""
+    for line in out.splitlines():
+        if line.startswith("calls "):
+            f = line.split()
+            return float(f[7]), float(f[9])
+    raise RuntimeError(f"no result in {out!r}")

@@ -33,11 +33,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "untraced"))
-from api_runs import build, under_uprobe_floor  # noqa: E402
+from api_runs import Result, build, parse, under_uprobe_floor  # noqa: E402
 from api_runs import traced as run_traced  # noqa: E402
 from api_runs import untraced as run_untraced  # noqa: E402
-
-Result = tuple[float, float]
 
 _COPY = """
 #include <uapi/linux/ptrace.h>
@@ -98,13 +96,6 @@ def under_stack_copy(lib: Path, work: Any, nbytes: int) -> tuple[Result, int]:
         bpf.cleanup()
     return out, got[0]
 
-
-def parse(out: str) -> Result:
-    for line in out.splitlines():
-        if line.startswith("calls "):
-            f = line.split()
-            return float(f[7]), float(f[9])
-    raise RuntimeError(f"no result in {out!r}")
 
 
 def build_nofp(exe: Path) -> Path:
