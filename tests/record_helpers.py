@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from gputrace.errors import GputraceError
 
@@ -106,3 +107,44 @@ def return_addresses(exe: Path) -> dict[tuple[str, str], int]:
         if c := re.match(r"call\s+[0-9a-f]+ <([^>@]+)", m.group(2)):
             pending = (func, c.group(1))
     return out
+
+
+STORM = ROOT / "benchmarks" / "alloc_storm" / "storm.c"
+
+
+def storm_program(tmp: Path) -> Path:
+    """benchmarks' storm.c built against the stand-in libcuda (frame pointers kept):
+    a known deep stack of descend() frames below main."""
+    from tests.standin_cuda.standin_cuda import link_program
+
+    return link_program(STORM, tmp / "alloc_storm")
+
+
+Stacks = list[list[tuple[Any, ...]]]
+
+
+def record_alloc_stacks(out: Path, args: list[str], allocs: int, columns: tuple[str, ...],
+                        timeout: float) -> tuple[Any, Stacks, str]:  # fmt: skip
+    """Record `args` (record options, `--`, a stand-in CUDA program and its arguments)
+    into `out`, and check what every stack test relies on: exit 0, a complete trace,
+    no drop, no stack error, exactly `allocs` cuMemAlloc_v2 calls, each stack's depths
+    0, 1, 2, ... Returns the trace, each allocation's stack as its frames' `columns`
+    (innermost first, in call order) and the program's stdout."""
+    from gputrace.trace.reader import open_trace
+
+    env = {k: v for k, v in os.environ.items() if k != "GPUTRACE_STANDIN_DEVDIR"}
+    r = subprocess.run(record_cmd(out, *args), cwd=ROOT, capture_output=True, text=True,
+                       timeout=timeout, env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    t = open_trace(out)
+    assert t.status == "complete" and sum(t.drops.values()) == 0
+    assert t.manifest["api"]["stack_errors"] == 0
+    calls = t.scan("cuda_calls").collect()
+    alloc_ids = calls.filter(calls["func"] == "cuMemAlloc_v2")["stack_id"].to_list()
+    assert len(alloc_ids) == allocs
+    frames: dict[int, list[tuple[Any, ...]]] = {}
+    rows = t.scan("stacks").collect().sort("stack_id", "depth")
+    for sid, depth, *frame in rows.select("stack_id", "depth", *columns).rows():
+        frames.setdefault(sid, []).append(tuple(frame))
+        assert len(frames[sid]) == depth + 1
+    return t, [frames[sid] for sid in alloc_ids], r.stdout

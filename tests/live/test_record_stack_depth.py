@@ -4,7 +4,6 @@ one-line error before anything is started."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -12,19 +11,16 @@ import pytest
 
 from gputrace.errors import UsageError
 from gputrace.record.api import libcuda as cuda
-from gputrace.trace.reader import open_trace
-from tests.record_helpers import ROOT, live_skip_reason, record_cmd
+from tests.record_helpers import (
+    ROOT,
+    live_skip_reason,
+    record_alloc_stacks,
+    record_cmd,
+    storm_program,
+)
 
-STORM = ROOT / "benchmarks" / "alloc_storm" / "storm.c"
 DEPTH = 60  # frames of storm.c's descend() below main: a framework's deep stack
 CALLS = 50
-
-
-def _storm(tmp: Path) -> Path:
-    """storm.c built against the stand-in libcuda (frame pointers kept)."""
-    from tests.standin_cuda.standin_cuda import link_program
-
-    return link_program(STORM, tmp / "alloc_storm")
 
 
 Frame = tuple[str | None, int | None]
@@ -32,33 +28,18 @@ Frame = tuple[str | None, int | None]
 
 def _record(tmp: Path, exe: Path, *opts: str) -> tuple[dict[str, object], list[list[Frame]]]:
     """The api manifest and each allocation's stack as (module, offset) frames,
-    innermost first (offsets do not move between runs, addresses do)."""
-    out = tmp / f"trace{'-'.join(opts)}"
-    env = {k: v for k, v in os.environ.items() if k != "GPUTRACE_STANDIN_DEVDIR"}
-    r = subprocess.run(record_cmd(out, *opts, "--", str(exe), str(CALLS), "-", str(DEPTH)),
-                       cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env=env)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    t = open_trace(out)
-    assert t.status == "complete" and sum(t.drops.values()) == 0
-    api = t.manifest["api"]
-    assert api["stack_errors"] == 0
-    calls = t.scan("cuda_calls").collect()
-    allocs = calls.filter(calls["func"] == "cuMemAlloc_v2")
-    assert allocs.height == CALLS + 1  # storm.c's warm-up call, then the storm
-    frames: dict[int, list[Frame]] = {}
-    rows = t.scan("stacks").collect().sort("stack_id", "depth")
-    for sid, depth, module, offset in rows.select("stack_id", "depth", "module",
-                                                  "offset").rows():  # fmt: skip
-        frames.setdefault(sid, []).append((module, offset))
-        assert len(frames[sid]) == depth + 1
-    return api, [frames[sid] for sid in allocs["stack_id"].to_list()]
+    innermost first (offsets do not move between runs, addresses do). CALLS + 1
+    allocations: storm.c's warm-up call, then the storm."""
+    t, stacks, _ = record_alloc_stacks(
+        tmp / f"trace{'-'.join(opts)}", [*opts, "--", str(exe), str(CALLS), "-", str(DEPTH)],
+        CALLS + 1, ("module", "offset"), 120)
+    return t.manifest["api"], stacks
 
 
 @pytest.mark.live
 @pytest.mark.skipif(live_skip_reason() is not None, reason=str(live_skip_reason()))
 def test_stack_depth_cuts_stacks_exactly(tmp_path: Path) -> None:
-    exe = _storm(tmp_path)
+    exe = storm_program(tmp_path)
     full_api, full = _record(tmp_path, exe)
     cut_api, cut = _record(tmp_path, exe, "--stack-depth", "8")
     assert full_api["stack_depth"] == 127 and cut_api["stack_depth"] == 8

@@ -9,50 +9,34 @@ then one per frame up to glibc's __libc_start_call_main, where its walk ended)."
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from gputrace.trace.reader import open_trace
-from tests.record_helpers import ROOT, live_skip_reason, record_cmd, return_addresses
+from tests.record_helpers import (
+    live_skip_reason,
+    record_alloc_stacks,
+    return_addresses,
+    storm_program,
+)
 
-STORM = ROOT / "benchmarks" / "alloc_storm" / "storm.c"
 CALLS = 30
 
 Frame = tuple[str | None, int | None]
 
 
-def _storm(tmp: Path) -> Path:
-    """storm.c built against the stand-in libcuda (frame pointers kept)."""
-    from tests.standin_cuda.standin_cuda import link_program
-
-    return link_program(STORM, tmp / "alloc_storm")
-
-
-
 def _record(tmp: Path, exe: Path, depth: int | str) -> tuple[list[list[Frame]], int]:
     """Each allocation's stack as (module, offset) frames, innermost first, and
     the number of distinct stack ids the stacks table holds."""
-    out = tmp / f"trace{depth}"
-    env = {k: v for k, v in os.environ.items() if k != "GPUTRACE_STANDIN_DEVDIR"}
-    r = subprocess.run(record_cmd(out, "--", str(exe), str(CALLS), "-", str(depth)), cwd=ROOT,
-                       capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    t = open_trace(out)
-    assert t.status == "complete" and sum(t.drops.values()) == 0
-    assert t.manifest["api"]["stack_errors"] == 0
+    t, stacks, _ = record_alloc_stacks(
+        tmp / f"trace{depth}", ["--", str(exe), str(CALLS), "-", str(depth)], CALLS + 1,
+        ("module", "offset"), 300)
+    # CALLS + 1 allocations: the warm-up call, then the storm; frees carry no stack
     calls = t.scan("cuda_calls").collect()
-    allocs = calls.filter(calls["func"] == "cuMemAlloc_v2")
-    assert allocs.height == CALLS + 1  # the warm-up call, then the storm
     frees = calls.filter(calls["func"] == "cuMemFree_v2")
     assert frees.height == CALLS + 1 and frees["stack_id"].null_count() == CALLS + 1
-    frames: dict[int, list[Frame]] = {}
-    rows = t.scan("stacks").collect().sort("stack_id", "depth")
-    for sid, d, module, offset in rows.select("stack_id", "depth", "module", "offset").rows():
-        frames.setdefault(sid, []).append((module, offset))
-        assert len(frames[sid]) == d + 1
-    return [frames[sid] for sid in allocs["stack_id"].to_list()], len(frames)
+    distinct = t.scan("stacks").select("stack_id").unique().collect().height
+    return stacks, distinct
 
 
 @pytest.mark.live
@@ -61,7 +45,7 @@ def _record(tmp: Path, exe: Path, depth: int | str) -> tuple[list[list[Frame]], 
 def test_stack_walk_records_the_kernel_walkers_frames(tmp_path: Path, depth: int | str) -> None:
     """40b: frames of 256 bytes of locals (descend_big), so the walk reads across
     several pages, each from its first record to the page's end."""
-    exe = _storm(tmp_path)
+    exe = storm_program(tmp_path)
     ret = return_addresses(exe)
     stacks, distinct = _record(tmp_path, exe, depth)
     me = str(exe)

@@ -16,14 +16,12 @@ binaries (objdump), as tests/live/test_record_stack_walk.py finds them."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from gputrace.record.unwind import cfi, tables
-from gputrace.trace.reader import open_trace
-from tests.record_helpers import ROOT, live_skip_reason, record_cmd, return_addresses
+from tests.record_helpers import live_skip_reason, record_alloc_stacks, return_addresses
 
 SEGMENTS = 3
 
@@ -32,27 +30,13 @@ Frame = tuple[str | None, int | None, str | None]
 
 
 def _record(tmp: Path, exe: Path) -> tuple[dict[str, object], list[list[Frame]]]:
-    """The api manifest and each cuMemAlloc_v2's stack as (module, offset, symbol)."""
-    out = tmp / "trace"
-    env = {k: v for k, v in os.environ.items() if k != "GPUTRACE_STANDIN_DEVDIR"}
-    r = subprocess.run(record_cmd(out, "--", str(exe), str(SEGMENTS)), cwd=ROOT,
-                       capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    assert f"segments {SEGMENTS}" in r.stdout
-    t = open_trace(out)
-    assert t.status == "complete" and sum(t.drops.values()) == 0
-    api = t.manifest["api"]
-    assert api["stack_errors"] == 0
-    calls = t.scan("cuda_calls").collect()
-    allocs = calls.filter(calls["func"] == "cuMemAlloc_v2")
-    assert allocs.height == SEGMENTS + 1  # the warm-up call from main, then the segments
-    frames: dict[int, list[Frame]] = {}
-    rows = t.scan("stacks").collect().sort("stack_id", "depth")
-    for sid, d, module, offset, symbol in rows.select("stack_id", "depth", "module", "offset",
-                                                      "symbol").rows():  # fmt: skip
-        frames.setdefault(sid, []).append((module, offset, symbol))
-        assert len(frames[sid]) == d + 1
-    return api, [frames[sid] for sid in allocs["stack_id"].to_list()]
+    """The api manifest and each cuMemAlloc_v2's stack as (module, offset, symbol).
+    SEGMENTS + 1 allocations: the warm-up call from main, then the segments."""
+    t, stacks, stdout = record_alloc_stacks(
+        tmp / "trace", ["--", str(exe), str(SEGMENTS)], SEGMENTS + 1,
+        ("module", "offset", "symbol"), 300)
+    assert f"segments {SEGMENTS}" in stdout
+    return t.manifest["api"], stacks
 
 
 @pytest.mark.live
