@@ -21,7 +21,7 @@ import pyarrow as pa
 if TYPE_CHECKING:
     import polars as pl
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Bumped whenever a column is added, removed, renamed or retyped."""
 # The trace directory's own format (manifest layout, part naming), versioned apart from
 # the tables' columns.

@@ -24,6 +24,25 @@ from gputrace.schema.model import (
     who,
 )
 
+IDENTITY_COLUMNS = (
+    Column("container_id", STR, "",
+           "the container's id (64 hex), from the cgroup path (gputrace/identity.py: the "
+           "layouts read); null outside a container or in a layout not known"),
+    Column("container_runtime", STR, "",
+           "docker, containerd, cri-o or podman: from the cgroup path or, when it does not "
+           "say, the runtime whose files hold the container id; null when unknown"),
+    Column("pod_uid", STR, "", "Kubernetes pod uid (with dashes), from the cgroup path"),
+    Column("qos_class", STR, "", "the pod's QoS class: guaranteed, burstable or besteffort"),
+    Column("pod_namespace", STR, "",
+           "the pod's namespace, from the node's /var/log/pods (null when not readable)"),
+    Column("pod_name", STR, "", "the pod's name, from the node's /var/log/pods"),
+    Column("container_name", STR, "",
+           "the container's name in its pod, from the runtime's files (containerd, CRI-O, "
+           "Docker) where readable"),
+)
+"""Who a process is, as containers and Kubernetes say it: derived once, from the cgroup
+path and the node's files, by gputrace/identity.py (whose `Identity` mirrors these)."""
+
 PROCESSES = Table(
     "processes",
     "One row per process instance seen touching NVIDIA devices (or traced as a target).",
@@ -39,11 +58,11 @@ PROCESSES = Table(
                "command line, arguments joined by spaces (null when gone before /proc "
                "could be read)"),
         Column("cgroup", STR, "", "cgroup v2 path"),
-        Column("container_id", STR, "", "container id parsed from the cgroup, when there is one"),
         Column("start_ts_ns", I64, "ns",
                "process start: its fork (null when it predates the trace)"),
         Column("exit_ts_ns", I64, "ns", "process exit (null when it outlived the trace)"),
         Column("exit_code", I32, "", "exit status as wait(2) reports it"),
+        *IDENTITY_COLUMNS,
     ),
 )
 
