@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import typer
@@ -148,6 +149,13 @@ def register(app: typer.Typer) -> None:
             typer.Option("--after", metavar="DURATION",
                          help="What an incident keeps after it fires (default: 30s)."),
         ] = None,
+        kube_root: Annotated[
+            str,
+            typer.Option("--kube-root", metavar="DIR",
+                         help="The host root under which the node's /var/log/pods and "
+                              "container runtime files are read for pod and container "
+                              "names (default: /; a DaemonSet mounts them elsewhere)."),
+        ] = "/",
     ) -> None:
         """Record GPU memory activity into a trace directory (root).
 
@@ -200,6 +208,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--raw leaves ioctl events undecoded until `gputrace convert`: "
                              "it cannot be watched live (drop --live/--metrics/--alert)")
         flight = _flight(keep, freeze_on, after, raw=raw, alerts=bool(alert))
+        if not os.path.isdir(kube_root):
+            raise UsageError(f"--kube-root {kube_root}: no such directory")
         command = list(ctx.args)
         if command and command[0] == "--":
             command = command[1:]
@@ -223,6 +233,7 @@ def register(app: typer.Typer) -> None:
             stack_depth=depth,
             raw=raw,
             flight=flight,
+            kube_root=kube_root,
         )
         if ebpf:
             from gputrace.record.api import libcuda as cuda

@@ -41,6 +41,7 @@ class Options:
     stack_depth: int = cuda.STACK_DEPTH  # --stack-depth: frames per allocation stack
     raw: bool = False  # --raw: ioctl events written undecoded (rawparts.py)
     flight: Flight = field(default_factory=Flight)  # --keep, --freeze-on, --after
+    kube_root: str = "/"  # --kube-root: the host root of /var/log/pods, runtime files
 
 
 SPILL_ENV = "GPUTRACE_SPILL_MIB"

@@ -1,6 +1,7 @@
 """What /proc tells the recorder: NVIDIA fds already open (to seed the BPF fd
-map), and the facts of the processes table (ppid, comm, exe, cmdline, cgroup,
-container id), read only when /proc/PID is still the process they are for."""
+map), and the facts of the processes table (ppid, comm, exe, cmdline, cgroup, and
+the container and pod identity gputrace/identity.py derives from the cgroup), read
+only when /proc/PID is still the process they are for."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gputrace import schema
+from gputrace import identity, schema
+from gputrace.identity import Identity, NodeNames
 
 PROC = Path("/proc")
 CGROUP2 = Path("/sys/fs/cgroup")
 TICK_NS = 10**9 // os.sysconf("SC_CLK_TCK")
 
 _GPU_RE = re.compile(r"^nvidia(\d{1,3})$")
-_CONTAINER_RE = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?$")
 
 
 def device_kind(name: str) -> tuple[int, int] | None:
@@ -113,7 +114,7 @@ class ProcInfo:
     exe: str | None = None
     cmdline: str | None = None
     cgroup: str | None = None
-    container_id: str | None = None
+    identity: Identity = identity.NONE  # the processes table's IDENTITY_COLUMNS
     start_ts_ns: int | None = None
     exit_ts_ns: int | None = None
     exit_code: int | None = None
@@ -160,7 +161,7 @@ def boot_offset_ns() -> int:
 
 
 def read_checked(pid: int, info: ProcInfo, *, fork_boot_ns: int | None,
-                 alive_boot_ns: int) -> bool:
+                 alive_boot_ns: int, node: NodeNames | None = None) -> bool:
     """Fill `info` from /proc/PID only when that is the process `info` is about;
     True when it was. With its fork known (`fork_boot_ns`, CLOCK_BOOTTIME), the
     process must have started then (within a clock tick); else it must have
@@ -168,7 +169,7 @@ def read_checked(pid: int, info: ProcInfo, *, fork_boot_ns: int | None,
     (two processes never hold one pid at once, so one that started before that
     moment and holds it now is the same). The start time is read before and after
     the other files, so a process that exited in between is not mistaken for one
-    reusing its pid."""
+    reusing its pid. `node`: where the container's and pod's names are read."""
     first = start_boot_ns(pid)
     if first is None:
         return False
@@ -177,13 +178,13 @@ def read_checked(pid: int, info: ProcInfo, *, fork_boot_ns: int | None,
             return False
     elif first > alive_boot_ns:
         return False
-    got = read_info(pid, ProcInfo(pid))
+    got = read_info(pid, ProcInfo(pid), node)
     if start_boot_ns(pid) != first:
         return False
     info.comm = got.comm or info.comm
     info.ppid = info.ppid if info.ppid is not None else got.ppid
     info.exe, info.cmdline = got.exe, got.cmdline
-    info.cgroup, info.container_id = got.cgroup, got.container_id
+    info.cgroup, info.identity = got.cgroup, got.identity
     return True
 
 
@@ -220,8 +221,10 @@ def _cgroup2_mount(root: Path) -> Path | None:
     return Path(points[0]) if points else None
 
 
-def read_info(pid: int, info: ProcInfo | None = None) -> ProcInfo:
-    """Fill what /proc still says about `pid` (best effort: it may be gone)."""
+def read_info(pid: int, info: ProcInfo | None = None,
+              node: NodeNames | None = None) -> ProcInfo:
+    """Fill what /proc still says about `pid` (best effort: it may be gone); with
+    `node`, the names the node tells of its container and pod."""
     info = info or ProcInfo(pid)
     base = PROC / str(pid)
     st = _stat(pid)
@@ -241,9 +244,11 @@ def read_info(pid: int, info: ProcInfo | None = None) -> ProcInfo:
     try:
         cg = (base / "cgroup").read_text()
         info.cgroup = cgroup_path(cg)
-        info.container_id = container_id(info.cgroup)
+        info.identity = identity.from_proc_cgroup(cg)
     except OSError:
         pass
+    if node is not None:
+        info.identity = node.named(info.identity)
     return info
 
 
@@ -255,13 +260,3 @@ def cgroup_path(text: str) -> str | None:
             return ln[3:]
     return lines[0].split(":", 2)[-1] if lines else None
 
-
-def container_id(cgroup: str | None) -> str | None:
-    """A 64-hex container id from a docker/containerd/cri-o/podman cgroup path."""
-    if not cgroup:
-        return None
-    for part in reversed(cgroup.split("/")):
-        m = _CONTAINER_RE.search(part)
-        if m:
-            return m.group(1)
-    return None

@@ -208,6 +208,7 @@ class Recorder:
             self._release_fd = self._spawn(opts.command)
             assert self.child is not None
             s.procs[self.child.pid] = self._child_info
+            self._child_info.identity = s.node.named(self._child_info.identity)
             s.child, s.cmd_info = self.child, self.cmd_info
             s.targets = [self.child.pid]
         elif opts.pids:
@@ -220,7 +221,7 @@ class Recorder:
                                 if p != me], s.prefix)  # fmt: skip
         for pid in s.targets if s.filtered else sorted({p for p, _ in s.seeded}):
             if self.child is None or pid != self.child.pid:
-                s.procs[pid] = procfs.read_info(pid)
+                s.procs[pid] = procfs.read_info(pid, node=s.node)
         s.w.rotate()  # the manifest with its targets, before they run
         s.checkpoint_procs()
         for layer in self.layers:

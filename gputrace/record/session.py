@@ -11,13 +11,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gputrace import schema
+from gputrace import identity, schema
 from gputrace.record import decode, hooks, procfs
 from gputrace.record import driver_version as driver
 from gputrace.record.incidents import IncidentSignal
@@ -106,6 +107,11 @@ class Session:
     spill_bytes: int = 32 << 20  # past this backlog, ioctl events are written raw
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _procs_pending: list[dict[str, Any]] = field(default_factory=list)  # rows on disk
+    # where containers' and pods' names are read (record --kube-root; "/" on a host)
+    node: identity.NodeNames = field(default_factory=identity.NodeNames)
+
+    def __post_init__(self) -> None:
+        self.node = identity.NodeNames(Path(getattr(self.opts, "kube_root", "/")))
 
     @property
     def w(self) -> TraceWriter:
@@ -286,10 +292,11 @@ class Session:
             if fork_ns <= alive_ns and 0 < exec_ns <= alive_ns and exec_ns >= fork_ns:
                 cgroup_id = int(st["cgroup_id"])
         ok = procfs.read_checked(pid, info, fork_boot_ns=fork_boot,
-                                 alive_boot_ns=alive_ns + self.boot_offset_ns)  # fmt: skip
-        if not ok and cgroup_id:
+                                 alive_boot_ns=alive_ns + self.boot_offset_ns,
+                                 node=self.node)  # fmt: skip
+        if not ok and cgroup_id:  # gone: its cgroup, if that still exists, says who it was
             info.cgroup = procfs.cgroup_by_id(cgroup_id)
-            info.container_id = procfs.container_id(info.cgroup)
+            info.identity = self.node.named(identity.from_cgroup(info.cgroup))
         return info
 
     def start_entry(self, pid: int) -> np.void | None:
@@ -372,7 +379,7 @@ class Session:
                 if not fresh:  # a new image: what was read of the old one no longer holds
                     now = self._take_early(pid, ts, exact=True) or self.facts(pid, ts)
                     info.exe, info.cmdline = now.exe, now.cmdline
-                    info.cgroup, info.container_id = now.cgroup, now.container_id
+                    info.cgroup, info.identity = now.cgroup, now.identity
                     if info.ppid is None:
                         info.ppid = now.ppid
                 info.comm = comm
@@ -423,8 +430,9 @@ class Session:
 
 
 def _proc_rows(infos: list[procfs.ProcInfo]) -> list[dict[str, Any]]:
+    who = {c.name for c in schema.IDENTITY_COLUMNS}  # in ProcInfo.identity
     names = [c.name for c in schema.PROCESSES.columns]
-    return [{n: getattr(i, n) for n in names} for i in infos]
+    return [{n: getattr(i.identity if n in who else i, n) for n in names} for i in infos]
 
 
 def _proc_table(rows: list[dict[str, Any]]) -> pa.Table:

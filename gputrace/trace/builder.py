@@ -109,7 +109,14 @@ class TraceBuilder:
         exit: float | None = None,
         ppid: int = 1,
         cmdline: str | None = None,
+        cgroup: str | None = None,
+        **who: str | None,
     ) -> None:
+        """A process row; `who`: its identity columns (schema.IDENTITY_COLUMNS:
+        container_id, pod_uid, pod_namespace, ...)."""
+        known = {c.name for c in schema.IDENTITY_COLUMNS}
+        if set(who) - known:
+            raise TypeError(f"process(): not an identity column: {sorted(set(who) - known)}")
         self._comm[pid] = comm
         self.row(
             "processes",
@@ -118,9 +125,11 @@ class TraceBuilder:
             comm=comm,
             exe=f"/usr/bin/{comm}",
             cmdline=cmdline or comm,
+            cgroup=cgroup,
             start_ts_ns=None if start is None else ns(start),
             exit_ts_ns=None if exit is None else ns(exit),
             exit_code=None if exit is None else 0,
+            **who,
         )
 
     # ---------------------------------------------------------------- RM layer

@@ -5,6 +5,7 @@ what the probes kept and nothing else; a reused pid never inherits an earlier ro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -223,7 +224,6 @@ def test_cgroup_by_id_finds_a_cgroup_directory(tmp_path: Path) -> None:
         pytest.skip("no cgroup2 mount")
     assert procfs.cgroup_by_id(os.stat(mount).st_ino) == "/"
     assert procfs.cgroup_by_id(0) is None
-    assert procfs.container_id("/system.slice/docker-" + "ab" * 32 + ".scope") == "ab" * 32
 
 
 def test_a_forked_child_keeps_its_fork_facts_unless_it_execs() -> None:
@@ -307,3 +307,45 @@ def test_late_events_of_an_exited_process_start_no_row() -> None:
     s.finish_processes()
     assert [r["pid"] for r in sink.rows] == [pid, pid]
     assert sink.rows[1]["exit_ts_ns"] is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a cgroup: root only")
+def test_a_process_gone_unread_keeps_its_container_from_its_cgroup_id(tmp_path: Path) -> None:
+    """The probes kept the cgroup id; the cgroup still exists: its path, and the names the
+    node's files give, say which container and pod the process was in."""
+    mount = procfs._cgroup2_mount(procfs.CGROUP2)
+    if mount is None:
+        pytest.skip("no cgroup2 mount")
+    uid, cid = "0b6c5a2e-1f3d-4c8e-9a7b-2d4e6f8a0c1e", "c0ffee" + "12" * 29
+    rel = (f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod"
+           f"{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope")
+    (tmp_path / "var/log/pods" / f"ml_trainer-0_{uid}" / "cuda").mkdir(parents=True)
+    task = tmp_path / "run/containerd/io.containerd.runtime.v2.task/k8s.io" / cid
+    task.mkdir(parents=True)
+    (task / "config.json").write_text(
+        '{"annotations": {"io.kubernetes.cri.container-name": "cuda"}}')
+    want = [mount / Path(rel).parents[i] for i in (2, 1, 0)] + [mount / rel]
+    made: list[Path] = []  # removed after, and only those
+    try:
+        for d in want:
+            if not d.is_dir():
+                d.mkdir()
+                made.append(d)
+        pid = gone_pid()
+        s = Session(Options(output="unused", kube_root=str(tmp_path)), "/dev/", None, [], [],
+                    0)  # type: ignore[arg-type]
+        sink, probes = Sink(), Probes({pid: entry(fork_ns=100, fork_boot_ns=100, exec_ns=150,
+                                                  cgroup_id=os.stat(want[-1]).st_ino)})
+        s.writer, s.probes = sink, probes  # type: ignore[assignment]
+        s.proc_events(events((decode.PROC_SEEN, pid, 200), (decode.PROC_EXIT, pid, 300)))
+    finally:
+        for d in reversed(made):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+    [row] = sink.rows
+    assert row["cgroup"] == "/" + rel
+    assert {k: row[k] for k in ("container_id", "container_runtime", "pod_uid", "qos_class",
+                                "pod_namespace", "pod_name", "container_name")} == {
+        "container_id": cid, "container_runtime": "containerd", "pod_uid": uid,
+        "qos_class": "besteffort", "pod_namespace": "ml", "pod_name": "trainer-0",
+        "container_name": "cuda"}
