@@ -71,7 +71,7 @@ def _leak_options(ctx: Context) -> Any:
     from gputrace.analyses.leaks import LeakOptions
 
     o = ctx.opts
-    return ctx.memo("leak_options", lambda: LeakOptions(o.older_ns, o.min_size, o.top))
+    return ctx.memo("leak_options", lambda: LeakOptions(o.older_ns, o.min_size, o.top, o.by))
 
 
 def _leaks_part(ctx: Context, sl: Slice) -> Any:
@@ -101,14 +101,15 @@ def _summary_part(ctx: Context, sl: Slice) -> Any:
 def _summary(ctx: Context) -> Report:
     from gputrace.analyses.summary import summary
 
-    return summary(ctx.inp, ctx.parts("summary"), _pmm(ctx))
+    return summary(ctx.inp, ctx.parts("summary"), _pmm(ctx), ctx.opts.by)
 
 
 def _fault_rate(ctx: Context) -> Report:
     from gputrace.analyses.fault_rate import fault_rate
 
     o = ctx.opts
-    return fault_rate(ctx.inp, window_s=o.window_s, min_reversals=o.thrash_min, top=o.top)
+    return fault_rate(ctx.inp, window_s=o.window_s, min_reversals=o.thrash_min, top=o.top,
+                      by=o.by)
 
 
 def _fragmentation(ctx: Context) -> Report:

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from gputrace.analyses.report import Report
 
 
+GROUPINGS = ("pod", "container")
+"""What `analyze --by` groups by: a report holding its figures per group has them under
+`by_<grouping>` (the group keys: analyses.helpers.identity.GROUP_KEYS)."""
+
+
 @dataclass(frozen=True)
 class ReportOptions:
     """The options reports read: `gputrace analyze`'s flags, parsed."""
@@ -33,6 +38,9 @@ class ReportOptions:
     """Fault rate: window length in seconds."""
     thrash_min: int = 3
     """Fault rate: reversals per window that make a block thrash."""
+    by: str | None = None
+    """Leaks, summary, fault rate: their per-process figures also added up per "pod" or
+    "container" (`analyze --by`; helpers/identity.py)."""
 
 
 @dataclass(frozen=True)

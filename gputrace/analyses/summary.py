@@ -17,6 +17,7 @@ import polars as pl
 
 from gputrace.analyses.helpers.common import records
 from gputrace.analyses.helpers.gpus import gpu_table, pmm_gpus, replay_steps
+from gputrace.analyses.helpers.identity import by_identity
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS
 from gputrace.analyses.helpers.packed_keys import Field, Packing
@@ -213,9 +214,11 @@ def summary_part(sl: Slice, rm_gpu: bool) -> dict[str, pl.DataFrame]:
 
 
 def summary(inp: Inputs, parts: list[dict[str, pl.DataFrame]] | None = None,
-            pmm: pl.DataFrame | None = None) -> Report:
+            pmm: pl.DataFrame | None = None, by: str | None = None) -> Report:
     """The summary report, from the `summary_part` of each pid slice (computed when not
-    given; `pmm` must then be `pmm_gpus(inp)` and the parts' `rm_gpu` follow it)."""
+    given; `pmm` must then be `pmm_gpus(inp)` and the parts' `rm_gpu` follow it); `by`:
+    memory per process also added up per "pod" or "container" (the peaks summed are
+    each process's own: at most the group's peak, never less)."""
     warnings = trace_warnings(inp)
     if (absent := unrecorded(SPEC, inp, warnings)) is not None:
         return absent
@@ -240,4 +243,9 @@ def summary(inp: Inputs, parts: list[dict[str, pl.DataFrame]] | None = None,
         "processes": records(procs),
         "gpus": gpus,
     }
+    if by is not None:
+        data[f"by_{by}"] = records(by_identity(
+            procs.lazy(), inp.scan("processes"), by,
+            ["live_end_bytes", "peak_bytes", "allocations"], ["layer"])
+            .rename({"peak_bytes": "sum_of_peaks_bytes"}).collect())
     return Report("summary", QUESTION, True, data, missing, warnings)

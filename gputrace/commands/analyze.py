@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gputrace.analyses import registry
-from gputrace.analyses.report_spec import ReportOptions
+from gputrace.analyses.report_spec import GROUPINGS, ReportOptions
 from gputrace.errors import GputraceError, UsageError
 from gputrace.options import (
     parse_count,
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from gputrace.analyses.run import Conditions
 
 FORMATS = ("terminal", "json", "html", "perfetto", "folded")
+
 PROGRESS_ROWS = 2_000_000
 
 
@@ -100,6 +101,10 @@ def register(app: typer.Typer) -> None:
         allocated: Annotated[bool, typer.Option(
             "--allocated", help="--format folded: all allocated bytes, not only leaked.")
         ] = False,
+        by: Annotated[str | None, typer.Option(
+            "--by", metavar="pod|container",
+            help="Leaks, summary and fault rate also per Kubernetes pod or per container "
+                 "(from the processes' cgroups; docs/containers.md).")] = None,
     ) -> None:
         """The reports of the registry (see --only) over a saved trace."""
         from gputrace.analyses.helpers.common import NS_PER_S
@@ -118,6 +123,8 @@ def register(app: typer.Typer) -> None:
             if needs not in names:
                 raise UsageError(f"--fail-on {name} needs the {needs} report; "
                                  "add it to --only")
+        if by is not None and by not in GROUPINGS:
+            raise UsageError(f"--by must be pod or container, not {by[:40]!r}")
         top_n = parse_rows(top, "--top") if top is not None else None
         older_ns = parse_duration_ns(older, "--older", minimum_ns=0) if older is not None else 0
         opts = ReportOptions(
@@ -125,7 +132,7 @@ def register(app: typer.Typer) -> None:
             min_size=parse_size(min_size, "--min-size") if min_size is not None else 0,
             top=top_n,
             window_s=parse_duration_ns(window, "--window") / NS_PER_S,
-            thrash_min=parse_count(thrash_min, "--thrash-min", minimum=1))
+            thrash_min=parse_count(thrash_min, "--thrash-min", minimum=1), by=by)
         t = open_trace(trace)
         inp = inputs_from_trace(t)
         big = sum(t.rows(n) for n in ("ioctls", "cuda_calls", "faults", "chunks",

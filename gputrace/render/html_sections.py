@@ -10,7 +10,7 @@ from typing import Any
 
 from gputrace.analyses import registry
 from gputrace.analyses.report import REPORT_FIELDS
-from gputrace.analyses.report_spec import ReportSpec, resolve
+from gputrace.analyses.report_spec import GROUPINGS, ReportSpec, resolve
 from gputrace.render import html_plots as plots
 from gputrace.render.html import Page, esc, human_bytes, not_recorded, num, table, text
 
@@ -34,6 +34,18 @@ def sections(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                 resolve(path)(page, doc, s)
         else:
             generic_section(page, spec, doc.get(spec.key))
+        groups_section(page, spec, doc.get(spec.key))
+
+
+def groups_section(page: Page, spec: ReportSpec, rep: dict[str, Any] | None) -> None:
+    """A report's figures per pod or container (`analyze --by`), when it has them."""
+    for by in GROUPINGS:
+        rows = (rep or {}).get(f"by_{by}")
+        if rows is not None:
+            cols = list(rows[0]) if rows else []
+            page.section(f"{spec.title} by {by}", None, None, table(rows, [
+                (c, c, human_bytes if c.endswith("bytes") else text if isinstance(
+                    rows[0][c], str) else num) for c in cols]))
 
 
 def generic_section(page: Page, spec: ReportSpec, rep: dict[str, Any] | None) -> None:

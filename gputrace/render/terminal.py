@@ -22,7 +22,7 @@ from rich.text import Text
 
 from gputrace.analyses import registry
 from gputrace.analyses.report import REPORT_FIELDS
-from gputrace.analyses.report_spec import resolve
+from gputrace.analyses.report_spec import GROUPINGS, resolve
 from gputrace.render.cells import human_bytes, num, plain, us
 from gputrace.render.safe import printable_tree
 from gputrace.render.term_table import ROWS, table
@@ -98,3 +98,14 @@ def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True
             continue
         path = (spec.terminal_by_layer if by_layer else None) or spec.terminal
         (resolve(path) if path is not None else _generic)(con, rep, limit)
+        groups_section(con, spec.title, rep, limit)
+
+
+def groups_section(con: Console, title: str, rep: dict[str, Any], limit: int) -> None:
+    """A report's figures per pod or container (`analyze --by`), when it has them."""
+    for by in GROUPINGS:
+        rows = rep.get(f"by_{by}")
+        if rows is not None:
+            cols = list(rows[0]) if rows else []
+            table(con, f"{title} by {by}", rows, [
+                (c, c, human_bytes if c.endswith("bytes") else num) for c in cols], limit)

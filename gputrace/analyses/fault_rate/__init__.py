@@ -43,6 +43,7 @@ from gputrace.analyses.fault_rate.fault_windows import gpu_windows, rates, windo
 from gputrace.analyses.fault_rate.oversubscription import oversubscription
 from gputrace.analyses.fault_rate.thrashing import thrashing
 from gputrace.analyses.helpers.common import NS_PER_S, records
+from gputrace.analyses.helpers.identity import by_identity
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.registry import spec, unrecorded
 from gputrace.analyses.report import Report
@@ -55,8 +56,9 @@ TOP = 10
 
 
 def fault_rate(inp: Inputs, *, window_s: float = 1.0, min_reversals: int = 3,
-               top: int | None = None) -> Report:
-    """The fault-rate report (see the module doc)."""
+               top: int | None = None, by: str | None = None) -> Report:
+    """The fault-rate report (see the module doc); `by`: CPU faults per process also
+    added up per "pod" or "container"."""
     warnings = trace_warnings(inp)
     gpu = inp.has("driver") or inp.has("uvm_tools")
     tools = inp.has("uvm_tools")
@@ -122,6 +124,10 @@ def fault_rate(inp: Inputs, *, window_s: float = 1.0, min_reversals: int = 3,
         "oversubscription": oversubscription(inp, res if gpu else None),
         "uvm_counters": records(cnt) if tools else None,
     }
+    if by is not None:
+        data[f"by_{by}"] = records(by_identity(
+            procs.lazy(), inp.scan("processes"), by,
+            ["faults", "reads", "writes", "per_s"]).collect())
     # without a GPU layer the rest of its layers (cpu_faults is there) are missing
     missing = [x for x in SPEC.layers if not inp.has(x)] if not gpu else []
     return Report("fault-rate", QUESTION, True, data, missing, warnings)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from gputrace.analyses.helpers.common import records, size_class
+from gputrace.analyses.helpers.identity import by_identity
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS, recorded_layers
 from gputrace.analyses.helpers.partition import Slice, per_slice
@@ -43,6 +44,7 @@ class LeakOptions:
     older_ns: int = 0
     min_size_bytes: int = 0
     top: int | None = None
+    by: str | None = None  # also per "pod" or "container" (helpers/identity.py)
 
 
 def classify(lt: pl.LazyFrame, processes: pl.LazyFrame, end_ns: int) -> pl.LazyFrame:
@@ -120,6 +122,8 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
     a_grow = pl.concat([p["allocator_growth"] for p in parts]).sort("allocator", "pid")
     a_segs = pl.concat([p["allocator_segments"] for p in parts]).sort(
         "bytes", "allocator", "pid", "stack_id", descending=[True, False, False, False])
+    groups = None if o.by is None else by_identity(
+        procs.lazy(), inp.scan("processes"), o.by, ["bytes", "count"], ["layer"]).collect()
     if o.top is not None:
         allocs, procs, stacks = allocs.head(o.top), procs.head(o.top), stacks.head(o.top)
     by_layer = {k: (int(tot.filter(pl.col("layer") == k)["size_bytes"].sum()) if v else None)
@@ -148,6 +152,8 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
         "filters": {"older_s": o.older_ns / 1e9, "min_size_bytes": o.min_size_bytes,
                     "top": o.top},
     }
+    if groups is not None:  # leaked bytes per layer and pod (or container)
+        data[f"by_{o.by}"] = records(groups if o.top is None else groups.head(o.top))
     for k, v in layers.items():
         if not v:
             warnings.append(f"leaks: layer {k} not recorded; its allocations are unknown")
