@@ -41,7 +41,8 @@ def analyze_one(entry: dict[str, Any], *, store: Store, node: wh.Node | None,
     procs = frames.get("processes", pl.DataFrame(schema=PROCESSES.polars_schema))
     pids = None
     if entry.get("job_filter") and node is not None:
-        known = wh.TRACE_FIELDS + wh.JOB_FIELDS
+        # a trace exported before a column existed: that field is unknown (null) there
+        known = wh.TRACE_FIELDS + tuple(f for f in wh.JOB_FIELDS if f in procs.columns)
         hit = procs.with_columns(**{f: pl.lit(entry.get(f), pl.String) for f in wh.TRACE_FIELDS})
         pids = set(hit.filter(wh.to_expr(node, known))["pid"].to_list())
         if not pids:

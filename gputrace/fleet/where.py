@@ -7,9 +7,11 @@ Syntax (docs/fleet.md)::
     OP     := = | != | ~ (regex search) | !~ | < | <= | > | >=
 
 Trace fields (from the dataset index): host, date, driver_version, gpu_model, status,
-trace_id. Job fields (from each trace's processes table): pid, ppid, comm, exe,
-cmdline, cgroup, container_id. VALUE is a bare word or a quoted string. Missing
-values (null) match nothing, as in SQL.
+trace_id. Job fields: every column of the processes table (schema.PROCESSES: pid,
+ppid, comm, exe, cmdline, cgroup, ..., and the container and pod identity, e.g.
+`pod_namespace = 'ml'`). VALUE is a bare word or a quoted string (a whole number for
+an integer column). Missing values (null) match nothing, as in SQL; so does a column a
+trace older than it does not have.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import re
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 
 from gputrace.errors import UsageError
+from gputrace.schema import PROCESSES
 
 TRACE_FIELDS = ("host", "date", "driver_version", "gpu_model", "status", "trace_id")
-JOB_FIELDS = ("pid", "ppid", "comm", "exe", "cmdline", "cgroup", "container_id")
-_INT_FIELDS = ("pid", "ppid")
+JOB_FIELDS = tuple(c.name for c in PROCESSES.columns)
+_INT_FIELDS = tuple(c.name for c in PROCESSES.columns if pa.types.is_integer(c.type))
 _OPS = ("!=", "!~", "<=", ">=", "=", "~", "<", ">")
 _TOKEN = re.compile(r"""\s*(?:(?P<q>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
                        |(?P<op>!=|!~|<=|>=|[=~<>(),])|(?P<w>[^\s()=!<>~,'"]+))""", re.X)
