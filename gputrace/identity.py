@@ -69,6 +69,13 @@ class Identity:
     container_name: str | None = None
 
 
+    def labels(self) -> tuple[str, str, str]:
+        """(namespace, pod, container) as metric labels: names, else the uid and id, else
+        empty (Prometheus's absent label)."""
+        return (self.pod_namespace or "", self.pod_name or self.pod_uid or "",
+                self.container_name or self.container_id or "")
+
+
 NONE = Identity()
 
 

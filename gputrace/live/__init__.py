@@ -79,7 +79,8 @@ def run(recorder: Watchable, opts: LiveOptions) -> int:
     add_observer = getattr(recorder, "add_observer", None)
     if not callable(add_observer):
         raise GputraceError("this recorder cannot be watched live (no add_observer)")
-    agg = Aggregates(stats=_stats_of(recorder))
+    who = getattr(recorder, "identity_of", None)
+    agg = Aggregates(stats=_stats_of(recorder), who=who if callable(who) else None)
     alerts = Alerts(rules, opts.on_alert, write=lambda t: _write_alerts(recorder, t))
     freezer = getattr(recorder, "freezer", None)
 

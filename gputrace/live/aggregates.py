@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gputrace.analyses.helpers.rm_objects import ALLOCS, VID_HEAP
+from gputrace.identity import Identity
 from gputrace.live.live_bytes import LiveBytes, Proc
 from gputrace.live.snapshot import GpuView, ProcView, Snapshot
 from gputrace.record import incidents
@@ -69,8 +70,12 @@ class Aggregates:
 
     def __init__(self, clock: Callable[[], int] = mono_ns,
                  growth_window_ns: int = GROWTH_WINDOW_NS,
-                 stats: Callable[[], dict[str, Any]] | None = None) -> None:
+                 stats: Callable[[], dict[str, Any]] | None = None,
+                 who: Callable[[int], Identity | None] | None = None) -> None:
+        """`who(pid)`: the process's container and pod, asked once per process when its
+        first row arrives (the recorder read them at its first event)."""
         self.clock = clock
+        self.who = who
         self.growth_window_ns = growth_window_ns
         self.stats_fn = stats
         self.lock = threading.Lock()
@@ -108,6 +113,9 @@ class Aggregates:
         if p is None:
             p = self.procs[pid] = Proc(pid, comm or "", now)
             p.history.append((now, 0))
+            ident = self.who(pid) if self.who is not None else None
+            if ident is not None:
+                p.who = ident.labels()
         elif comm and not p.comm:
             p.comm = comm
         return p
@@ -268,7 +276,7 @@ class Aggregates:
                 procs.append(ProcView(
                     p.pid, p.comm, dict(p.live), p.live_total, dict(p.allocations),
                     dict(p.frees), p.gpu_faults, p.cpu_faults, p.migrations,
-                    self.growth(p, now), a, f, gf, m))  # fmt: skip
+                    self.growth(p, now), a, f, gf, m, p.who))  # fmt: skip
             lat = {n: (h.tolist(), self._lat_sum.get(n, 0.0)) for n, h in self._lat.items()}
             return Snapshot(
                 ts_ns=now, procs=procs, gpus=sorted(self.gpus.values(), key=lambda g: g.index),

@@ -49,6 +49,7 @@ class Proc:
     pid: int
     comm: str = ""
     first_ns: int = 0
+    who: tuple[str, str, str] = ("", "", "")  # (namespace, pod, container): Identity.labels
     live: Counter[tuple[str, int | None]] = field(default_factory=Counter)  # (layer, gpu)
     allocations: Counter[str] = field(default_factory=Counter)  # per layer
     frees: Counter[str] = field(default_factory=Counter)

@@ -6,8 +6,10 @@ and served over HTTP by one thread of ours with bounded connections and timeouts
 Names follow the Prometheus conventions: `gputrace_` prefix, base units in the
 name (bytes, seconds), `_total` on counters. Cardinality is bounded: per-process
 series exist for the `top` processes with the most live bytes (20 by default);
-all others are summed into one series with `pid="other", comm="other"` (that
-series sums a changing set of processes, so it may go down). ioctl names come
+all others are summed into one series with `pid="other", comm="other"` (and
+namespace, pod and container "other"; that series sums a changing set of processes, so
+it may go down). Each process's series carry its Kubernetes namespace, pod and
+container, read once per process: no more series than processes shown. ioctl names come
 from the decoder's fixed command table; GPUs and causes are small fixed sets.
 docs/live.md lists every metric with its type and labels.
 """
@@ -46,6 +48,9 @@ from gputrace.live.snapshot import ProcView, Snapshot
 from gputrace.render.safe import printable
 
 TOP_PROCESSES = 20
+WHO = ["pid", "comm", "namespace", "pod", "container"]
+"""The labels of every per-process series: the process, and its Kubernetes namespace,
+pod and container (gputrace.identity `Identity.labels`; empty outside a pod or container)."""
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9400
 OTHER = "other"
@@ -104,22 +109,22 @@ class LiveCollector:
     def _processes(self, s: Snapshot) -> Iterator[Metric]:
         live = GaugeMetricFamily("gputrace_live_bytes",
                                  "Bytes allocated and not yet freed, per process, GPU and layer.",
-                                 labels=["pid", "comm", "gpu", "layer"])  # fmt: skip
+                                 labels=[*WHO, "gpu", "layer"])  # fmt: skip
         allocs = CounterMetricFamily("gputrace_allocations",
                                      "Successful allocations per process and layer.",
-                                     labels=["pid", "comm", "layer"])  # fmt: skip
+                                     labels=[*WHO, "layer"])  # fmt: skip
         frees = CounterMetricFamily("gputrace_frees", "Frees of a live allocation per "
-                                    "process and layer.", labels=["pid", "comm", "layer"])
+                                    "process and layer.", labels=[*WHO, "layer"])
         growth = GaugeMetricFamily("gputrace_growth_bytes_per_second",
                                    "Live bytes gained over the growth window, per second "
-                                   "(the leak rate).", labels=["pid", "comm"])  # fmt: skip
+                                   "(the leak rate).", labels=WHO)  # fmt: skip
         gfaults = CounterMetricFamily("gputrace_process_gpu_faults",
-                                      "GPU faults per process.", labels=["pid", "comm"])
+                                      "GPU faults per process.", labels=WHO)
         cfaults = CounterMetricFamily("gputrace_process_cpu_faults",
                                       "CPU faults on managed memory per process.",
-                                      labels=["pid", "comm"])  # fmt: skip
+                                      labels=WHO)  # fmt: skip
         shown, rest = bounded(s.procs, self.top)
-        rows: list[tuple[str, str, ProcView]] = [(str(p.pid), p.comm, p) for p in shown]
+        rows = [([str(p.pid), p.comm, *p.who], p) for p in shown]
         sums_live: dict[tuple[str, str], int] = defaultdict(int)
         sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         for p in rest:
@@ -132,26 +137,27 @@ class LiveCollector:
             sums["growth"][""] += p.growth_bytes_per_s
             sums["gfaults"][""] += p.gpu_faults
             sums["cfaults"][""] += p.cpu_faults
-        for pid, comm, p in rows:
+        for who, p in rows:
             for (layer, g), n in sorted(p.live.items(), key=lambda x: (x[0][0], _gpu(x[0][1]))):
-                live.add_metric([pid, comm, _gpu(g), layer], n)
+                live.add_metric([*who, _gpu(g), layer], n)
             for layer, n in sorted(p.allocations.items()):
-                allocs.add_metric([pid, comm, layer], n)
+                allocs.add_metric([*who, layer], n)
             for layer, n in sorted(p.frees.items()):
-                frees.add_metric([pid, comm, layer], n)
-            growth.add_metric([pid, comm], p.growth_bytes_per_s)
-            gfaults.add_metric([pid, comm], p.gpu_faults)
-            cfaults.add_metric([pid, comm], p.cpu_faults)
+                frees.add_metric([*who, layer], n)
+            growth.add_metric(who, p.growth_bytes_per_s)
+            gfaults.add_metric(who, p.gpu_faults)
+            cfaults.add_metric(who, p.cpu_faults)
         if rest:
+            others = [OTHER] * len(WHO)
             for (gs, lay), total in sorted(sums_live.items()):
-                live.add_metric([OTHER, OTHER, gs, lay], total)
+                live.add_metric([*others, gs, lay], total)
             for lay, x in sorted(sums["allocs"].items()):
-                allocs.add_metric([OTHER, OTHER, lay], x)
+                allocs.add_metric([*others, lay], x)
             for lay, x in sorted(sums["frees"].items()):
-                frees.add_metric([OTHER, OTHER, lay], x)
-            growth.add_metric([OTHER, OTHER], sums["growth"][""])
-            gfaults.add_metric([OTHER, OTHER], sums["gfaults"][""])
-            cfaults.add_metric([OTHER, OTHER], sums["cfaults"][""])
+                frees.add_metric([*others, lay], x)
+            growth.add_metric(others, sums["growth"][""])
+            gfaults.add_metric(others, sums["gfaults"][""])
+            cfaults.add_metric(others, sums["cfaults"][""])
         procs = GaugeMetricFamily("gputrace_processes",
                                   "Processes with live series: all, or only those beyond "
                                   "the top-N (shown=\"false\").", labels=["shown"])

@@ -26,6 +26,9 @@ class ProcView:
     free_rate: float
     gpu_fault_rate: float
     migration_rate: float
+    who: tuple[str, str, str] = ("", "", "")
+    """(namespace, pod, container) of its Kubernetes pod and container (gputrace.identity
+    `Identity.labels`), empty when none."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from typing import Any
 
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
+from gputrace.identity import Identity
 from gputrace.record import hooks, loader, procfs
 from gputrace.record.freeze import Freezer
 from gputrace.record.layers import RECORDER_LAYERS, Due, Layer
@@ -105,6 +106,12 @@ class Recorder:
         exception in it is counted (`stats().observer_errors`), printed once, and
         never ends the recording. Add observers before `run()`."""
         self._observers.append(callback)
+
+    def identity_of(self, pid: int) -> Identity | None:
+        """The container and pod of process `pid` as recorded so far (writer thread, as
+        observers are), or None when it is not known."""
+        info = self.session.procs.get(pid) if self.session is not None else None
+        return info.identity if info is not None else None
 
     def stats(self) -> Stats:
         """A snapshot: rows per table, drops as of the last rotation, decode errors,

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.xdist_group("fleet_analyze")
 
 
 def test_job_fields_are_the_processes_columns() -> None:
-    assert where.JOB_FIELDS == tuple(c.name for c in PROCESSES.columns)
+    assert tuple(c.name for c in PROCESSES.columns) == where.JOB_FIELDS
     assert "pod_namespace" in where.JOB_FIELDS and "exit_code" in where._INT_FIELDS
     assert where.parse("pod_namespace = 'ml'") == ("cmp", "pod_namespace", "=", "ml")
 

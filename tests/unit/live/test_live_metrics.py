@@ -248,3 +248,36 @@ def test_oom_total_by_gpu_and_verdict() -> None:
     assert one(s, "gputrace_oom_total", gpu="0", verdict="fragmentation") == 1
     assert one(s, "gputrace_oom_total", gpu="0", verdict="unknown") == 1
     assert len(s["gputrace_oom_total"]) == 3
+
+
+def test_series_carry_namespace_pod_and_container() -> None:
+    """Each process's series say its pod and container (names, else uid and id); the
+    processes beyond the top N are one series, "other" in every label."""
+    from gputrace.identity import Identity
+
+    b = TraceBuilder()  # synthetic
+    for pid in range(1, 4):
+        b.process(pid, f"p{pid}")
+        b.cuda_alloc(0.1, pid, pid * MiB)
+    who = {3: Identity("c" * 64, "containerd", "u-3", "burstable", "ml", "trainer-0", "cuda"),
+           2: Identity("d" * 64, "docker")}
+    asked: list[int] = []
+
+    def lookup(pid: int) -> Identity | None:
+        asked.append(pid)
+        return who.get(pid)
+
+    a = Aggregates(clock=Clock(), who=lookup)
+    feed(a, b)
+    srv = MetricsServer(a.snapshot, "127.0.0.1", 0, top=2)
+    try:
+        s = scrape(srv.url)
+    finally:
+        srv.close()
+    assert one(s, "gputrace_live_bytes", pid="3", namespace="ml", pod="trainer-0",
+               container="cuda", layer="api") == 3 * MiB
+    assert one(s, "gputrace_live_bytes", pid="2", namespace="", pod="", container="d" * 64,
+               layer="api") == 2 * MiB
+    assert one(s, "gputrace_live_bytes", pid="other", namespace="other", pod="other",
+               container="other", layer="api") == 1 * MiB
+    assert sorted(asked) == [1, 2, 3]  # once per process
