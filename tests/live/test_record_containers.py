@@ -10,7 +10,6 @@ Live: real BPF probes on the FUSE stand-in driver (root)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
