@@ -109,9 +109,14 @@ class Session:
     _procs_pending: list[dict[str, Any]] = field(default_factory=list)  # rows on disk
     # where containers' and pods' names are read (record --kube-root; "/" on a host)
     node: identity.NodeNames = field(default_factory=identity.NodeNames)
+    cgroup_root: Path = procfs.CGROUP2
 
     def __post_init__(self) -> None:
-        self.node = identity.NodeNames(Path(getattr(self.opts, "kube_root", "/")))
+        root = Path(getattr(self.opts, "kube_root", "/"))
+        self.node = identity.NodeNames(root)
+        # the host's cgroup tree: in a pod, the host's /sys/fs/cgroup mounted under
+        # --kube-root (the pod's own /sys/fs/cgroup shows its cgroup namespace only)
+        self.cgroup_root = root / procfs.CGROUP2.relative_to("/")
 
     @property
     def w(self) -> TraceWriter:
@@ -295,7 +300,7 @@ class Session:
                                  alive_boot_ns=alive_ns + self.boot_offset_ns,
                                  node=self.node)  # fmt: skip
         if not ok and cgroup_id:  # gone: its cgroup, if that still exists, says who it was
-            info.cgroup = procfs.cgroup_by_id(cgroup_id)
+            info.cgroup = procfs.cgroup_by_id(cgroup_id, self.cgroup_root)
             info.identity = self.node.named(identity.from_cgroup(info.cgroup))
         return info
 

@@ -151,3 +151,12 @@ def test_pod_log_dir() -> None:
     assert identity.pod_log_dir(f"ml_a_b_{UID}") is None
     assert identity.pod_log_dir("ml_trainer_not-a-uid") is None
     assert identity.pod_log_dir(f"ml_\x1b[31m_{UID}") is None
+
+
+def test_paths_seen_from_a_cgroup_namespace() -> None:
+    """A recorder in a pod with its own cgroup namespace reads other processes' cgroups
+    relative to its own ('/../..' first): the names still say who they are."""
+    path = (f"/../../kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope")
+    assert from_cgroup(path) == Identity(CID, "containerd", UID, "besteffort")
+    assert from_cgroup(f"/../../../kubepods/burstable/pod{UID}/{CID}") == Identity(
+        CID, None, UID, "burstable")
