@@ -5,12 +5,14 @@ observer that turns what is decoded into incidents the flight writer freezes
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
 
+from gputrace import identity
 from gputrace.errors import UsageError
+from gputrace.identity import Identity
 from gputrace.record import incidents
 from gputrace.trace.flight import FlightWriter
 from gputrace.trace.window import Keep
@@ -46,11 +48,14 @@ def parse_triggers(text: str) -> frozenset[str]:
 class Freezer:
     """An observer (writer thread): an allocation refused for want of memory
     freezes an incident (`oom`), with the verdict of the latest GPU memory sample
-    in its details; `alert` freezes one per alert fired."""
+    in its details (and, given `who`, the failing process's container and pod:
+    gputrace.identity); `alert` freezes one per alert fired."""
 
-    def __init__(self, flight: Flight, writer: Callable[[], Any]) -> None:
+    def __init__(self, flight: Flight, writer: Callable[[], Any],
+                 who: Callable[[int], Identity | None] | None = None) -> None:
         self.flight = flight
         self._writer = writer
+        self.who = who
         self.samples: dict[int, dict[str, Any]] = {}  # gpu -> latest gpu_memory row
 
     def observe(self, table: str, rows: pa.Table) -> None:
@@ -73,6 +78,7 @@ class Freezer:
                 "free_bytes": None if sample is None else sample["heap_free_bytes"],
                 "largest_free_bytes": None if sample is None else sample["largest_free_bytes"],
                 "heap_bytes": None if sample is None else sample["heap_size_bytes"],
+                **({} if self.who is None else asdict(self.who(o.pid) or identity.NONE)),
             })  # fmt: skip
 
     def fire(self, trigger: str, ts_ns: int, detail: dict[str, Any]) -> None:

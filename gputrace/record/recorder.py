@@ -95,7 +95,8 @@ class Recorder:
         self._child_info = procfs.ProcInfo(0)  # CMD's process facts, set by _spawn
         self.cmd_info: tuple[str | None, str | None, str | None] = (None, None, None)
         self._spill = SPILL_DEFAULT_MIB << 20  # set by _validate
-        self.freezer = Freezer(opts.flight, lambda: self.session and self.session.writer)
+        self.freezer = Freezer(opts.flight, lambda: self.session and self.session.writer,
+                               self.identity_of)
         if opts.flight.freeze_on:  # an observer: what it watches is decoded, never spilled
             self._observers.append(self.freezer.observe)
 

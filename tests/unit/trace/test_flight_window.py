@@ -156,6 +156,31 @@ def test_freezer_oom_incident_with_verdict(tmp_path: Path) -> None:
     assert inc.scan("cuda_calls").collect().height == 2
 
 
+def test_an_oom_incident_says_the_failing_process_s_pod(tmp_path: Path) -> None:
+    """Given the recorder's identity of each process, the incident's detail says which
+    container and pod failed to allocate (docs/containers.md)."""
+    from dataclasses import asdict
+
+    from gputrace.identity import Identity
+    from gputrace.record.freeze import Flight, Freezer
+    from gputrace.trace.builder import TraceBuilder
+
+    b = TraceBuilder()  # synthetic
+    b.cuda_alloc(0.2, 7, 1 << 40, result=2)
+    who = Identity("ab" * 32, "containerd", "6b1e4c1a-0d0f-4a55-9a5c-3f2b1d0e9c11",
+                   "burstable", "ml", "trainer-0", "cuda")
+    w = FlightWriter(tmp_path / "t", keep=None, grace_ns=0, rotate_s=1.0)
+    f = Freezer(Flight(None, frozenset({"oom"}), 5 * S), lambda: w,
+                lambda pid: who if pid == 7 else None)
+    rows = pa.Table.from_pylist(b.rows["cuda_calls"], schema=schema.CUDA_CALLS.arrow_schema)
+    w.append("cuda_calls", rows)
+    f.observe("cuda_calls", rows)
+    w.close()
+    m = json.loads((tmp_path / "t" / "manifest.json").read_text())
+    d = open_trace(tmp_path / "t" / m["incidents"][0]["dir"]).manifest["window"]["detail"]
+    assert d["pid"] == 7 and {k: d[k] for k in asdict(who)} == asdict(who)
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["--keep", "15"], "give a unit"),
     (["--keep", "2s"], "--keep must be from 5 s"),
