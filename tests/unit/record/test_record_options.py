@@ -121,6 +121,7 @@ def test_device_kinds_and_cgroup_path() -> None:
         (["--pid-memory-interval", "0"], "--pid-memory-interval must be from 1 ms to 1 h"),
         (["--pid-memory-interval", "often"], "--pid-memory-interval: cannot read"),
         (["--uvm-queue-version", "3"], "--uvm-queue-version must be a whole number from 1 to 2"),
+        (["--kube-root", "/no/such/node"], "--kube-root /no/such/node: no such directory"),
     ],
 )
 def test_driver_layer_options_refused_before_anything_starts(
