@@ -125,3 +125,18 @@ def test_old_traces_group_all_in_one(tmp_path: Path, by: str) -> None:
     b.rm_alloc(1.0, 1, size=MiB)
     rows = analyze(b.build(tmp_path / "t"), ["leaks"], by=by)["leaks"][f"by_{by}"]
     assert [(r["pod_uid"], r["bytes"]) for r in rows] == [(None, MiB)]
+
+
+def test_names_from_a_trace_never_reach_the_terminal_raw(tmp_path: Path) -> None:
+    """A trace is untrusted: a pod name holding an escape sequence prints as its escape."""
+    b = TraceBuilder(("syscall",), duration_s=5.0)
+    b.process(1, "a", pod_uid=U1, pod_namespace="ml", pod_name="evil\x1b]0;pwned\x07")
+    b.rm_alloc(1.0, 1, size=MiB)
+    path = b.build(tmp_path / "t")
+    out = tmp_path / "r.txt"
+    assert main(["analyze", str(path), "--only", "leaks", "--by", "pod", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "\x1b" not in text and "\x07" not in text and "evil\\x1b]0;pwned\\x07" in text
+    html = tmp_path / "r.html"
+    assert main(["analyze", str(path), "--by", "pod", "-f", "html", "-o", str(html)]) == 0
+    assert "\x1b" not in html.read_text()
