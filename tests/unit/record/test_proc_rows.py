@@ -155,9 +155,14 @@ def test_a_process_gone_before_the_recorder_looked_keeps_what_the_probes_kept() 
 
 
 def test_facts_read_while_alive_serve_the_row_written_after_the_exit() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "job-7"],
-                             stdin=subprocess.PIPE)  # fmt: skip
+    code = "import sys; print(flush=True); sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", code, "job-7"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
     try:
+        # Popen returns once exec has closed the error pipe, which the kernel does
+        # before it lays out the new argument pages: /proc/PID/cmdline may still be
+        # empty then. The child's first line says it runs its own image.
+        assert child.stdout is not None and child.stdout.readline() == b"\n"
         start = procfs.start_boot_ns(child.pid)
         assert start is not None
         fork_ns = start - (time.clock_gettime_ns(time.CLOCK_BOOTTIME) - time.monotonic_ns())
@@ -172,11 +177,13 @@ def test_facts_read_while_alive_serve_the_row_written_after_the_exit() -> None:
         assert child.stdin is not None
         child.stdin.close()
         child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
     s.proc_events(np.concatenate([seen, events((decode.PROC_EXIT, child.pid, fork_ns + 2000))]))
     [row] = sink.rows
     assert row["pid"] == child.pid and row["ppid"] == os.getpid()
     assert row["exe"] == os.path.realpath(sys.executable)
-    assert row["cmdline"] == f"{sys.executable} -c import sys; sys.stdin.read() job-7"
+    assert row["cmdline"] == f"{sys.executable} -c {code} job-7"
     assert row["start_ts_ns"] == fork_ns and row["exit_ts_ns"] == fork_ns + 2000
     assert s.early == {} and s.procs == {}
 
