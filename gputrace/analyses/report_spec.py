@@ -33,6 +33,8 @@ class ReportOptions:
     """Fault rate: window length in seconds."""
     thrash_min: int = 3
     """Fault rate: reversals per window that make a block thrash."""
+    oom_window_s: float = 30.0
+    """Out of memory: what grew over this many seconds before each failure."""
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,9 @@
 them), and a signal the recorder's parts subscribe to (the RM sampler
 queries the GPU at once; a flight recorder may freeze its window).
 
-A failure is "no memory" when
-- layer api (`cuda_calls`): a cuMemAlloc* returned CUDA_ERROR_OUT_OF_MEMORY (2);
-- layer syscall (`ioctls`): RM_ALLOC or RM_VID_HEAP_CONTROL returned NV_ERR_NO_MEMORY
-  (0x51) in its parameters, or any nvidia-uvm command did.
+A failure is "no memory" by the rule of `gputrace.oom_rules` (its one home, shared
+with the `oom` report), applied here to pyarrow batches; the verdict is that
+module's too.
 
 The check is one vectorized compare of a batch's status column; only the rows that
 fail are looked at further, so batches without failures cost next to nothing.
@@ -31,14 +30,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gputrace import schema
-from gputrace.nvabi import CUDA_ERROR_OUT_OF_MEMORY, NV_ERR_NO_MEMORY
-
-OOM_CUDA_PREFIX = "cuMemAlloc"
-"""cuMemAlloc_v2, Pitch, Managed, Async, FromPoolAsync (and their _ptsz/_ptds): the
-device allocations; cuMemAllocHost allocates host memory and is left out."""
-OOM_CUDA_HOST = "cuMemAllocHost"
-RM_ALLOC_CALLS = ("RM_ALLOC", "RM_VID_HEAP_CONTROL")
+from gputrace import oom_rules, schema
+from gputrace.oom_rules import (
+    CUDA_ERROR_OUT_OF_MEMORY,
+    NV_ERR_NO_MEMORY,
+    OOM_CUDA_HOST,
+    OOM_CUDA_PREFIX,
+    RM_ALLOC_CALLS,
+)
 
 Batch = pa.Table | pa.RecordBatch
 
@@ -181,7 +180,7 @@ def from_probe(rec: np.void, api_names: Mapping[int, str] | None = None) -> Inci
                     int(rec["status"]), gpu if gpu >= 0 else None)
 
 
-VERDICTS = ("capacity", "fragmentation", "unknown")
+VERDICTS = oom_rules.VERDICTS
 
 
 @dataclass(frozen=True)
@@ -214,13 +213,8 @@ def ooms(table: str, rows: pa.Table) -> list[Oom]:
 
 def verdict(requested: int | None, sample: Mapping[str, Any] | None) -> str:
     """Why an allocation of `requested` bytes failed, by a GPU memory sample
-    (`gpu_memory` row): capacity (more than was free), fragmentation (no more than
-    was free, more than the largest free region), else unknown."""
-    if requested is None or sample is None:
+    (`gpu_memory` row): `gputrace.oom_rules.verdict`, the `oom` report's rule."""
+    if sample is None:
         return "unknown"
-    free, largest = sample.get("heap_free_bytes"), sample.get("largest_free_bytes")
-    if free is not None and requested > free:
-        return "capacity"
-    if free is not None and largest is not None and free >= requested > largest:
-        return "fragmentation"
-    return "unknown"
+    return oom_rules.verdict(requested, sample.get("heap_free_bytes"),
+                             sample.get("largest_free_bytes"))
