@@ -49,8 +49,8 @@ def _incident(inp: Inputs, rec: Recorded, samples: Any, f: dict[str, Any], windo
     missing = None if state is not None else gpu_state.why_no_sample(inp, samples, gpu)
     alloc = gpu_state.allocator_at(inp, gpu, at) if gpu is not None else None
     pool = None if alloc is None else sum(r - a for r, a in alloc.values())
-    v = oom_rules.judge(f["size_bytes"], state and state["free_bytes"],
-                        state and state["largest_free_bytes"], pool, missing)
+    v = oom_rules.judge(f["size_bytes"], (state or {}).get("free_bytes"),
+                        (state or {}).get("largest_free_bytes"), pool, missing)
     driver_at, driver = (gpu_state.driver_round(inp, gpu, at) if gpu is not None
                          else (None, {}))
     entry = f["allocator_entry"]

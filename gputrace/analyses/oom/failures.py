@@ -83,7 +83,7 @@ def failed_rows(inp: Inputs) -> list[Row]:
 
 
 def _inside(rm: Row, api: Row) -> bool:
-    return (rm["pid"] == api["pid"] and rm["tid"] == api["tid"]
+    return bool(rm["pid"] == api["pid"] and rm["tid"] == api["tid"]
             and api["ts_ns"] <= rm["ts_ns"] <= api["end_ns"])
 
 

@@ -6,7 +6,9 @@ for it (live bytes per layer at the instant, from the allocation lifetimes the l
 report reads), its top live allocation sites with their stacks, and what it gained
 over the window before the failure (live bytes at the instant minus live bytes at
 the window's start, per process and per site). Recorded allocations whose GPU is not
-known (the API layer names none) count on every GPU of the question.
+known (the API layer names none) count on every GPU of the question; host memory
+(cuMemAllocHost, cuMemHostAlloc, RM system-memory objects) holds none of a GPU's and
+is left out.
 """
 
 from __future__ import annotations
@@ -18,8 +20,13 @@ import polars as pl
 from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.helpers.lifetimes import lifetimes, memory
 from gputrace.analyses.helpers.stacks import stack_frames
+from gputrace.nvabi import MEMORY_CLASSES, NV01_MEMORY_SYSTEM, NV01_MEMORY_SYSTEM_OS_DESCRIPTOR
 
 LAYERS = ("api", "rm", "uvm")
+HOST_MEMORY = ("cuMemAllocHost", "cuMemHostAlloc",
+               *(f"{MEMORY_CLASSES[c]} 0x{c:X}"
+                 for c in (NV01_MEMORY_SYSTEM, NV01_MEMORY_SYSTEM_OS_DESCRIPTOR)))
+"""`what` of the lifetime rows that are host memory (labels as rm_objects writes them)."""
 SITES = 3
 """Top live sites listed per holder (unless --top says fewer)."""
 
@@ -32,7 +39,7 @@ class Recorded:
         self.inp = inp if inp.has("api") else None
         lt = memory(lifetimes(inp)).select(
             "layer", "pid", "comm", "what", "size_bytes", "alloc_ts_ns", "free_ts_ns",
-            "stack_id", "gpu_index")
+            "stack_id", "gpu_index").filter(~pl.col("what").is_in(list(HOST_MEMORY)))
         frames = stack_frames(inp.scan("stacks")) if inp.has("api") else None
         if frames is not None:
             lt = lt.join(frames, on=["pid", "stack_id"], how="left")
