@@ -46,13 +46,15 @@ class Recorded:
         else:
             lt = lt.with_columns(pl.lit(None, pl.String).alias("frames"))
         procs = inp.scan("processes").select("pid", "comm")
-        seen = [inp.scan(n).select("pid") for n, layer in (
-            ("cuda_calls", "api"), ("ioctls", "syscall")) if inp.has(layer)]
+        # traced: the trace holds an event of it (a process the recorder only listed,
+        # one that held the device open before the recording, is not)
+        seen = [inp.scan(n).select("pid").unique() for n, layer in (
+            ("cuda_calls", "api"), ("ioctls", "syscall"), ("mappings", "syscall"),
+            ("allocator_events", "allocator")) if inp.has(layer)]
         self.lt, names, *pids = pl.collect_all([lt, procs, *seen])
         self.comm = {int(p): c for p, c in zip(names["pid"], names["comm"], strict=True)
                      if c is not None}
-        self.traced = set(self.comm) | {int(p) for f in pids for p in f["pid"].unique()
-                                        if p is not None}
+        self.traced = {int(p) for f in pids for p in f["pid"] if p is not None}
 
     def stack(self, pid: int, stack_id: int | None) -> str | None:
         """A stack of the stacks table as text (None when it holds no such stack)."""
