@@ -148,3 +148,14 @@ def test_fail_on_oom_exits_3() -> None:
     r = cli("analyze", str(SCENARIO_DIR / "training_leak"), "--only", "oom", "-f", "json",
             "--fail-on", "oom")
     assert r.returncode == 0, r.stderr
+
+
+def test_html_shows_each_incident_and_the_untraced_holder(tmp_path: Path) -> None:
+    from gputrace.cli import main
+
+    out = tmp_path / "r.html"
+    assert main(["analyze", str(OOM), "--only", "oom", "-f", "html", "-o", str(out)]) == 0
+    page = out.read_text()
+    assert "Incident 1: capacity" in page and "Incident 2: fragmentation" in page
+    assert page.count("not traced") == 2  # pid 300 in both incidents' holders
+    assert "alloc_batch &lt; train_step &lt; main" in page
