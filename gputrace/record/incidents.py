@@ -1,8 +1,9 @@
 """Out-of-memory incidents as the recorder sees them: which decoded rows are a
-"no memory" failure (`Oom` rows for `record --freeze-on oom` and the
-`gputrace_oom_total` metric, with the verdict the latest GPU memory sample gives
-them), and a signal the recorder's parts subscribe to (the RM sampler
-queries the GPU at once; a flight recorder may freeze its window).
+"no memory" failure (`Incident`, one record of one failure for every part of the
+recorder: `record --freeze-on oom` and the `gputrace_oom_total` metric give each
+the verdict of the latest GPU memory sample), and a signal the recorder's parts
+subscribe to (the RM sampler queries the GPU at once; a flight recorder may freeze
+its window).
 
 A failure is "no memory" by the rule of `gputrace.oom_rules` (its one home, shared
 with the `oom` report), applied here to pyarrow batches; the verdict is that
@@ -54,7 +55,9 @@ SEEN_KEEP = 4096
 class Incident:
     """One "no memory" failure. `ts_ns` is when the failed call returned
     (CLOCK_MONOTONIC); `gpu_index` None when the row does not say (a cuMemAlloc
-    fails in whatever context is current; RM_ALLOC goes through nvidiactl)."""
+    fails in whatever context is current; RM_ALLOC goes through nvidiactl).
+    `start_ns` (when the call was made) and `comm` come with the decoded row; the
+    probe's early record has neither (None)."""
 
     ts_ns: int
     pid: int
@@ -62,7 +65,9 @@ class Incident:
     call: str  # the function or ioctl command that failed
     status: int  # CUresult or NV_STATUS
     gpu_index: int | None = None
-    size_bytes: int | None = None
+    size_bytes: int | None = None  # the bytes requested
+    start_ns: int | None = None
+    comm: str | None = None
 
 
 Mask = Any  # a pyarrow boolean Array or ChunkedArray (pyarrow's stubs type compute loosely)
@@ -108,15 +113,16 @@ def incidents(table: str, batch: Batch) -> list[Incident]:
     rows = batch.filter(mask).to_pylist()
     out = []
     for r in rows:
-        done = int(r["ts_ns"]) + int(r.get("latency_ns") or 0)
+        start = int(r["ts_ns"])
+        done = start + int(r.get("latency_ns") or 0)
         if table == "cuda_calls":
             out.append(Incident(done, int(r["pid"]), "api", str(r["func"]), int(r["result"]),
-                                None, r.get("size_bytes")))  # fmt: skip
+                                None, r.get("size_bytes"), start, r.get("comm")))  # fmt: skip
         else:
             uvm = r["device_code"] == schema.DEV_UVM
             out.append(Incident(done, int(r["pid"]), "uvm" if uvm else "rm", str(r["name"]),
-                                int(r["status"]), r.get("gpu_index"),
-                                r.get("size_bytes")))  # fmt: skip
+                                int(r["status"]), r.get("gpu_index"), r.get("size_bytes"),
+                                start, r.get("comm")))  # fmt: skip
     return out
 
 
@@ -181,34 +187,6 @@ def from_probe(rec: np.void, api_names: Mapping[int, str] | None = None) -> Inci
 
 
 VERDICTS = oom_rules.VERDICTS
-
-
-@dataclass(frozen=True)
-class Oom:
-    """One allocation refused for want of memory, as the flight recorder and the
-    live metrics name it."""
-
-    ts_ns: int
-    pid: int
-    comm: str | None
-    layer: str  # "api" or "syscall"
-    call: str  # cuMemAlloc_v2, RM_ALLOC, ...
-    requested_bytes: int | None
-    gpu_index: int | None  # None: the API layer does not say which GPU
-
-
-def ooms(table: str, rows: pa.Table) -> list[Oom]:
-    """The failed-for-memory allocations among `rows` of `table` (the rows `is_oom`
-    picks), in time order."""
-    mask = is_oom(table, rows)
-    if mask is None:
-        return []
-    layer, call, gpu = (("api", "func", None) if table == "cuda_calls"
-                        else ("syscall", "name", "gpu_index"))  # fmt: skip
-    out = [Oom(int(r["ts_ns"]), int(r["pid"]), r.get("comm"), layer, str(r[call]),
-               r.get("size_bytes"), r.get(gpu) if gpu else None)
-           for r in rows.filter(mask).to_pylist()]  # fmt: skip
-    return sorted(out, key=lambda o: o.ts_ns)
 
 
 def verdict(requested: int | None, sample: Mapping[str, Any] | None) -> str:
