@@ -40,11 +40,7 @@ class Recorded:
         lt = memory(lifetimes(inp)).select(
             "layer", "pid", "comm", "what", "size_bytes", "alloc_ts_ns", "free_ts_ns",
             "stack_id", "gpu_index").filter(~pl.col("what").is_in(list(HOST_MEMORY)))
-        frames = stack_frames(inp.scan("stacks")) if inp.has("api") else None
-        if frames is not None:
-            lt = lt.join(frames, on=["pid", "stack_id"], how="left")
-        else:
-            lt = lt.with_columns(pl.lit(None, pl.String).alias("frames"))
+        self._stacks: dict[tuple[int, int], str | None] = {}
         procs = inp.scan("processes").select("pid", "comm")
         # traced: the trace holds an event of it (a process the recorder only listed,
         # one that held the device open before the recording, is not)
@@ -57,12 +53,16 @@ class Recorded:
         self.traced = {int(p) for f in pids for p in f["pid"] if p is not None}
 
     def stack(self, pid: int, stack_id: int | None) -> str | None:
-        """A stack of the stacks table as text (None when it holds no such stack)."""
+        """A stack of the stacks table as text (None when it holds no such stack); read
+        only for the few stacks a report shows."""
         if stack_id is None or self.inp is None:
             return None
-        f = stack_frames(self.inp.scan("stacks").filter(
-            (pl.col("pid") == pid) & (pl.col("stack_id") == stack_id))).collect()
-        return str(f["frames"][0]) if f.height else None
+        key = (pid, stack_id)
+        if key not in self._stacks:
+            f = stack_frames(self.inp.scan("stacks").filter(
+                (pl.col("pid") == pid) & (pl.col("stack_id") == stack_id))).collect()
+            self._stacks[key] = str(f["frames"][0]) if f.height else None
+        return self._stacks[key]
 
 
 def _live(at: int) -> pl.Expr:
@@ -70,13 +70,14 @@ def _live(at: int) -> pl.Expr:
                                             | (pl.col("free_ts_ns") > at))
 
 
-def _site_rows(df: pl.DataFrame, top: int) -> list[dict[str, Any]]:
-    sites = (df.group_by("layer", "what", "frames")
+def _site_rows(rec: Recorded, pid: int, df: pl.DataFrame, top: int) -> list[dict[str, Any]]:
+    """One process's bytes by (layer, what, stack), largest first, the first `top`."""
+    sites = (df.group_by("layer", "what", "stack_id")
              .agg(pl.col("size_bytes").sum().alias("bytes"), pl.col("n").sum().alias("count"))
              .filter(pl.col("bytes") != 0)
-             .sort(["bytes", "layer", "what", "frames"], descending=[True, False, False, False],
+             .sort(["bytes", "layer", "what", "stack_id"], descending=[True, False, False, False],
                    nulls_last=True).head(top))
-    return [{"layer": r["layer"], "what": r["what"], "stack": r["frames"],
+    return [{"layer": r["layer"], "what": r["what"], "stack": rec.stack(pid, r["stack_id"]),
              "bytes": int(r["bytes"]), "count": int(r["count"])}
             for r in sites.iter_rows(named=True)]
 
@@ -107,9 +108,9 @@ def holders(rec: Recorded, gpu: int, at_ns: int, window_ns: int,
                else None for layer in LAYERS},
             "allocator_reserved_bytes": None, "allocator_allocated_bytes": None,
             "grew_bytes": gained.get(pid, 0) if pid in rec.traced else None,
-            "top_sites": _site_rows(live.filter(pl.col("pid") == pid), n_sites),
-            "grew_sites": [s for s in _site_rows(grew.filter(pl.col("pid") == pid), n_sites)
-                           if s["bytes"] > 0],
+            "top_sites": _site_rows(rec, pid, live.filter(pl.col("pid") == pid), n_sites),
+            "grew_sites": [s for s in _site_rows(rec, pid, grew.filter(pl.col("pid") == pid),
+                                                 n_sites) if s["bytes"] > 0],
         }
         if allocator is not None and pid in allocator:
             row["allocator_reserved_bytes"], row["allocator_allocated_bytes"] = allocator[pid]
