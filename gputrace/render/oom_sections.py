@@ -13,7 +13,8 @@ from rich.text import Text
 
 from gputrace.render import cells, term_table
 
-SAMPLE_WORDS = {"incident": "the sample taken for it", "tick": "the nearest periodic sample"}
+SAMPLE_WORDS = {"incident": "the sample taken for it", "tick": "the nearest periodic sample",
+                "allocator": "the free memory CUDA reported to the allocator"}
 
 
 def _ms(ns: Any) -> str:
@@ -27,7 +28,8 @@ def _gpu_line(inc: dict[str, Any]) -> str:
         return f"{where}: no free-memory sample"
     word = SAMPLE_WORDS.get(str(g["sample_trigger"]), "the nearest sample")
     d = g["sample_distance_ns"]
-    when = f"{_ms(abs(d))} {'after' if d >= 0 else 'before'} the failure"
+    when = ("at the failure" if g["sample_ts_ns"] is None
+            else f"{_ms(abs(d))} {'after' if d >= 0 else 'before'} the failure")
     return (f"{where}: total {hb(g['total_bytes'])}, free {hb(g['free_bytes'])}, largest "
             f"free region {hb(g['largest_free_bytes'])} ({word}, {when})")
 

@@ -113,13 +113,8 @@ def test_rm_failures_inside_the_call_are_its_evidence(tmp_path: Path) -> None:
     assert (one["verdict"], one["gpu"]["sample_distance_ns"]) == ("limit", -505_000_000)
 
 
-def test_allocator_pool_would_have_served_it(tmp_path: Path) -> None:
-    """PyTorch (pid 9) reserved two 512 MiB segments, 192 MiB of them allocated at the
-    snapshot; a 256 MiB block freed at 3 s was still allocated at the 2 s failure: 448
-    MiB allocated then, 576 MiB reserved and unallocated. 200 MiB free: asking 600 MiB is
-    capacity by free memory alone, but 200 + 576 would have served it."""
-    b = TraceBuilder(layers=("api", "allocator", "rm_query"), duration_s=4.0,
-                     gpu_memory_bytes=2 * GiB)
+def _torch(layers: tuple[str, ...]) -> TraceBuilder:
+    b = TraceBuilder(layers=layers, duration_s=4.0, gpu_memory_bytes=2 * GiB)
     b.process(9, "python3")
     t0 = b.rows["processes"][0]["start_ts_ns"]
     for addr, alloc in ((0x10000000, 192 * MiB), (0x30000000, 0)):
@@ -130,8 +125,22 @@ def test_allocator_pool_would_have_served_it(tmp_path: Path) -> None:
           action_code=8, size_bytes=600 * MiB, device_free_bytes=200 * MiB)
     b.row("allocator_events", ts_ns=t0 + 3 * 10**9, time_us=3, seq=1, pid=9, device=0,
           action_code=2, address=0x10000000, size_bytes=256 * MiB)
-    b.gpu_memory(1.9, 0, heap=2 * GiB, free=200 * MiB, largest=200 * MiB, trigger="tick")
+    return b
+
+
+@pytest.mark.parametrize("sampled", [True, False], ids=["rm-sample", "allocator-free"])
+def test_allocator_pool_would_have_served_it(tmp_path: Path, sampled: bool) -> None:
+    """PyTorch (pid 9) reserved two 512 MiB segments, 192 MiB of them allocated at the
+    snapshot; a 256 MiB block freed at 3 s was still allocated at the 2 s failure: 448
+    MiB allocated then, 576 MiB reserved and unallocated. 200 MiB free (an RM sample, or
+    without one what CUDA told the allocator): asking 600 MiB is capacity by free memory
+    alone, but 200 + 576 would have served it."""
+    b = _torch(("api", "allocator", "rm_query") if sampled else ("allocator",))
+    if sampled:
+        b.gpu_memory(1.9, 0, heap=2 * GiB, free=200 * MiB, largest=200 * MiB, trigger="tick")
     one = analyze(b.build(tmp_path / "t"), ["oom"])["oom"]["incidents"][0]
+    assert one["gpu"]["free_bytes"] == 200 * MiB
+    assert one["gpu"]["sample_trigger"] == ("tick" if sampled else "allocator")
     assert (one["layer"], one["verdict"], one["allocator_pool_bytes"]) == (
         "allocator", "allocator pool", 576 * MiB)
     h = _holders(one)[9]
@@ -159,3 +168,13 @@ def test_html_shows_each_incident_and_the_untraced_holder(tmp_path: Path) -> Non
     assert "Incident 1: capacity" in page and "Incident 2: fragmentation" in page
     assert page.count("not traced") == 2  # pid 300 in both incidents' holders
     assert "alloc_batch &lt; train_step &lt; main" in page
+
+
+def test_absurd_request_size_is_capacity_not_a_crash(tmp_path: Path) -> None:
+    """A traced process chooses the size it asks for: 2^64 - 1 bytes is still a number."""
+    b = TraceBuilder(layers=("api", "rm_query"), duration_s=2.0, gpu_memory_bytes=GiB)
+    b.process(7, "job")
+    b.gpu_memory(0.5, 0, heap=GiB, free=GiB, largest=GiB, trigger="tick")
+    b.cuda_alloc(1.0, 7, (1 << 64) - 1, result=2)
+    inc = analyze(b.build(tmp_path / "t"), ["oom"])["oom"]["incidents"][0]
+    assert (inc["verdict"], inc["requested_bytes"]) == ("capacity", (1 << 64) - 1)

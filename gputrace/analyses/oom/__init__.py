@@ -46,6 +46,9 @@ def _incident(inp: Inputs, rec: Recorded, samples: Any, f: dict[str, Any], windo
               top: int | None) -> dict[str, Any]:
     at, gpu = int(f["end_ns"]), f["gpu_index"]
     state = gpu_state.gpu_at(samples, gpu, at) if gpu is not None else None
+    if state is None:  # the allocator's own entry says what CUDA reported free
+        said = f if f["layer"] == "allocator" else f["allocator_entry"] or {}
+        state = gpu_state.allocator_said(said.get("device_free_bytes"))
     missing = None if state is not None else gpu_state.why_no_sample(inp, samples, gpu)
     alloc = gpu_state.allocator_at(inp, gpu, at) if gpu is not None else None
     pool = None if alloc is None else sum(r - a for r, a in alloc.values())

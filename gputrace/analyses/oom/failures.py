@@ -37,7 +37,8 @@ def _api(inp: Inputs) -> pl.LazyFrame:
             .select("ts_ns", (pl.col("ts_ns") + pl.col("latency_ns").fill_null(0))
                     .alias("end_ns"), "pid", "tid", "comm", pl.lit("api").alias("layer"),
                     func.alias("call"), pl.col("result").cast(pl.Int64).alias("status"),
-                    pl.lit(None, pl.Int16).alias("gpu_index"), "size_bytes", "stack_id"))
+                    pl.lit(None, pl.Int16).alias("gpu_index"), "size_bytes", "stack_id",
+                    pl.lit(None, pl.UInt64).alias("device_free_bytes")))
 
 
 def _syscall(inp: Inputs) -> pl.LazyFrame:
@@ -49,7 +50,8 @@ def _syscall(inp: Inputs) -> pl.LazyFrame:
                     .alias("end_ns"), "pid", "tid", "comm",
                     pl.when(uvm).then(pl.lit("uvm")).otherwise(pl.lit("rm")).alias("layer"),
                     pl.col("name").alias("call"), pl.col("status").cast(pl.Int64),
-                    "gpu_index", "size_bytes", pl.lit(None, pl.Int64).alias("stack_id")))
+                    "gpu_index", "size_bytes", pl.lit(None, pl.Int64).alias("stack_id"),
+                    pl.lit(None, pl.UInt64).alias("device_free_bytes")))
 
 
 def _allocator(inp: Inputs) -> pl.LazyFrame:
@@ -59,7 +61,7 @@ def _allocator(inp: Inputs) -> pl.LazyFrame:
                     pl.lit("allocator").alias("layer"), pl.lit("oom").alias("call"),
                     pl.lit(None, pl.Int64).alias("status"),
                     pl.col("device").cast(pl.Int16).alias("gpu_index"), "size_bytes",
-                    "stack_id"))
+                    "stack_id", "device_free_bytes"))
 
 
 def failed_rows(inp: Inputs) -> list[Row]:
@@ -75,7 +77,8 @@ def failed_rows(inp: Inputs) -> list[Row]:
         return []
     cols = {"ts_ns": pl.Int64, "end_ns": pl.Int64, "pid": pl.Int32, "tid": pl.Int32,
             "comm": pl.String, "layer": pl.String, "call": pl.String, "status": pl.Int64,
-            "gpu_index": pl.Int16, "size_bytes": pl.Int64, "stack_id": pl.Int64}
+            "gpu_index": pl.Int16, "size_bytes": pl.UInt64, "stack_id": pl.Int64,
+            "device_free_bytes": pl.UInt64}
     frames = pl.collect_all([p.select(pl.col(c).cast(t) for c, t in cols.items())
                              for p in parts])
     rows: list[Row] = pl.concat(frames).sort("ts_ns", "pid").to_dicts()

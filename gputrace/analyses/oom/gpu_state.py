@@ -59,6 +59,16 @@ def gpu_at(samples: pl.DataFrame, gpu: int, at_ns: int) -> dict[str, Any] | None
             "sample_delay_ns": s["delay_ns"]}
 
 
+def allocator_said(free: int | None) -> dict[str, Any] | None:
+    """The GPU as an allocator's `oom` entry saw it, without an RM sample: the free
+    memory CUDA reported to it (no total, no largest free region)."""
+    if free is None:
+        return None
+    return {"total_bytes": None, "free_bytes": free, "largest_free_bytes": None,
+            "sample_ts_ns": None, "sample_trigger": "allocator", "sample_distance_ns": 0,
+            "sample_delay_ns": None}
+
+
 def why_no_sample(inp: Inputs, samples: pl.DataFrame, gpu: int | None) -> str:
     """Which layer or fact is missing when a failure has no free-memory sample."""
     if gpu is None:
