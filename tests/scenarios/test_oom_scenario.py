@@ -178,3 +178,27 @@ def test_absurd_request_size_is_capacity_not_a_crash(tmp_path: Path) -> None:
     b.cuda_alloc(1.0, 7, (1 << 64) - 1, result=2)
     inc = analyze(b.build(tmp_path / "t"), ["oom"])["oom"]["incidents"][0]
     assert (inc["verdict"], inc["requested_bytes"]) == ("capacity", (1 << 64) - 1)
+
+
+def test_hostile_names_are_inert_in_terminal_and_html(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A process names itself and its binaries name its frames: the incident's comm and
+    stacks reach the terminal escaped and the HTML page as text."""
+    from gputrace.cli import main
+    from tests.unit.render.test_render_safety import EVIL_COMM, EVIL_SYMBOL, assert_inert
+
+    b = TraceBuilder(layers=("api", "rm_query"), duration_s=3.0, gpu_memory_bytes=GiB)
+    b.process(7, EVIL_COMM)
+    b.gpu_memory(0.5, 0, heap=GiB, free=64 * MiB, largest=64 * MiB, trigger="tick")
+    b.cuda_alloc(0.8, 7, 256 * MiB, stack=[EVIL_SYMBOL, "<script>main"])
+    b.cuda_alloc(1.0, 7, 128 * MiB, result=2, stack=[EVIL_SYMBOL, "<script>main"])
+    trace = b.build(tmp_path / "t")
+    assert main(["analyze", str(trace), "--only", "oom"]) == 0
+    out = capsys.readouterr().out
+    assert_inert(out)
+    assert "\\x1b[2J\\x1b]0;pwned\\x07" in out and "CAPACITY" in out
+    page = tmp_path / "r.html"
+    assert main(["analyze", str(trace), "--only", "oom", "-f", "html", "-o", str(page)]) == 0
+    html = page.read_text()
+    assert "<script>main" not in html and "&lt;script&gt;main" in html
+    assert_inert(html)
