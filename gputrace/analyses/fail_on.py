@@ -33,3 +33,11 @@ def fragmentation_hit(rep: dict[str, Any], x: float) -> str | None:
                  *(g["worst"]["unusable_share"] or 0.0
                    for g in (rep.get("rm") or {}).get("gpus", []))], default=0.0)
     return f"fragmentation: index {worst:.3f} > {x}" if worst > x else None
+
+
+def oom_hit(rep: dict[str, Any], _: float) -> str | None:
+    n = rep["count"]
+    if not n:
+        return None
+    verdicts = ", ".join(f"{v['incidents']} {v['verdict']}" for v in rep["by_verdict"])
+    return f"oom: {n} out-of-memory incident(s) ({verdicts})"

@@ -138,6 +138,12 @@ def _allocator_growth(ctx: Context) -> Report:
     return growth(ctx.inp, ctx.opts.top)
 
 
+def _oom(ctx: Context) -> Report:
+    from gputrace.analyses.oom import oom
+
+    return oom(ctx.inp, ctx.opts.oom_window_s, ctx.opts.top)
+
+
 _ONE_PROCESS = FleetUse(why_not="a PyTorch snapshot describes one process's allocator: "
                                 "its blocks and lines do not add up across hosts")
 
@@ -175,6 +181,19 @@ REPORTS: list[ReportSpec] = [
         html=(f"{_SECTIONS}:fragmentation",),
         diff=(),  # per-GPU samples over time: no figure of one trace pairs with another's
         fleet=FleetUse(answers=("gpus",))),
+    ReportSpec(
+        "oom", "oom", "Out of memory",
+        "Why did an allocation fail for want of memory: was the GPU full, fragmented, held "
+        "by an allocator's cache or limited, and who held it at that instant?",
+        ("api", "syscall", "allocator"), _oom,
+        gates=(Gate("oom", fail_on.oom_hit),),
+        unrecorded_data={"incidents": [], "count": None},
+        terminal="gputrace.render.oom_sections:oom_section",
+        html=(f"{_SECTIONS}:oom",),
+        diff=(DiffTable("oom_verdicts", "Out-of-memory incidents by verdict", ("by_verdict",),
+                        ("verdict",), ("incidents", "failures", "requested_bytes"),
+                        shown=("incidents", "failures")),),
+        fleet=FleetUse(sums=("count", "failures"))),
     ReportSpec(
         "summary", "summary", "Summary",
         "Which driver calls cost what, and who holds how much GPU memory, on which GPU?",

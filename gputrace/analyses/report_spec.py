@@ -41,6 +41,8 @@ class ReportOptions:
     by: str | None = None
     """Leaks, summary, fault rate: their per-process figures also added up per "pod" or
     "container" (`analyze --by`; helpers/identity.py)."""
+    oom_window_s: float = 30.0
+    """Out of memory: what grew over this many seconds before each failure."""
 
 
 @dataclass(frozen=True)

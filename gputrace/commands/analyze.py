@@ -93,6 +93,10 @@ def register(app: typer.Typer) -> None:
         window: Annotated[str, typer.Option(
             "--window", metavar="DURATION",
             help="Fault-rate window (seconds, or 500ms, 2s; at least 1ns).")] = "1",
+        oom_window: Annotated[str, typer.Option(
+            "--oom-window", metavar="DURATION",
+            help="Out of memory: show what grew over DURATION before each failure.")
+        ] = "30s",
         thrash_min: Annotated[str, typer.Option(
             "--thrash-min", metavar="N",
             help="Reversals per window that make a block thrash.")] = "3",
@@ -132,7 +136,8 @@ def register(app: typer.Typer) -> None:
             min_size=parse_size(min_size, "--min-size") if min_size is not None else 0,
             top=top_n,
             window_s=parse_duration_ns(window, "--window") / NS_PER_S,
-            thrash_min=parse_count(thrash_min, "--thrash-min", minimum=1), by=by)
+            thrash_min=parse_count(thrash_min, "--thrash-min", minimum=1), by=by,
+            oom_window_s=parse_duration_ns(oom_window, "--oom-window") / NS_PER_S)
         t = open_trace(trace)
         inp = inputs_from_trace(t)
         big = sum(t.rows(n) for n in ("ioctls", "cuda_calls", "faults", "chunks",

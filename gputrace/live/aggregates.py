@@ -165,13 +165,13 @@ class Aggregates:
         """Allocations refused for want of memory, by the verdict of the latest GPU
         memory sample (the API layer names no GPU: the only one sampled, if one)."""
         tbl = t if isinstance(t, pa.Table) else pa.Table.from_batches([t])
-        for o in incidents.ooms(name, tbl):
+        for o in incidents.incidents(name, tbl):
             g = o.gpu_index if o.gpu_index is not None or len(self.gpus) != 1 else next(
                 iter(self.gpus))
             gv = self.gpus.get(g) if g is not None else None
             sample = None if gv is None else {"heap_free_bytes": gv.free_bytes,
                                               "largest_free_bytes": gv.largest_free_bytes}
-            self.ooms[(g, incidents.verdict(o.requested_bytes, sample))] += 1
+            self.ooms[(g, incidents.verdict(o.size_bytes, sample))] += 1
 
     def _processes(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
         cols = t.select(["pid", "comm", "exit_ts_ns"]).to_pydict()

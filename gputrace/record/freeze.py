@@ -45,6 +45,11 @@ def parse_triggers(text: str) -> frozenset[str]:
     return frozenset(got)
 
 
+def _made(o: incidents.Incident) -> int:
+    """When the failing call was made (its row's time), else when it returned."""
+    return o.start_ns if o.start_ns is not None else o.ts_ns
+
+
 class Freezer:
     """An observer (writer thread): an allocation refused for want of memory
     freezes an incident (`oom`), with the verdict of the latest GPU memory sample
@@ -66,15 +71,17 @@ class Freezer:
             return
         if "oom" not in self.flight.freeze_on:
             return
-        for o in incidents.ooms(table, rows):
+        found = incidents.incidents(table, rows)
+        for o in sorted(found, key=_made):
             g = o.gpu_index
             if g is None and len(self.samples) == 1:
                 g = next(iter(self.samples))
             sample = self.samples.get(g) if g is not None else None
-            self.fire("oom", o.ts_ns, {
+            # the incident is when the failing call was made (the trace's row time)
+            self.fire("oom", _made(o), {
                 "layer": o.layer, "call": o.call, "pid": o.pid, "comm": o.comm,
-                "requested_bytes": o.requested_bytes, "gpu_index": g,
-                "verdict": incidents.verdict(o.requested_bytes, sample),
+                "requested_bytes": o.size_bytes, "gpu_index": g,
+                "verdict": incidents.verdict(o.size_bytes, sample),
                 "free_bytes": None if sample is None else sample["heap_free_bytes"],
                 "largest_free_bytes": None if sample is None else sample["largest_free_bytes"],
                 "heap_bytes": None if sample is None else sample["heap_size_bytes"],

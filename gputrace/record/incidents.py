@@ -1,13 +1,13 @@
 """Out-of-memory incidents as the recorder sees them: which decoded rows are a
-"no memory" failure (`Oom` rows for `record --freeze-on oom` and the
-`gputrace_oom_total` metric, with the verdict the latest GPU memory sample gives
-them), and a signal the recorder's parts subscribe to (the RM sampler
-queries the GPU at once; a flight recorder may freeze its window).
+"no memory" failure (`Incident`, one record of one failure for every part of the
+recorder: `record --freeze-on oom` and the `gputrace_oom_total` metric give each
+the verdict of the latest GPU memory sample), and a signal the recorder's parts
+subscribe to (the RM sampler queries the GPU at once; a flight recorder may freeze
+its window).
 
-A failure is "no memory" when
-- layer api (`cuda_calls`): a cuMemAlloc* returned CUDA_ERROR_OUT_OF_MEMORY (2);
-- layer syscall (`ioctls`): RM_ALLOC or RM_VID_HEAP_CONTROL returned NV_ERR_NO_MEMORY
-  (0x51) in its parameters, or any nvidia-uvm command did.
+A failure is "no memory" by the rule of `gputrace.oom_rules` (its one home, shared
+with the `oom` report), applied here to pyarrow batches; the verdict is that
+module's too.
 
 The check is one vectorized compare of a batch's status column; only the rows that
 fail are looked at further, so batches without failures cost next to nothing.
@@ -31,14 +31,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gputrace import schema
-from gputrace.nvabi import CUDA_ERROR_OUT_OF_MEMORY, NV_ERR_NO_MEMORY
-
-OOM_CUDA_PREFIX = "cuMemAlloc"
-"""cuMemAlloc_v2, Pitch, Managed, Async, FromPoolAsync (and their _ptsz/_ptds): the
-device allocations; cuMemAllocHost allocates host memory and is left out."""
-OOM_CUDA_HOST = "cuMemAllocHost"
-RM_ALLOC_CALLS = ("RM_ALLOC", "RM_VID_HEAP_CONTROL")
+from gputrace import oom_rules, schema
+from gputrace.oom_rules import (
+    CUDA_ERROR_OUT_OF_MEMORY,
+    NV_ERR_NO_MEMORY,
+    OOM_CUDA_HOST,
+    OOM_CUDA_PREFIX,
+    RM_ALLOC_CALLS,
+)
 
 Batch = pa.Table | pa.RecordBatch
 
@@ -55,7 +55,9 @@ SEEN_KEEP = 4096
 class Incident:
     """One "no memory" failure. `ts_ns` is when the failed call returned
     (CLOCK_MONOTONIC); `gpu_index` None when the row does not say (a cuMemAlloc
-    fails in whatever context is current; RM_ALLOC goes through nvidiactl)."""
+    fails in whatever context is current; RM_ALLOC goes through nvidiactl).
+    `start_ns` (when the call was made) and `comm` come with the decoded row; the
+    probe's early record has neither (None)."""
 
     ts_ns: int
     pid: int
@@ -63,7 +65,9 @@ class Incident:
     call: str  # the function or ioctl command that failed
     status: int  # CUresult or NV_STATUS
     gpu_index: int | None = None
-    size_bytes: int | None = None
+    size_bytes: int | None = None  # the bytes requested
+    start_ns: int | None = None
+    comm: str | None = None
 
 
 Mask = Any  # a pyarrow boolean Array or ChunkedArray (pyarrow's stubs type compute loosely)
@@ -109,15 +113,16 @@ def incidents(table: str, batch: Batch) -> list[Incident]:
     rows = batch.filter(mask).to_pylist()
     out = []
     for r in rows:
-        done = int(r["ts_ns"]) + int(r.get("latency_ns") or 0)
+        start = int(r["ts_ns"])
+        done = start + int(r.get("latency_ns") or 0)
         if table == "cuda_calls":
             out.append(Incident(done, int(r["pid"]), "api", str(r["func"]), int(r["result"]),
-                                None, r.get("size_bytes")))  # fmt: skip
+                                None, r.get("size_bytes"), start, r.get("comm")))  # fmt: skip
         else:
             uvm = r["device_code"] == schema.DEV_UVM
             out.append(Incident(done, int(r["pid"]), "uvm" if uvm else "rm", str(r["name"]),
-                                int(r["status"]), r.get("gpu_index"),
-                                r.get("size_bytes")))  # fmt: skip
+                                int(r["status"]), r.get("gpu_index"), r.get("size_bytes"),
+                                start, r.get("comm")))  # fmt: skip
     return out
 
 
@@ -181,46 +186,13 @@ def from_probe(rec: np.void, api_names: Mapping[int, str] | None = None) -> Inci
                     int(rec["status"]), gpu if gpu >= 0 else None)
 
 
-VERDICTS = ("capacity", "fragmentation", "unknown")
-
-
-@dataclass(frozen=True)
-class Oom:
-    """One allocation refused for want of memory, as the flight recorder and the
-    live metrics name it."""
-
-    ts_ns: int
-    pid: int
-    comm: str | None
-    layer: str  # "api" or "syscall"
-    call: str  # cuMemAlloc_v2, RM_ALLOC, ...
-    requested_bytes: int | None
-    gpu_index: int | None  # None: the API layer does not say which GPU
-
-
-def ooms(table: str, rows: pa.Table) -> list[Oom]:
-    """The failed-for-memory allocations among `rows` of `table` (the rows `is_oom`
-    picks), in time order."""
-    mask = is_oom(table, rows)
-    if mask is None:
-        return []
-    layer, call, gpu = (("api", "func", None) if table == "cuda_calls"
-                        else ("syscall", "name", "gpu_index"))  # fmt: skip
-    out = [Oom(int(r["ts_ns"]), int(r["pid"]), r.get("comm"), layer, str(r[call]),
-               r.get("size_bytes"), r.get(gpu) if gpu else None)
-           for r in rows.filter(mask).to_pylist()]  # fmt: skip
-    return sorted(out, key=lambda o: o.ts_ns)
+VERDICTS = oom_rules.VERDICTS
 
 
 def verdict(requested: int | None, sample: Mapping[str, Any] | None) -> str:
     """Why an allocation of `requested` bytes failed, by a GPU memory sample
-    (`gpu_memory` row): capacity (more than was free), fragmentation (no more than
-    was free, more than the largest free region), else unknown."""
-    if requested is None or sample is None:
+    (`gpu_memory` row): `gputrace.oom_rules.verdict`, the `oom` report's rule."""
+    if sample is None:
         return "unknown"
-    free, largest = sample.get("heap_free_bytes"), sample.get("largest_free_bytes")
-    if free is not None and requested > free:
-        return "capacity"
-    if free is not None and largest is not None and free >= requested > largest:
-        return "fragmentation"
-    return "unknown"
+    return oom_rules.verdict(requested, sample.get("heap_free_bytes"),
+                             sample.get("largest_free_bytes"))

@@ -195,3 +195,40 @@ def ioctl_latency(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                      ("failed", "failed", num), ("latency_ns_p50", "p50 ns", num),
                      ("latency_ns_p90", "p90 ns", num), ("latency_ns_p99", "p99 ns", num),
                      ("latency_ns_max", "max ns", num), ("total_ns", "total ns", num)]))
+
+
+def oom(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
+    """Each out-of-memory incident: what failed, the GPU then, the verdict, the holders
+    (oom report)."""
+    rep = doc.get("oom")
+    window = (rep or {}).get("window_s")
+    parts = []
+    for n, inc in enumerate((rep or {}).get("incidents") or [], 1):
+        g = inc["gpu"] or {}
+        parts.append(
+            f"<h3>Incident {n}: {esc(inc['verdict'])}</h3><p>{num(inc['t_s'])} s: pid "
+            f"{num(inc['pid'])} ({esc(inc['comm'])}) tid {num(inc['tid'])}, "
+            f"{esc(inc['call'])} ({esc(inc['layer'])}) of "
+            f"{human_bytes(inc['requested_bytes'])} on GPU {num(inc['gpu_index'])}, "
+            f"{num(inc['attempts'])} attempt(s)</p><p>{esc(inc['evidence'])}</p>"
+            + table([g], [("total_bytes", "total", human_bytes),
+                          ("free_bytes", "free", human_bytes),
+                          ("largest_free_bytes", "largest free", human_bytes),
+                          ("sample_trigger", "sample", text),
+                          ("sample_distance_ns", "sample distance ns", num)])
+            + f"<p>stack: {esc(inc['stack'] or '(none recorded)')}</p>"
+            + table([dict(h, traced="yes" if h["traced"] else "not traced")
+                     for h in inc["holders"]],
+                    [("pid", "pid", num), ("comm", "comm", text), ("traced", "traced", text),
+                     ("driver_bytes", "driver", human_bytes), ("api_bytes", "api", human_bytes),
+                     ("rm_bytes", "rm", human_bytes), ("uvm_bytes", "uvm", human_bytes),
+                     ("grew_bytes", f"grew in {window} s", human_bytes),
+                     ("allocator_reserved_bytes", "pool reserved", human_bytes),
+                     ("allocator_allocated_bytes", "pool allocated", human_bytes)])
+            + table([dict(x, pid=h["pid"]) for h in inc["holders"] for x in h["top_sites"]],
+                    [("pid", "pid", num), ("layer", "layer", text), ("what", "what", text),
+                     ("bytes", "bytes", human_bytes), ("count", "count", num),
+                     ("stack", "stack", text)]))
+    body = "".join(parts) or ('<p class="note">no allocation failed for want of memory</p>'
+                              if rep and rep.get("recorded") else "")
+    page.section("Out of memory", None, _missing(rep, "out of memory"), body)

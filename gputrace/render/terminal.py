@@ -2,9 +2,9 @@
 
 This module prints the document: one section per report, in registry order, the
 section a report's registry entry names (`ReportSpec.terminal`: leak_sections,
-fault_fragmentation_sections, allocator_sections, `summary_section` here) or, for a
-report with none, the generic one here; values are written by cells and tables fitted
-to the width by term_table.
+fault_fragmentation_sections, allocator_sections, oom_sections, `summary_section`
+here) or, for a report with none, the generic one here; values are written by cells and
+tables fitted to the width by term_table.
 
 Every string of the document may come from the traced host (a process names
 itself; symbols come from its binaries), so `render_terminal` first makes each

@@ -141,7 +141,7 @@ def test_api_and_syscall_layers_exact(tmp_path: Path) -> None:
     oom = calls.filter((pl.col("result") == 2) & (pl.col("func") == "cuMemAlloc_v2"))
     rm_oom = ioctls.filter(pl.col("status") == 0x51)
     assert oom.height == 1
-    assert t.manifest["oom_watch"]["incidents"] == t.manifest["oom_watch"]["early"] == (
+    assert t.manifest["oom_watch"]["failures"] == t.manifest["oom_watch"]["early"] == (
         oom.height + rm_oom.height)
     inc = t.scan("gpu_memory").filter(pl.col("trigger") == "incident").collect()
     ret = oom["ts_ns"][0] + oom["latency_ns"][0]

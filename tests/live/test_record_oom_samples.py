@@ -72,7 +72,7 @@ def test_incident_samples_hold_the_instant_and_every_holder(tmp_path: Path) -> N
     assert dict(zip(first["pid"], first["vidmem_bytes"], strict=True)) == {pre: holders[pre]}
     assert pre not in set(t.scan("ioctls").select("pid").collect()["pid"])
     # both failures were heard from the probe's own record, before decoding
-    assert t.manifest["oom_watch"] == {"open": True, "error": None, "incidents": 2, "early": 2}
+    assert t.manifest["oom_watch"] == {"open": True, "error": None, "failures": 2, "early": 2}
     dl = t.manifest["driver_layer"]
     assert dl["pid_sample_interval_ms"] == 200.0
     assert dl["rm_client"]["incident_samples"] == inc.height

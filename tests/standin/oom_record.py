@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,10 @@ from gputrace.trace.reader import open_trace
 from tests.record_helpers import RUN_S, RecorderProc, record_cmd, standin_driver_args
 
 
-def record_oom_scenario(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
-    """Record tests/standin/oom_scenario.py on a mounted stand-in: (trace, its truth).
+def record_oom_scenario(tmp_path: Path, extra: Sequence[str] = ()
+                        ) -> tuple[Path, dict[str, Any]]:
+    """Record tests/standin/oom_scenario.py on a mounted stand-in: (trace, its truth);
+    `extra`: more `gputrace record` options (the flight recorder's).
     The scenario's processes hold their memory until the trace has the incident
     samples, so the holders are alive when the driver is asked. The truth is
     oom_scenario.run's (holders by pid, failures with the stand-in's free and largest
@@ -33,7 +36,7 @@ def record_oom_scenario(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
         try:
             rec = RecorderProc(record_cmd(
                 out, "--device-dir", str(dev), *standin_driver_args(),
-                "--pid-memory-interval", "200ms", "--",
+                "--pid-memory-interval", "200ms", *extra, "--",
                 sys.executable, "-m", "tests.standin.oom_scenario", str(dev), str(expected),
                 "--pre", str(pre.pid), "--release", str(release)))  # fmt: skip
             rec.wait_ready()

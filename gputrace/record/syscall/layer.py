@@ -169,7 +169,7 @@ class SyscallLayer(Layer):
                                 "syscall_hooks": hooks,
                                 "oom_watch": {"open": self.oom is not None,
                                               "error": self.oom_error,
-                                              "incidents": s.incidents.count,
+                                              "failures": s.incidents.count,
                                               "early": s.incidents.early}}  # fmt: skip
         if s.opts.raw or self.spilled:  # recorded undecoded (tables' raw_parts say where)
             frag["raw_tables"] = {"ioctls": "ioctl_event"}

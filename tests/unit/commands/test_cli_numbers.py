@@ -57,6 +57,8 @@ ANALYZE_BAD = [
     ("--window", "nan"), ("--window", "inf"), ("--window", "-inf"), ("--window", "1e300"),
     ("--window", "0"), ("--window", "-1"), ("--window", "0.5ns"), ("--window", "1e-10"),
     ("--window", "5 parsecs"), ("--window", ""),
+    ("--oom-window", "nan"), ("--oom-window", "0"), ("--oom-window", "-1s"),
+    ("--oom-window", "1e300"), ("--oom-window", ""),
     ("--top", "nan"), ("--top", "-1"), ("--top", BIG), ("--top", "1e3"), ("--top", "2.5"),
     ("--thrash-min", "0"), ("--thrash-min", "nan"), ("--thrash-min", BIG),
     ("--older", "nan"), ("--older", "inf"), ("--older", "-5s"), ("--older", "1e300"),

@@ -233,7 +233,7 @@ def test_oom_total_by_gpu_and_verdict() -> None:
     b.gpu_memory(0.1, 0, heap=80 << 30, free=8 << 30, largest=2 << 30)
     b.cuda_alloc(0.2, 7, 16 << 30, result=2)  # more than free: capacity
     b.cuda_alloc(0.3, 7, 4 << 30, result=2)  # free, but no region that big: fragmentation
-    b.cuda_alloc(0.4, 7, 1 << 30, result=2)  # fits the largest region: unknown
+    b.cuda_alloc(0.4, 7, 1 << 30, result=2)  # fits the largest region: limit
     b.cuda_alloc(0.5, 7, 32 << 30, result=1)  # not an OOM (CUDA_ERROR_INVALID_VALUE)
     b.rm_alloc(0.6, 7, size=12 << 30, status=0x51)  # RM NV_ERR_NO_MEMORY: capacity
     b.rm_alloc(0.7, 7, size=12 << 30)  # succeeded
@@ -246,7 +246,7 @@ def test_oom_total_by_gpu_and_verdict() -> None:
         srv.close()
     assert one(s, "gputrace_oom_total", gpu="0", verdict="capacity") == 2
     assert one(s, "gputrace_oom_total", gpu="0", verdict="fragmentation") == 1
-    assert one(s, "gputrace_oom_total", gpu="0", verdict="unknown") == 1
+    assert one(s, "gputrace_oom_total", gpu="0", verdict="limit") == 1
     assert len(s["gputrace_oom_total"]) == 3
 
 

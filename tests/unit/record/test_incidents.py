@@ -55,8 +55,8 @@ def test_cuda_out_of_memory_only_from_allocation_calls() -> None:
     ])  # fmt: skip
     assert incidents.is_oom("cuda_calls", t).to_pylist() == [True, False, False, True, False]
     assert incidents.incidents("cuda_calls", t) == [
-        incidents.Incident(130, 7, "api", "cuMemAlloc_v2", 2, None, 1 << 40),
-        incidents.Incident(401, 8, "api", "cuMemAllocManaged", 2, None, 64)]
+        incidents.Incident(130, 7, "api", "cuMemAlloc_v2", 2, None, 1 << 40, 100),
+        incidents.Incident(401, 8, "api", "cuMemAllocManaged", 2, None, 64, 400)]
 
 
 def test_rm_and_uvm_no_memory_failures() -> None:
@@ -91,7 +91,8 @@ def test_batches_without_failures_and_other_tables_say_none() -> None:
     bad = _table("cuda_calls", [{"ts_ns": 1, "pid": 1, "tid": 1, "func": "cuMemAlloc",
                                  "result": 2, "latency_ns": 1}])
     sig.observe("cuda_calls", bad)
-    assert got == [incidents.Incident(2, 1, "api", "cuMemAlloc", 2)] and sig.count == 1
+    assert got == [incidents.Incident(2, 1, "api", "cuMemAlloc", 2, start_ns=1)]
+    assert sig.count == 1
 
 
 class _FakeClient:
@@ -177,5 +178,5 @@ def test_a_probe_record_and_its_decoded_row_are_one_incident() -> None:
          "name": "UVM_MAP_EXTERNAL_ALLOCATION", "status": 0x51, "latency_ns": 4},
     ]))  # fmt: skip
     assert got == [early, incidents.Incident(24, 5, "uvm", "UVM_MAP_EXTERNAL_ALLOCATION",
-                                             0x51, None, None)]
+                                             0x51, None, None, 20)]
     assert (sig.count, sig.early) == (2, 1)
