@@ -141,7 +141,7 @@ def _allocator_growth(ctx: Context) -> Report:
 def _oom(ctx: Context) -> Report:
     from gputrace.analyses.oom import oom
 
-    return oom(ctx.inp, ctx.opts.oom_window_s, ctx.opts.top)
+    return oom(ctx.inp, ctx.opts.oom_window_s, ctx.opts.top, ctx.opts.by)
 
 
 _ONE_PROCESS = FleetUse(why_not="a PyTorch snapshot describes one process's allocator: "

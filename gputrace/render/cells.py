@@ -45,3 +45,18 @@ def plain(v: Any) -> str:
 
 def hexa(v: Any) -> str:
     return "-" if v is None else f"0x{int(v):x}"
+
+
+def workload(row: dict[str, Any]) -> str:
+    """Where a process ran, from its identity columns: `pod ml/trainer-0, container
+    trainer`, `container 0123456789ab (docker)`, or "" on the host. The text is the
+    trace's, untrusted: callers escape it for their medium."""
+    if row.get("pod_uid") is not None:
+        pod = (f"{row.get('pod_namespace')}/{row.get('pod_name')}"
+               if row.get("pod_name") is not None else f"uid {row['pod_uid']}")
+        name = row.get("container_name") or (row.get("container_id") or "")[:12]
+        return f"pod {pod}" + (f", container {name}" if name else "")
+    if row.get("container_id") is not None:
+        runtime = row.get("container_runtime")
+        return f"container {row['container_id'][:12]}" + (f" ({runtime})" if runtime else "")
+    return ""

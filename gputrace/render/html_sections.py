@@ -12,6 +12,7 @@ from gputrace.analyses import registry
 from gputrace.analyses.report import REPORT_FIELDS
 from gputrace.analyses.report_spec import GROUPINGS, ReportSpec, resolve
 from gputrace.render import html_plots as plots
+from gputrace.render.cells import workload
 from gputrace.render.html import Page, esc, human_bytes, not_recorded, num, table, text
 
 
@@ -207,7 +208,8 @@ def oom(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
         g = inc["gpu"] or {}
         parts.append(
             f"<h3>Incident {n}: {esc(inc['verdict'])}</h3><p>{num(inc['t_s'])} s: pid "
-            f"{num(inc['pid'])} ({esc(inc['comm'])}) tid {num(inc['tid'])}, "
+            f"{num(inc['pid'])} ({esc(inc['comm'])}) tid {num(inc['tid'])}"
+            f"{esc(' in ' + where) if (where := workload(inc)) else ''}, "
             f"{esc(inc['call'])} ({esc(inc['layer'])}) of "
             f"{human_bytes(inc['requested_bytes'])} on GPU {num(inc['gpu_index'])}, "
             f"{num(inc['attempts'])} attempt(s)</p><p>{esc(inc['evidence'])}</p>"

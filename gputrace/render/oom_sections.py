@@ -36,6 +36,8 @@ def _gpu_line(inc: dict[str, Any]) -> str:
 
 def _headline(inc: dict[str, Any]) -> str:
     who = f"pid {inc['pid']} ({cells.plain(inc['comm'])}) tid {cells.plain(inc['tid'])}"
+    if where := cells.workload(inc):
+        who += f" in {where}"
     out = (f"at {inc['t_s']:.3f} s: {who}: {inc['call']} ({inc['layer']}) of "
            f"{cells.human_bytes(inc['requested_bytes'])}")
     if inc["attempts"] > 1:

@@ -188,7 +188,8 @@ def test_hostile_names_are_inert_in_terminal_and_html(tmp_path: Path,
     from tests.unit.render.test_render_safety import EVIL_COMM, EVIL_SYMBOL, assert_inert
 
     b = TraceBuilder(layers=("api", "rm_query"), duration_s=3.0, gpu_memory_bytes=GiB)
-    b.process(7, EVIL_COMM)
+    b.process(7, EVIL_COMM, pod_uid="0c5e7a3e-1d2b-4c8f-9a6e-2f4d8b1c7e01",
+              pod_namespace="<script>ns", pod_name=EVIL_COMM)
     b.gpu_memory(0.5, 0, heap=GiB, free=64 * MiB, largest=64 * MiB, trigger="tick")
     b.cuda_alloc(0.8, 7, 256 * MiB, stack=[EVIL_SYMBOL, "<script>main"])
     b.cuda_alloc(1.0, 7, 128 * MiB, result=2, stack=[EVIL_SYMBOL, "<script>main"])
@@ -201,4 +202,39 @@ def test_hostile_names_are_inert_in_terminal_and_html(tmp_path: Path,
     assert main(["analyze", str(trace), "--only", "oom", "-f", "html", "-o", str(page)]) == 0
     html = page.read_text()
     assert "<script>main" not in html and "&lt;script&gt;main" in html
+    assert "<script>ns" not in html and "in pod &lt;script&gt;ns/" in html
     assert_inert(html)
+
+
+def test_incidents_and_holders_name_their_pod(rep: dict[str, Any]) -> None:
+    cap, frag = rep["incidents"]
+    assert (cap["pod_namespace"], cap["pod_name"], cap["container_name"],
+            cap["container_runtime"], cap["qos_class"]) == (
+        "ml", "trainer-0", "trainer", "containerd", "burstable")
+    assert (frag["pod_name"], frag["container_name"], frag["container_id"]) == (
+        "server-0", "server", "b2" * 32)
+    assert {h["pid"]: h["pod_name"] for h in cap["holders"]} == {
+        100: "trainer-0", 200: "server-0", 300: None}  # 300: no processes row
+
+
+def test_terminal_and_html_say_where_each_failure_ran(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from gputrace.cli import main
+
+    assert main(["analyze", str(OOM), "--only", "oom"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "pid 100 (train) tid 100 in pod ml/trainer-0, container trainer: cuMemAlloc_v2" in out
+    assert "pid 200 (serve) tid 200 in pod prod/server-0, container server: RM_ALLOC" in out
+    page = tmp_path / "r.html"
+    assert main(["analyze", str(OOM), "--only", "oom", "-f", "html", "-o", str(page)]) == 0
+    assert "tid 100 in pod ml/trainer-0, container trainer," in page.read_text()
+
+
+def test_by_pod_adds_up_incidents_of_the_failing_pods() -> None:
+    doc = analyze(OOM, ["oom"], by="pod")["oom"]
+    assert [(r["pod_namespace"], r["pod_name"], r["incidents"], r["failures"],
+             r["requested_bytes"], r["processes"]) for r in doc["by_pod"]] == [
+        ("ml", "trainer-0", 1, 2, 256 * MiB, 1), ("prod", "server-0", 1, 1, 160 * MiB, 1)]
+    by_c = analyze(OOM, ["oom"], by="container")["oom"]["by_container"]
+    assert [(r["container_name"], r["incidents"]) for r in by_c] == [
+        ("trainer", 1), ("server", 1)]

@@ -18,7 +18,7 @@ from typing import Any
 from gputrace import oom_rules
 from gputrace.analyses.helpers.common import NS_PER_S
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
-from gputrace.analyses.oom import failures, gpu_state
+from gputrace.analyses.oom import failures, gpu_state, identity
 from gputrace.analyses.oom.holders import Recorded, holders
 from gputrace.analyses.registry import spec, unrecorded
 from gputrace.analyses.report import Report
@@ -77,8 +77,10 @@ def _incident(inp: Inputs, rec: Recorded, samples: Any, f: dict[str, Any], windo
     }
 
 
-def oom(inp: Inputs, window_s: float = 30.0, top: int | None = None) -> Report:
-    """The oom report: every out-of-memory incident, its verdict and the GPU's holders."""
+def oom(inp: Inputs, window_s: float = 30.0, top: int | None = None,
+        by: str | None = None) -> Report:
+    """The oom report: every out-of-memory incident, its verdict and the GPU's holders;
+    `by`: incidents also added up per "pod" or "container" of the failing process."""
     warnings = trace_warnings(inp)
     if (absent := unrecorded(SPEC, inp, warnings)) is not None:
         return absent
@@ -89,17 +91,20 @@ def oom(inp: Inputs, window_s: float = 30.0, top: int | None = None) -> Report:
         samples = gpu_state.memory_samples(inp)
         window_ns = round(window_s * NS_PER_S)
         incidents = [_incident(inp, rec, samples, f, window_ns, top) for f in found]
-    by = Counter(i["verdict"] for i in incidents)
-    data = {
+        identity.name_them(inp, incidents)
+    per_verdict = Counter(i["verdict"] for i in incidents)
+    data: dict[str, Any] = {
         "window_s": window_s,
         "count": len(incidents),
         "failures": sum(i["attempts"] for i in incidents),
         "by_verdict": [
-            {"verdict": v, "incidents": by[v],
+            {"verdict": v, "incidents": per_verdict[v],
              "failures": sum(i["attempts"] for i in incidents if i["verdict"] == v),
              "requested_bytes": sum(i["requested_bytes"] or 0 for i in incidents
                                     if i["verdict"] == v)}
-            for v in oom_rules.VERDICTS if by[v]],
+            for v in oom_rules.VERDICTS if per_verdict[v]],
         "incidents": incidents,
     }
+    if by is not None:
+        data[f"by_{by}"] = identity.by_group(inp, incidents, by)
     return Report("oom", QUESTION, True, data, [], warnings)
