@@ -121,6 +121,23 @@ def storm_program(tmp: Path) -> Path:
     return link_program(STORM, tmp / "alloc_storm")
 
 
+def record_dlopen_twin(out: Path) -> Any:
+    """`record -p` of the twin that dlopen()s libcuda only after the recorder is
+    ready (not mapped before); the trace, once both ended cleanly."""
+    from gputrace.trace.reader import open_trace
+    from tests.standin_cuda.standin_cuda import waiting_workload
+
+    with waiting_workload("--quiet", dlopen=True) as w:
+        assert "libcuda" not in Path(f"/proc/{w.pid}/maps").read_text()
+        rec = RecorderProc(record_cmd(out, "-p", str(w.pid)))
+        rec.wait_ready()
+        rc, stdout, err = w.go()
+        assert rc == 0, err
+        assert "LOADED" in stdout
+    assert rec.wait() == 0, "".join(rec.stderr)
+    return open_trace(out)
+
+
 Stacks = list[list[tuple[Any, ...]]]
 
 
@@ -203,6 +220,8 @@ class SharedRecording:
         self.paths = paths
 
 
+DLOPEN_TWIN_GROUP = "dlopen_twin_default_options"
+"""The xdist_group of every test using the `dlopen_twin` fixture (tests/live/conftest.py)."""
 API_STACKS_GROUP = "api_stacks_default_options"
 """The xdist_group of every test using the `api_stacks` fixture (tests/live/conftest.py):
 one worker runs them all, so the recording is made once."""
