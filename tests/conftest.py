@@ -55,21 +55,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.path not in live)
 
 
-@pytest.fixture(autouse=True)
-def _one_at_a_time_when_exclusive(request: pytest.FixtureRequest,
-                                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
     """Under pytest-xdist, every test holds a shared lock on one file of the session and
     a test marked `exclusive` an exclusive one: it starts when no other worker is inside
-    a test, and none starts until it ends. Without workers it does nothing."""
+    a test, and none starts until it ends. The lock is held over the whole protocol
+    (set-up, call, tear-down), so the module and session fixtures a test sets up or
+    tears down (shared recordings, tests/live/conftest.py) are inside it too: a function
+    fixture would take it only after those. Without workers it does nothing."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        yield
-        return
+        return (yield)
     # each worker's basetemp is <the session's basetemp>/popen-gwN: the parent is shared
-    path = tmp_path_factory.getbasetemp().parent / "gputrace-exclusive.lock"
-    mode = fcntl.LOCK_EX if request.node.get_closest_marker("exclusive") else fcntl.LOCK_SH
+    factory: pytest.TempPathFactory = item.config._tmp_path_factory  # type: ignore[attr-defined]
+    path = factory.getbasetemp().parent / "gputrace-exclusive.lock"
+    mode = fcntl.LOCK_EX if item.get_closest_marker("exclusive") else fcntl.LOCK_SH
     with path.open("a") as f:
         fcntl.flock(f, mode)
-        yield
+        return (yield)
 
 
 @pytest.fixture(scope="module")

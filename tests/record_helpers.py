@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -120,7 +121,51 @@ def storm_program(tmp: Path) -> Path:
     return link_program(STORM, tmp / "alloc_storm")
 
 
+def record_dlopen_twin(out: Path) -> Any:
+    """`record -p` of the twin that dlopen()s libcuda only after the recorder is
+    ready (not mapped before); the trace, once both ended cleanly."""
+    from gputrace.trace.reader import open_trace
+    from tests.standin_cuda.standin_cuda import waiting_workload
+
+    with waiting_workload("--quiet", dlopen=True) as w:
+        assert "libcuda" not in Path(f"/proc/{w.pid}/maps").read_text()
+        rec = RecorderProc(record_cmd(out, "-p", str(w.pid)))
+        rec.wait_ready()
+        rc, stdout, err = w.go()
+        assert rc == 0, err
+        assert "LOADED" in stdout
+    assert rec.wait() == 0, "".join(rec.stderr)
+    return open_trace(out)
+
+
 Stacks = list[list[tuple[Any, ...]]]
+
+
+def check_stack_trace(t: Any) -> None:
+    """What every stack test relies on in a whole trace: complete, no drop, no stack
+    error."""
+    assert t.status == "complete" and sum(t.drops.values()) == 0
+    assert t.manifest["api"]["stack_errors"] == 0
+
+
+def alloc_stacks(t: Any, allocs: int, columns: tuple[str, ...],
+                 pid: int | None = None) -> Stacks:  # fmt: skip
+    """Exactly `allocs` cuMemAlloc_v2 calls (of `pid` when given, of the whole trace
+    otherwise), each stack's depths 0, 1, 2, ...; returns each allocation's stack as its
+    frames' `columns` (innermost first, in call order). Stack ids are per process."""
+    calls = t.scan("cuda_calls").collect()
+    stacks = t.scan("stacks").collect()
+    if pid is not None:
+        calls = calls.filter(calls["pid"] == pid)
+        stacks = stacks.filter(stacks["pid"] == pid)
+    alloc_ids = calls.filter(calls["func"] == "cuMemAlloc_v2")["stack_id"].to_list()
+    assert len(alloc_ids) == allocs
+    frames: dict[int, list[tuple[Any, ...]]] = {}
+    rows = stacks.sort("stack_id", "depth")
+    for sid, depth, *frame in rows.select("stack_id", "depth", *columns).rows():
+        frames.setdefault(sid, []).append(tuple(frame))
+        assert len(frames[sid]) == depth + 1
+    return [frames[sid] for sid in alloc_ids]
 
 
 def record_alloc_stacks(out: Path, args: list[str], allocs: int, columns: tuple[str, ...],
@@ -137,14 +182,76 @@ def record_alloc_stacks(out: Path, args: list[str], allocs: int, columns: tuple[
                        timeout=timeout, env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr
     t = open_trace(out)
-    assert t.status == "complete" and sum(t.drops.values()) == 0
-    assert t.manifest["api"]["stack_errors"] == 0
-    calls = t.scan("cuda_calls").collect()
-    alloc_ids = calls.filter(calls["func"] == "cuMemAlloc_v2")["stack_id"].to_list()
-    assert len(alloc_ids) == allocs
-    frames: dict[int, list[tuple[Any, ...]]] = {}
-    rows = t.scan("stacks").collect().sort("stack_id", "depth")
-    for sid, depth, *frame in rows.select("stack_id", "depth", *columns).rows():
-        frames.setdefault(sid, []).append(tuple(frame))
-        assert len(frames[sid]) == depth + 1
-    return t, [frames[sid] for sid in alloc_ids], r.stdout
+    check_stack_trace(t)
+    return t, alloc_stacks(t, allocs, columns), r.stdout
+
+
+class SharedRecording:
+    """One `gputrace record` of several programs run one after another (a `sh -c`
+    command, `set -e`), for tests that would each record their own program with the
+    same options: each bcc compile costs about 12 s of CPU, the programs under it well
+    under one. The trace is checked as every stack test checks it (check_stack_trace);
+    `pids[name]` and `stdout[name]` are each program's, `paths` what the recording
+    built (programs, libraries)."""
+
+    def __init__(self, out: Path, programs: dict[str, list[str]], opts: list[str],
+                 paths: dict[str, Path], timeout: float = RUN_S) -> None:  # fmt: skip
+        import polars as pl
+
+        from gputrace.trace.reader import open_trace
+
+        logs = out.parent / f"{out.name}.stdout"
+        logs.mkdir()
+        lines = ["set -e"]
+        for i, argv in enumerate(programs.values()):
+            lines.append(" ".join(map(shlex.quote, argv)) + f" > {shlex.quote(str(logs / str(i)))}")
+        env = {k: v for k, v in os.environ.items() if k != "GPUTRACE_STANDIN_DEVDIR"}
+        r = subprocess.run(record_cmd(out, *opts, "--", "sh", "-c", "\n".join(lines)), cwd=ROOT,
+                           capture_output=True, text=True, timeout=timeout, env=env)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        self.trace = open_trace(out)
+        check_stack_trace(self.trace)
+        # one after another: each program's first call comes after the previous one's last
+        calls = self.trace.scan("cuda_calls").collect()
+        firsts = calls.group_by("pid").agg(pl.col("ts_ns").min().alias("first")).sort("first")
+        assert firsts.height == len(programs), firsts
+        self.pids = dict(zip(programs, firsts["pid"].to_list(), strict=True))
+        self.stdout = {name: (logs / str(i)).read_text() for i, name in enumerate(programs)}
+        self.paths = paths
+
+
+DLOPEN_TWIN_GROUP = "dlopen_twin_default_options"
+"""The xdist_group of every test using the `dlopen_twin` fixture (tests/live/conftest.py)."""
+API_STACKS_GROUP = "api_stacks_default_options"
+"""The xdist_group of every test using the `api_stacks` fixture (tests/live/conftest.py):
+one worker runs them all, so the recording is made once."""
+STORM_WALK_CALLS = 30
+"""Allocations of each stack-walk storm (tests/live/test_record_stack_walk.py)."""
+STORM_WALK_DEPTHS = (0, 40, "40b")
+STORM_DEPTH_CALLS, STORM_DEPTH = 50, 60
+"""The --stack-depth test's storm: CALLS allocations DEPTH frames of descend() below
+main, a framework's deep stack (tests/live/test_record_stack_depth.py)."""
+CACHING_SEGMENTS = 3
+"""Segments the stand-in caching allocator grows (tests/live/test_record_unwind.py)."""
+
+
+def record_api_stacks(tmp: Path) -> SharedRecording:
+    """The API-layer stack programs recorded with default options, one recording for
+    all (names are the keys of `pids` and `stdout`): storm.c at each stack-walk depth
+    ("walk-0", "walk-40", "walk-40b") and at the --stack-depth test's depth
+    ("depth-full") and the stand-in caching allocator ("caching"). (The Python
+    interpreter-exit test keeps its own recording: an interpreter built without frame
+    pointers gets unwind tables, and the unwinder test asserts the caching library's
+    table is the recording's only one.)"""
+    from tests.standin_cuda.standin_cuda import build
+
+    paths = build()
+    storm = storm_program(tmp)
+    caching = paths.lib_dir / "caching_program"
+    programs = {f"walk-{d}": [str(storm), str(STORM_WALK_CALLS), "-", str(d)]
+                for d in STORM_WALK_DEPTHS}  # fmt: skip
+    programs["depth-full"] = [str(storm), str(STORM_DEPTH_CALLS), "-", str(STORM_DEPTH)]
+    programs["caching"] = [str(caching), str(CACHING_SEGMENTS)]
+    built = {"storm": storm, "caching": caching,
+             "caching_lib": paths.lib_dir / "libcaching_standin.so"}  # fmt: skip
+    return SharedRecording(tmp / "trace", programs, [], built)

@@ -16,6 +16,7 @@ import pytest
 
 from gputrace.trace.reader import open_trace
 from tests.record_helpers import (
+    DLOPEN_TWIN_GROUP,
     ROOT,
     RecorderProc,
     live_skip_reason,
@@ -148,26 +149,12 @@ def test_api_and_syscall_layers_exact(tmp_path: Path) -> None:
     assert ret in (inc["ts_ns"] - inc["delay_ns"]).to_list()
 
 
-def record_dlopen_twin(out: Path) -> Any:
-    """`record -p` of the twin that dlopen()s libcuda only after the recorder is
-    ready (not mapped before); the trace, once both ended cleanly."""
-    from tests.standin_cuda.standin_cuda import waiting_workload
-
-    with waiting_workload("--quiet", dlopen=True) as w:
-        assert "libcuda" not in Path(f"/proc/{w.pid}/maps").read_text()
-        rec = RecorderProc(record_cmd(out, "-p", str(w.pid)))
-        rec.wait_ready()
-        rc, stdout, err = w.go()
-        assert rc == 0, err
-        assert "LOADED" in stdout
-    assert rec.wait() == 0, "".join(rec.stderr)
-    return open_trace(out)
-
-
-def test_api_dlopen_after_start(tmp_path: Path) -> None:
+@pytest.mark.xdist_group(DLOPEN_TWIN_GROUP)
+def test_api_dlopen_after_start(dlopen_twin: Any) -> None:
     """The twin dlopen()s libcuda after READY: the probe stops it at the open,
-    the recorder attaches, and no call is missed."""
-    t = record_dlopen_twin(tmp_path / "trace")
+    the recorder attaches, and no call is missed. (The recording is shared with the
+    library-load test of the default hook mechanism: tests/live/conftest.py.)"""
+    t = dlopen_twin
     assert "api" in t.layers
     assert t.manifest["api"]["pauses"] >= 1
     calls = t.scan("cuda_calls").collect()

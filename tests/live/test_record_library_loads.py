@@ -6,12 +6,14 @@ alone, the API program keeps its own openat tracepoints."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.record_helpers import live_skip_reason
+from gputrace.record import loader
+from tests.record_helpers import DLOPEN_TWIN_GROUP, live_skip_reason, record_dlopen_twin
 
 pytestmark = [pytest.mark.live]
 _SKIP = live_skip_reason()
@@ -62,16 +64,25 @@ def test_library_loads_seen_by(mech: str, tmp_path: Path, monkeypatch: pytest.Mo
         probes.close()
 
 
-@pytest.mark.parametrize("mech", ["tp_btf", "tracepoint"])
-def test_dlopen_pause_per_mechanism(mech: str, tmp_path: Path,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+@pytest.mark.parametrize("mech", [
+    pytest.param(m, marks=[pytest.mark.xdist_group(DLOPEN_TWIN_GROUP)]
+                 if m == loader.HOOKS_DEFAULT else [])
+    for m in ("tp_btf", "tracepoint")])  # fmt: skip
+def test_dlopen_pause_per_mechanism(mech: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    request: pytest.FixtureRequest) -> None:  # fmt: skip
     """The twin dlopen()s libcuda after the recorder is ready: whichever program
-    sees the openat stops it, the recorder attaches, and every call is seen."""
+    sees the openat stops it, the recorder attaches, and every call is seen. The
+    default mechanism's case asserts on the default-options recording the API layer's
+    dlopen test shares (tests/live/conftest.py `dlopen_twin`), unless the environment
+    already chooses a mechanism."""
     from gputrace.record.api import libcuda as cuda
-    from tests.live.test_record_api import _check_calls, record_dlopen_twin
+    from tests.live.test_record_api import _check_calls
 
-    monkeypatch.setenv("GPUTRACE_SYSCALL_HOOKS", mech)
-    t = record_dlopen_twin(tmp_path / "trace")
+    if mech == loader.HOOKS_DEFAULT and loader.HOOKS_ENV not in os.environ:
+        t = request.getfixturevalue("dlopen_twin")
+    else:
+        monkeypatch.setenv(loader.HOOKS_ENV, mech)
+        t = record_dlopen_twin(tmp_path / "trace")
     assert t.manifest["syscall_hooks"]["mechanism"] == mech
     want = cuda.LOADS_TP_BTF if mech == "tp_btf" else cuda.LOADS_TRACEPOINT
     assert t.manifest["api"]["library_loads"] == want

@@ -12,15 +12,19 @@ import pytest
 from gputrace.errors import UsageError
 from gputrace.record.api import libcuda as cuda
 from tests.record_helpers import (
+    API_STACKS_GROUP,
     ROOT,
+    STORM_DEPTH,
+    STORM_DEPTH_CALLS,
+    SharedRecording,
+    alloc_stacks,
     live_skip_reason,
     record_alloc_stacks,
     record_cmd,
-    storm_program,
 )
 
-DEPTH = 60  # frames of storm.c's descend() below main: a framework's deep stack
-CALLS = 50
+DEPTH = STORM_DEPTH  # frames of storm.c's descend() below main: a framework's deep stack
+CALLS = STORM_DEPTH_CALLS
 
 
 Frame = tuple[str | None, int | None]
@@ -38,9 +42,14 @@ def _record(tmp: Path, exe: Path, *opts: str) -> tuple[dict[str, object], list[l
 
 @pytest.mark.live
 @pytest.mark.skipif(live_skip_reason() is not None, reason=str(live_skip_reason()))
-def test_stack_depth_cuts_stacks_exactly(tmp_path: Path) -> None:
-    exe = storm_program(tmp_path)
-    full_api, full = _record(tmp_path, exe)
+@pytest.mark.xdist_group(API_STACKS_GROUP)
+def test_stack_depth_cuts_stacks_exactly(tmp_path: Path, api_stacks: SharedRecording) -> None:
+    """The full stacks come from the shared default-options recording (the same storm
+    run there, tests/live/conftest.py); the cut ones from a recording of its own."""
+    exe = api_stacks.paths["storm"]
+    full_api = api_stacks.trace.manifest["api"]
+    full = alloc_stacks(api_stacks.trace, CALLS + 1, ("module", "offset"),
+                        api_stacks.pids["depth-full"])  # fmt: skip
     cut_api, cut = _record(tmp_path, exe, "--stack-depth", "8")
     assert full_api["stack_depth"] == 127 and cut_api["stack_depth"] == 8
     # the storm's allocations come from DEPTH + 1 frames of descend() below main

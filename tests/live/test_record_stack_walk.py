@@ -9,45 +9,51 @@ then one per frame up to glibc's __libc_start_call_main, where its walk ended)."
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
 from tests.record_helpers import (
+    API_STACKS_GROUP,
+    STORM_WALK_CALLS,
+    STORM_WALK_DEPTHS,
+    SharedRecording,
+    alloc_stacks,
     live_skip_reason,
-    record_alloc_stacks,
     return_addresses,
-    storm_program,
 )
 
-CALLS = 30
+CALLS = STORM_WALK_CALLS
 
 Frame = tuple[str | None, int | None]
 
 
-def _record(tmp: Path, exe: Path, depth: int | str) -> tuple[list[list[Frame]], int]:
-    """Each allocation's stack as (module, offset) frames, innermost first, and
-    the number of distinct stack ids the stacks table holds."""
-    t, stacks, _ = record_alloc_stacks(
-        tmp / f"trace{depth}", ["--", str(exe), str(CALLS), "-", str(depth)], CALLS + 1,
-        ("module", "offset"), 300)
+def _stacks(rec: SharedRecording, depth: int | str) -> tuple[list[list[Frame]], int]:
+    """Each allocation's stack of the storm at `depth` as (module, offset) frames,
+    innermost first, and the number of distinct stack ids its process has in the stacks
+    table (the storm's run in the shared recording, tests/live/conftest.py)."""
+    pid = rec.pids[f"walk-{depth}"]
+    stacks = alloc_stacks(rec.trace, CALLS + 1, ("module", "offset"), pid)
     # CALLS + 1 allocations: the warm-up call, then the storm; frees carry no stack
-    calls = t.scan("cuda_calls").collect()
+    calls = rec.trace.scan("cuda_calls").collect()
+    calls = calls.filter(calls["pid"] == pid)
     frees = calls.filter(calls["func"] == "cuMemFree_v2")
     assert frees.height == CALLS + 1 and frees["stack_id"].null_count() == CALLS + 1
-    distinct = t.scan("stacks").select("stack_id").unique().collect().height
+    stack_rows = rec.trace.scan("stacks").collect()
+    distinct = stack_rows.filter(stack_rows["pid"] == pid).select("stack_id").unique().height
     return stacks, distinct
 
 
 @pytest.mark.live
 @pytest.mark.skipif(live_skip_reason() is not None, reason=str(live_skip_reason()))
-@pytest.mark.parametrize("depth", [0, 40, "40b"])
-def test_stack_walk_records_the_kernel_walkers_frames(tmp_path: Path, depth: int | str) -> None:
+@pytest.mark.xdist_group(API_STACKS_GROUP)
+@pytest.mark.parametrize("depth", STORM_WALK_DEPTHS)
+def test_stack_walk_records_the_kernel_walkers_frames(api_stacks: SharedRecording,
+                                                      depth: int | str) -> None:  # fmt: skip
     """40b: frames of 256 bytes of locals (descend_big), so the walk reads across
     several pages, each from its first record to the page's end."""
-    exe = storm_program(tmp_path)
+    exe = api_stacks.paths["storm"]
     ret = return_addresses(exe)
-    stacks, distinct = _record(tmp_path, exe, depth)
+    stacks, distinct = _stacks(api_stacks, depth)
     me = str(exe)
     # main's own frame ends in glibc's __libc_start_call_main (no symbol in a
     # stripped libc): the last frame the kernel's walker read, and ours

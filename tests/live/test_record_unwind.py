@@ -16,39 +16,43 @@ binaries (objdump), as tests/live/test_record_stack_walk.py finds them."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
 from gputrace.record.unwind import cfi, tables
-from tests.record_helpers import live_skip_reason, record_alloc_stacks, return_addresses
+from tests.record_helpers import (
+    API_STACKS_GROUP,
+    CACHING_SEGMENTS,
+    SharedRecording,
+    alloc_stacks,
+    live_skip_reason,
+    return_addresses,
+)
 
-SEGMENTS = 3
+SEGMENTS = CACHING_SEGMENTS
 
 Frame = tuple[str | None, int | None, str | None]
 
 
-
-def _record(tmp: Path, exe: Path) -> tuple[dict[str, object], list[list[Frame]]]:
-    """The api manifest and each cuMemAlloc_v2's stack as (module, offset, symbol).
-    SEGMENTS + 1 allocations: the warm-up call from main, then the segments."""
-    t, stacks, stdout = record_alloc_stacks(
-        tmp / "trace", ["--", str(exe), str(SEGMENTS)], SEGMENTS + 1,
-        ("module", "offset", "symbol"), 300)
-    assert f"segments {SEGMENTS}" in stdout
-    return t.manifest["api"], stacks
+def _stacks(rec: SharedRecording) -> tuple[dict[str, object], list[list[Frame]]]:
+    """The api manifest and each cuMemAlloc_v2's stack of the caching program as
+    (module, offset, symbol), from its run in the shared default-options recording
+    (tests/live/conftest.py). SEGMENTS + 1 allocations: the warm-up call from main,
+    then the segments."""
+    assert f"segments {SEGMENTS}" in rec.stdout["caching"]
+    stacks = alloc_stacks(rec.trace, SEGMENTS + 1, ("module", "offset", "symbol"),
+                          rec.pids["caching"])  # fmt: skip
+    return rec.trace.manifest["api"], stacks
 
 
 @pytest.mark.live
 @pytest.mark.skipif(live_skip_reason() is not None, reason=str(live_skip_reason()))
+@pytest.mark.xdist_group(API_STACKS_GROUP)
 def test_unwinder_recovers_frames_through_a_library_without_frame_pointers(
-        tmp_path: Path) -> None:  # fmt: skip
-    from tests.standin_cuda.standin_cuda import build
-
-    lib_dir = build().lib_dir
-    exe, lib = lib_dir / "caching_program", lib_dir / "libcaching_standin.so"
+        api_stacks: SharedRecording) -> None:  # fmt: skip
+    exe, lib = api_stacks.paths["caching"], api_stacks.paths["caching_lib"]
     prog, cache = return_addresses(exe), return_addresses(lib)
-    api, stacks = _record(tmp_path, exe)
+    api, stacks = _stacks(api_stacks)
     me, so = str(exe), str(lib)
     libc = stacks[0][-1]  # main's caller, where the walk of main's frame ends
     assert libc[0] is not None and os.path.basename(libc[0]).startswith("libc.so")
