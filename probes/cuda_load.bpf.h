@@ -53,9 +53,14 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
     u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
-    if (tgid != (u32)id)
+    u32 tgid = id >> 32, tid = (u32)id;
+    /* sched_process_fork also fires for a target's new threads, whose tids then
+     * sit in cuda_targets: drop each at its thread's exit, else a later process
+     * that reuses the number would be traced */
+    if (tgid != tid) {
+        cuda_targets.delete(&tid);
         return 0;
+    }
     int gone = cuda_targets.delete(&tgid) == 0;
     gone |= cuda_seen.delete(&tgid) == 0;
     if (gone) { /* threads' remembered facts (cuda.bpf.c) may name this tgid */

@@ -26,9 +26,11 @@
 #define GT_PY_BLOCK 512     /* the most bytes of a thread state or frame read */
 /* 3.11+ frames lie one after the other in the thread's data stack, callers below:
  * one read from the start of a frame's page to its end serves every frame of that
- * page (a deep stack costs a read per page, not per frame). */
+ * page (a deep stack costs a read per page, not per frame). The first read too
+ * takes the whole page below the innermost frame: each read costs about as much
+ * as copying a few KiB (benchmarks/README.md, "Python frames"), so a shorter
+ * first read that a second one must follow costs more. */
 #define GT_PY_PAGE 4096
-#define GT_PY_FIRST 1024    /* bytes of the walk's first read, at most */
 #define GT_PY_WINDOW 8192   /* the window's buffer: a page and a frame, rounded up */
 #define GT_PY_NONE 0xffff
 #define GT_PY_CSTACK 3      /* FRAME_OWNED_BY_CSTACK (3.12+) */
@@ -142,14 +144,8 @@ static __always_inline int py_same_stack(const struct py_stack *a, const struct 
  * Walked at the call's entry (the Python frames are the same at its return), in
  * the uprobe programs: the uretprobe program already holds the native walk, and
  * the two loops in one program are more than the verifier follows. */
-static __always_inline int cuda_py_stack_id(void *task, u32 pid, u32 tid)
+static __always_inline int cuda_py_stack_id(struct py_proc *p, struct py_walk *w, u32 tid)
 {
-    struct py_proc *p = cuda_py_procs.lookup(&pid);
-    if (!p)
-        return -1;
-    struct py_walk *w = cuda_py_scratch.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-    if (!w)
-        return -12;  /* ENOMEM */
     if (!py_thread_state(p, w, tid))
         return -1;
     u64 frame = py_word(w, p->ts_frame);
@@ -170,10 +166,6 @@ static __always_inline int cuda_py_stack_id(void *task, u32 pid, u32 tid)
         u64 size = p->fr_size & (GT_PY_BLOCK - 1);
         if (frame < PY_LOAD(w->wbase) || frame + size > PY_LOAD(w->wend)) {
             u64 start = frame & p->page_mask;
-            /* the walk's first read is short (a shallow stack needs no more): a
-             * page copy costs more than the few frames most calls have */
-            if (!i && frame - start > GT_PY_FIRST - GT_PY_BLOCK)
-                start = frame - (GT_PY_FIRST - GT_PY_BLOCK);  /* 8-aligned, as frame */
             /* < GT_PY_PAGE + GT_PY_BLOCK: the mask only bounds it for the verifier */
             u64 len = (frame + size - start) & (GT_PY_WINDOW - 1);
             if (bpf_probe_read_user(w->win, len, (void *)start))
@@ -227,13 +219,16 @@ static __always_inline int cuda_py_stack_id(void *task, u32 pid, u32 tid)
     return -17;
 }
 
-/* At an allocating call's entry: walk, and keep the id for its return. */
+/* At an allocating call's entry: walk, and keep the id for its return. The
+ * thread's scratch is looked up once (made only in a CPython process); without
+ * it the return finds no id (-1). */
 static __always_inline void cuda_py_enter(void *task, u32 pid, u32 tid)
 {
-    s32 id = cuda_py_stack_id(task, pid, tid);
-    struct py_walk *w = cuda_py_scratch.task_storage_get(task, 0, 0);
+    struct py_proc *p = cuda_py_procs.lookup(&pid);
+    struct py_walk *w = cuda_py_scratch.task_storage_get(
+        task, 0, p ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
     if (w)
-        w->pending = id;
+        w->pending = p ? cuda_py_stack_id(p, w, tid) : -1;
 }
 
 /* At its return: the id the entry found (-1 when none). */

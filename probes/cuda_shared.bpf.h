@@ -37,7 +37,10 @@ static __always_inline struct cuda_config *cuda_cfg(void)
 
 static __always_inline int cuda_wanted(u32 tgid, struct cuda_config *cfg)
 {
-    if (tgid == cfg->self_tgid)
+    /* self_tgid 0: the recorder has not configured the layer yet, and the zeroed
+     * config would say "whole host": a process of the host that loads libcuda while
+     * a `-p` recorder still compiles its other layers must not become a target */
+    if (!cfg->self_tgid || tgid == cfg->self_tgid)
         return 0;
     if (!cfg->filter)
         return 1;

@@ -66,8 +66,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as d:
             before = tree_of(args.before, Path(d) / "before")
             for depth in (int(x) for x in args.depths.split(",")):
-                for name, tree in ((args.before, before), ("this tree", None)):
-                    got = one(tree, depth, args.loops, args.python, Path(d) / "t")
+                for k, (name, tree) in enumerate(((args.before, before), ("this tree", None))):
+                    # a trace directory of its own: trees of different schema versions
+                    # never overwrite each other's
+                    got = one(tree, depth, args.loops, args.python, Path(d) / f"t{depth}-{k}")
                     for prog, ns in sorted(got.items()):
                         print(f"{name} depth {depth} {prog} {ns:.1f} ns/call")
     finally:

@@ -60,12 +60,12 @@ def leaks_section(con: Console, d: dict[str, Any], limit: int) -> None:
     table(con, "Leak sites", d["leak_sites"], [
         ("pid", "pid", plain), ("comm", "comm", str), ("what", "what", str),
         ("count", "count", num), ("bytes", "bytes", human_bytes),
-        ("frames", "call stack (innermost first)", plain)], limit)
+        ("site", "call stack (innermost first)", plain)], limit)
     table(con, "Leaked memory (each piece once)", d["leaked"], [
         ("pid", "pid", plain), ("comm", "comm", str), ("kind", "kind", short_kind),
         ("what", "what", str), ("api_count", "allocs", num), ("bytes", "leaked", human_bytes),
         ("rm_bytes", "driver", human_bytes), ("age_s", "age s", num),
-        ("frames", "call stack (innermost first)", plain)], limit)
+        ("site", "call stack (innermost first)", plain)], limit)
     for name, v in sorted((d.get("held_by_allocator") or {}).items()):
         con.print(Text(_kept_line(name, v)))
     for g in d.get("growth_by_allocator") or []:
@@ -116,7 +116,7 @@ def leaks_by_layer_section(con: Console, d: dict[str, Any], limit: int) -> None:
         ("kind", "kind", str), ("count", "count", num), ("bytes", "bytes", human_bytes)], limit)
     table(con, "By call stack", d["by_stack"], [
         ("layer", "layer", str), ("pid", "pid", plain), ("count", "count", num),
-        ("bytes", "bytes", human_bytes), ("frames", "frames (innermost first)", str)], limit)
+        ("bytes", "bytes", human_bytes), ("site", "frames (innermost first)", str)], limit)
     table(con, "By size class", d["by_size_class"], [
         ("layer", "layer", str), ("size_class", "class", str), ("count", "count", num),
         ("bytes", "bytes", human_bytes)], limit)

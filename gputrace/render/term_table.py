@@ -52,7 +52,7 @@ def fit_columns(width: int, cols: Sequence[Col], cells: list[list[str]]
     return keep, widths, free
 
 
-STACK_KEYS = ("frames", "stack")
+STACK_KEYS = ("frames", "site", "stack")
 
 
 def table(con: Console, title: str, rows: Sequence[dict[str, Any]], cols: Sequence[Col],

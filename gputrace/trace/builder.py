@@ -27,6 +27,9 @@ from gputrace.trace.writer import write_tables
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
+Frame = str | tuple[str, str] | tuple[str, str, int]
+"""A stack frame: an executable's symbol, (symbol, module path), or a Python frame
+(function, file, line)."""
 T0_NS = 1_000_000_000_000
 """Monotonic time of t=0 in built traces (an arbitrary, realistic boot offset)."""
 
@@ -69,7 +72,7 @@ class TraceBuilder:
         self.rows: dict[str, list[dict[str, Any]]] = {n: [] for n in schema.TABLES}
         self._next_handle = 0xC1D00001
         self._next_ptr = 0x7F0000000000
-        self._stacks: dict[tuple[int, tuple[str | tuple[str, str], ...]], int] = {}
+        self._stacks: dict[tuple[int, tuple[Frame, ...]], int] = {}
         self._comm: dict[int, str] = {}
         self._max_t = 0.0
 
@@ -209,24 +212,30 @@ class TraceBuilder:
                  length=length, ret=0, managed=True, latency_ns=5_000)
 
     # --------------------------------------------------------------- API layer
-    def stack(self, pid: int, frames: Sequence[str | tuple[str, str]]) -> int:
+    def stack(self, pid: int, frames: Sequence[Frame]) -> int:
         """Intern a call stack (innermost first) for pid; returns its stack id. A frame
-        is a symbol of the program's executable, or (symbol, module path)."""
+        is a symbol of the program's executable, (symbol, module path), or a Python
+        frame (function, file, line) as the recorder merges them."""
         key = (pid, tuple(frames))
         if key not in self._stacks:
             sid = len(self._stacks) + 1
             self._stacks[key] = sid
             for depth, frame in enumerate(frames):
+                ip, offset = 0x400000 + 0x100 * depth + sid, 0x100 * depth + sid
+                if isinstance(frame, tuple) and len(frame) == 3:
+                    self.row("stacks", pid=pid, stack_id=sid, depth=depth, ip=ip,
+                             offset=offset, kind="python", function=frame[0],
+                             filename=frame[1], line=frame[2])  # fmt: skip
+                    continue
                 sym, module = (frame if isinstance(frame, tuple)
                                else (frame, f"/usr/bin/{self._comm.get(pid, 'a.out')}"))
-                self.row("stacks", pid=pid, stack_id=sid, depth=depth,
-                         ip=0x400000 + 0x100 * depth + sid, module=module,
-                         offset=0x100 * depth + sid, symbol=sym)
+                self.row("stacks", pid=pid, stack_id=sid, depth=depth, ip=ip, module=module,
+                         offset=offset, symbol=sym)  # fmt: skip
         return self._stacks[key]
 
     def cuda_alloc(self, t: float, pid: int, size: int, *, func: str = "cuMemAlloc_v2",
                    ptr: int | None = None, result: int = 0,
-                   stack: Sequence[str | tuple[str, str]] | None = None) -> int:
+                   stack: Sequence[Frame] | None = None) -> int:
         """A cuMemAlloc-family call; returns the pointer (0 when it failed)."""
         if ptr is None:
             ptr = self._next_ptr if result == 0 else 0

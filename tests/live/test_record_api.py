@@ -182,9 +182,12 @@ def test_api_libcuda_option(tmp_path: Path) -> None:
     assert rec.wait() == 0, "".join(rec.stderr)
     t = open_trace(out)
     hooks = t.manifest["hooks"]["attached"]
-    assert n == len(hooks)
-    assert sum(h.startswith("uprobe:") for h in hooks) == len(PROBED)
-    assert sum(h.startswith("uretprobe:") for h in hooks) == len(PROBED)
+    # whole host: a copy of libcuda another process loads meanwhile (another test on
+    # this host) is attached too, after the ones the ready line counted
+    ours = [h for h in hooks if h.endswith(f"@{lib}")]
+    assert set(ours) <= set(hooks[:n]) and n <= len(hooks)
+    assert sum(h.startswith("uprobe:") for h in ours) == len(PROBED)
+    assert sum(h.startswith("uretprobe:") for h in ours) == len(PROBED)
     assert t.manifest["api"]["libraries"][0] == str(lib)
     assert t.manifest["api"]["pauses"] == 0
     calls = t.scan("cuda_calls").collect()

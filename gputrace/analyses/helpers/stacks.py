@@ -14,10 +14,27 @@ import polars as pl
 
 
 def stack_frames(stacks: pl.LazyFrame) -> pl.LazyFrame:
-    """(pid, stack_id, frames): symbols innermost first, joined by ' < '."""
+    """(pid, stack_id, frames, site): `frames` is every frame innermost first, joined
+    by ' < '; `site`, the one line terminal tables show, is the same from the
+    innermost Python frame outward when the stack has one (the native frames inside
+    it, ctypes' and libffi's, would fill the column before the program's line),
+    else `frames`."""
+    text = frame_text()
+    first_py = pl.col("depth").filter(pl.col("kind") == "python").min()
+    from_py = pl.col("depth") >= pl.coalesce(first_py, pl.lit(0))
     return (stacks.sort("pid", "stack_id", "depth")
             .group_by("pid", "stack_id", maintain_order=True)
-            .agg(frame_text().str.join(" < ").alias("frames")))
+            .agg(text.str.join(" < ").alias("frames"),
+                 text.filter(from_py).str.join(" < ").alias("site")))
+
+
+def python_sites(stacks: pl.LazyFrame) -> pl.LazyFrame:
+    """(pid, stack_id, python_site): the innermost Python frame of each stack that
+    has one, as text: the line of the program that made the call, which reports
+    name in preference to any native frame."""
+    return (stacks.filter(pl.col("kind") == "python").sort("pid", "stack_id", "depth")
+            .group_by("pid", "stack_id")
+            .agg(frame_text().first().alias("python_site")))
 
 
 def frame_text() -> pl.Expr:

@@ -6,8 +6,9 @@ API allocations of each (process, allocator) known by name
 (helpers/allocators), and of the program itself, are replayed and fitted exactly as a process's live
 bytes are (leaks/growth: trough per bin, Theil-Sen, the same evidence bar);
 the call stacks that asked for each allocator's segments are listed beside it,
-most bytes first, each with its `trigger` (the allocator's caller: the first
-frame outward outside its library), so growth is named by what triggered it.
+most bytes first, each with its `trigger` (the innermost Python frame when the
+stack has one, else the allocator's caller: the first frame outward outside its
+library), so growth is named by what triggered it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import polars as pl
 
 from gputrace.analyses.helpers.allocators import PROGRAM, stack_allocators
-from gputrace.analyses.helpers.stacks import stack_frames
+from gputrace.analyses.helpers.stacks import python_sites, stack_frames
 from gputrace.analyses.leaks.growth import growth
 
 
@@ -40,16 +41,23 @@ def allocator_growth(lt: pl.LazyFrame, stacks: pl.LazyFrame) -> dict[str, pl.Dat
 
 
 def _triggers(stacks: pl.LazyFrame) -> pl.LazyFrame:
-    """(pid, stack_id, trigger): the frame that asked the allocator for memory, the
-    innermost frame outside the allocator's own library (its caller), symbol else
-    module file name: what made the allocator add a segment."""
+    """(pid, stack_id, trigger): what made the allocator add a segment. The innermost
+    Python frame when the stack has one (the program's line: `main (train.py:64)`),
+    else the innermost native frame outside the allocator's own library (its
+    caller), symbol else module file name."""
     owners = stack_allocators(stacks)
     st = stacks.join(owners, on=["pid", "stack_id"], how="inner")
     lib = st.filter(pl.col("depth") == pl.col("allocator_depth")).select(
         "pid", "stack_id", pl.col("module").alias("_lib"))
     label = pl.coalesce("symbol", pl.col("module").str.extract(r"([^/]+)$"))
-    return (st.join(lib, on=["pid", "stack_id"])
-            .filter((pl.col("depth") > pl.col("allocator_depth"))
-                    & (pl.col("module").ne_missing(pl.col("_lib"))))
-            .sort("pid", "stack_id", "depth")
-            .group_by("pid", "stack_id").agg(label.first().alias("trigger")))
+    native = (st.join(lib, on=["pid", "stack_id"])
+              .filter((pl.col("depth") > pl.col("allocator_depth"))
+                      & (pl.col("module").ne_missing(pl.col("_lib")))
+                      & (pl.col("kind").ne_missing("python")))
+              .sort("pid", "stack_id", "depth")
+              .group_by("pid", "stack_id").agg(label.first().alias("_native")))
+    return (owners.select("pid", "stack_id")
+            .join(python_sites(st), on=["pid", "stack_id"], how="left")
+            .join(native, on=["pid", "stack_id"], how="left")
+            .select("pid", "stack_id", pl.coalesce("python_site", "_native").alias("trigger"))
+            .filter(pl.col("trigger").is_not_null()))

@@ -25,7 +25,7 @@ from gputrace.analyses.leaks.allocations import COUNTED
 
 JOINED = ["pid", "comm", "kind", "class", "what", "api_count", "bytes", "rm_what",
           "rm_handle", "rm_bytes", "uvm_base", "uvm_bytes", "gpu_index", "alloc_ts_ns",
-          "age_s", "stack_id", "frames", "api_ids", "freed_by"]
+          "age_s", "stack_id", "frames", "site", "api_ids", "freed_by"]
 
 
 def _driver_bytes() -> pl.Expr:

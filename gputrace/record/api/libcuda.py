@@ -149,6 +149,7 @@ class LibcudaProbes:
         self.pauses = 0
         self.changed = True
         self.guard: watchdog.Watchdog | None = None  # set before pausing is turned on
+        self.filtered = False  # `-p`/CMD: only cuda_targets are served (configure)
 
     def _collector(self) -> Any:
         sink, string_at = self.raw, ctypes.string_at
@@ -168,6 +169,7 @@ class LibcudaProbes:
         leaf.pause = 1 if pause else 0
         leaf.comm_cache = 1 if self._fds else 0
         tbl[ctypes.c_int(0)] = leaf
+        self.filtered = filter_targets
 
     def add_targets(self, pids: list[int]) -> None:
         tbl = self.bpf["cuda_targets"]
@@ -232,7 +234,12 @@ class LibcudaProbes:
         read maps at their first call, then let stopped ones continue."""
         tbl = self.bpf["cuda_paused"]
         items = [(k.value, v.kinds, v.fd, v.stopped, v.stop_boot_ns) for k, v in tbl.items()]
+        targets = self.bpf["cuda_targets"]
         for pid, kinds, fd, stopped, boot in items:
+            if self.filtered and ctypes.c_uint(pid) not in targets:
+                # not (or no longer) a target: nothing of it is read or attached
+                self._release(tbl, pid, stopped, boot)
+                continue
             if kinds & PAUSE_LOAD and fd >= 0:
                 link = f"/proc/{pid}/fd/{fd}"
                 with contextlib.suppress(OSError):

@@ -145,7 +145,6 @@ C_ONLY = {
     "GT_PY_THREADS": "thread states looked at per interpreter, a BPF loop bound",
     "GT_PY_BLOCK": "bytes of one thread state or frame read, a buffer size",
     "GT_PY_PAGE": "the page a frame read does not cross",
-    "GT_PY_FIRST": "bytes of the Python walk's first read",
     "GT_PY_WINDOW": "the Python walk's read buffer",
     "GT_PY_NONE": "an offset the layout lacks (no such field in this CPython)",
     "GT_PY_CSTACK": "FRAME_OWNED_BY_CSTACK of CPython 3.12+, compared in the probe only",
