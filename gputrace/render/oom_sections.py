@@ -59,7 +59,7 @@ def _holders(con: Console, inc: dict[str, Any], window_s: float, limit: int) -> 
     sites = [{"pid": h["pid"], **s} for h in inc["holders"] for s in h["top_sites"]]
     cols: list[term_table.Col] = [
         ("pid", "pid", plain), ("layer", "layer", str), ("what", "what", plain),
-        ("bytes", "bytes", hb), ("count", "count", cells.num), ("stack", "stack", plain)]
+        ("bytes", "bytes", hb), ("count", "count", cells.num), ("site", "stack", plain)]
     t(con, "Top live allocation sites", sites, cols, limit)
     grew = [{"pid": h["pid"], **s} for h in inc["holders"] for s in h["grew_sites"]]
     t(con, f"Grown in the {window_s:g} s before", grew, cols, limit)

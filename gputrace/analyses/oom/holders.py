@@ -40,7 +40,7 @@ class Recorded:
         lt = memory(lifetimes(inp)).select(
             "layer", "pid", "comm", "what", "size_bytes", "alloc_ts_ns", "free_ts_ns",
             "stack_id", "gpu_index").filter(~pl.col("what").is_in(list(HOST_MEMORY)))
-        self._stacks: dict[tuple[int, int], str | None] = {}
+        self._stacks: dict[tuple[int, int], tuple[str, str] | None] = {}
         procs = inp.scan("processes").select("pid", "comm")
         # traced: the trace holds an event of it (a process the recorder only listed,
         # one that held the device open before the recording, is not)
@@ -52,17 +52,20 @@ class Recorded:
                      if c is not None}
         self.traced = {int(p) for f in pids for p in f["pid"] if p is not None}
 
-    def stack(self, pid: int, stack_id: int | None) -> str | None:
-        """A stack of the stacks table as text (None when it holds no such stack); read
-        only for the few stacks a report shows."""
+    def stack(self, pid: int, stack_id: int | None, column: str = "frames") -> str | None:
+        """A stack of the stacks table as text (None when it holds no such stack): every
+        frame, or with `column="site"` from its innermost Python frame outward
+        (helpers/stacks.stack_frames); read only for the few stacks a report shows."""
         if stack_id is None or self.inp is None:
             return None
         key = (pid, stack_id)
         if key not in self._stacks:
             f = stack_frames(self.inp.scan("stacks").filter(
                 (pl.col("pid") == pid) & (pl.col("stack_id") == stack_id))).collect()
-            self._stacks[key] = str(f["frames"][0]) if f.height else None
-        return self._stacks[key]
+            self._stacks[key] = ((str(f["frames"][0]), str(f["site"][0])) if f.height
+                                 else None)  # fmt: skip
+        got = self._stacks[key]
+        return None if got is None else got[column == "site"]
 
 
 def _live(at: int) -> pl.Expr:
@@ -78,6 +81,7 @@ def _site_rows(rec: Recorded, pid: int, df: pl.DataFrame, top: int) -> list[dict
              .sort(["bytes", "layer", "what", "stack_id"], descending=[True, False, False, False],
                    nulls_last=True).head(top))
     return [{"layer": r["layer"], "what": r["what"], "stack": rec.stack(pid, r["stack_id"]),
+             "site": rec.stack(pid, r["stack_id"], "site"),
              "bytes": int(r["bytes"]), "count": int(r["count"])}
             for r in sites.iter_rows(named=True)]
 
