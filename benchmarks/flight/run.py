@@ -13,6 +13,13 @@ allocation: no incident, the detector's cost only). Every --every seconds it
 prints the recorder's CPU since the last line and the trace's bytes on disk
 (incidents excluded); at the end, per mode, the CPU per second, the peak and final
 disk, and for the flight recording its manifest's `window`.
+
+    python3 benchmarks/flight/run.py --host --seconds 600 --keep 1m --after 10s \
+        --oom-at 420 --rate 50000 --workdir /tmp/flight-oom
+
+records in host mode instead (no command; the storm and, at --oom-at, a program
+asking the stand-in libcuda for 1 TiB run beside it) and checks the disk bound, the
+one incident trace, its window and its `oom` report: see flight_oom.py.
 """
 
 from __future__ import annotations
