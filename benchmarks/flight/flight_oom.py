@@ -125,20 +125,43 @@ def diff(a: Any, b: Any, path: str = "") -> Iterator[str]:
         yield f"{path}: incident {json.dumps(a)[:120]} vs full {json.dumps(b)[:120]}"
 
 
-def compare(work: Path) -> bool:
-    """The incident trace's oom report against the snapshot's, for the one incident."""
+def mine(out: Path, oom_pid: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """The flight trace's incidents triggered by the OOM program (pid `oom_pid`), and a
+    line for each other one: host mode records every process, and on a shared machine
+    other people's stand-in programs fail allocations too."""
+    m = json.loads((out / "manifest.json").read_text())
+    ours, others = [], []
+    for i in m.get("incidents", []):
+        d = json.loads((out / i["dir"] / "manifest.json").read_text())["window"]["detail"]
+        if d.get("pid") == oom_pid:
+            ours.append(i)
+        else:
+            others.append(f"{i['dir']}: pid {d.get('pid')} {d.get('comm')} {d.get('call')} "
+                          f"{d.get('requested_bytes')} bytes")
+    return ours, others
+
+
+def failure_ts(inc_dir: Path, oom_pid: int) -> int:
     from gputrace.trace.reader import open_trace
 
+    calls = open_trace(inc_dir).scan("cuda_calls").collect()
+    return int(calls.filter((calls["result"] == 2) & (calls["pid"] == oom_pid))["ts_ns"][0])
+
+
+def compare(work: Path) -> bool:
+    """The incident trace's oom report against the snapshot's, for the OOM program's
+    incident (matched by its failure's ts_ns: either trace may hold other processes')."""
     out = work / "flight"
-    m = json.loads((out / "manifest.json").read_text())
-    inc_dir = out / m["incidents"][0]["dir"]
-    inc = open_trace(inc_dir)
-    calls = inc.scan("cuda_calls").collect()
-    at = int(calls.filter(calls["result"] == 2)["ts_ns"][0])
-    mine = analyze_oom(inc_dir, work / "incident-oom.json")
+    oom_pid = int((work / "oom.pid").read_text())
+    ours, _ = mine(out, oom_pid)
+    inc_dir = out / ours[0]["dir"]
+    at = failure_ts(inc_dir, oom_pid)
+    here = analyze_oom(inc_dir, work / "incident-oom.json")
     full = analyze_oom(work / "snapshot", work / "full-oom.json")
-    a, b = find_incidents(mine), find_incidents(full)
-    print(f"incidents in the reports: incident trace {len(a)}, full trace {len(b)}")
+    a = [i for i in find_incidents(here) if i["ts_ns"] == at]
+    b = [i for i in find_incidents(full) if i["ts_ns"] == at]
+    print(f"incidents in the reports: incident trace {len(find_incidents(here))}, full "
+          f"trace {len(find_incidents(full))}; of the OOM program: {len(a)}, {len(b)}")
     if len(a) != 1 or len(b) != 1:
         return False
     diffs = [d for d in diff(a[0], b[0]) if d.split(":")[0].split(".")[-1].split("[")[0]
@@ -151,6 +174,21 @@ def compare(work: Path) -> bool:
     print(f"failure at ts {at}; oom report incident equal to the full trace's "
           f"(but {sorted(WINDOW_FIELDS) or 'nothing'}): {not diffs}")
     return not diffs
+
+
+def parts_now(out: Path, seen: dict[str, tuple[float, int]]) -> tuple[int, float]:
+    """Bytes of the parts on disk now and the age of the oldest (s, by mtime: a part is
+    written once, at its rotation); every part seen is remembered in `seen`."""
+    held, oldest, now = 0, 0.0, time.time()
+    for f in files(out):
+        if not f.name.startswith("part-"):
+            continue
+        with contextlib.suppress(FileNotFoundError):  # deleted by the recorder meanwhile
+            st = f.lstat()
+            seen[str(f)] = (st.st_mtime, st.st_size)
+            held += st.st_size
+            oldest = max(oldest, now - st.st_mtime)
+    return held, oldest
 
 
 def host_oom(args: argparse.Namespace, paced_c: Path) -> int:
@@ -175,16 +213,22 @@ def host_oom(args: argparse.Namespace, paced_c: Path) -> int:
     print(f"host mode, --keep {args.keep} --freeze-on oom --after {args.after}, "
           f"{args.rate:,} ioctls/s, {args.seconds} s, OOM at {args.oom_at} s; work dir {work}")
     print(f"{'t s':>6} {'cpu s/s':>8} {'disk MiB':>9}", flush=True)
-    last_cpu, peak, sizes, oom_wall, snapped = cpu_s(pid), 0, [], None, False
+    last_cpu, peak, oom_wall, snapped, oom_pid = cpu_s(pid), 0, None, False, 0
+    seen: dict[str, tuple[float, int]] = {}
+    samples: list[tuple[float, int, float]] = []  # wall time, part bytes held, oldest age
     while rec.proc.poll() is None:
         time.sleep(args.every)
         t = time.monotonic() - t0
         if args.oom_at is not None and oom_wall is None and t >= args.oom_at:
-            r = subprocess.run([str(oom)], capture_output=True, text=True, timeout=60)
-            oom_wall = time.monotonic() - t0
-            print(f"{oom_wall:6.0f} OOM program: rc {r.returncode} {r.stdout.strip()}",
-                  flush=True)  # fmt: skip
-        if oom_wall is not None and not snapped and t >= oom_wall + after_s + 5:
+            p = subprocess.Popen([str(oom)], stdout=subprocess.PIPE, text=True)
+            said, _ = p.communicate(timeout=60)
+            oom_wall, oom_pid = time.monotonic() - t0, p.pid
+            (work / "oom.pid").write_text(str(oom_pid))
+            print(f"{oom_wall:6.0f} OOM program pid {oom_pid}: rc {p.returncode} "
+                  f"{said.strip()}", flush=True)  # fmt: skip
+        # after the incident is frozen, while the window still holds the failure
+        if oom_wall is not None and not snapped and \
+                t >= oom_wall + after_s + min(5.0, (keep_s - after_s) / 2):  # fmt: skip
             n = snapshot(out, snap)
             snapped = True
             print(f"{t:6.0f} snapshot: {n} files hard-linked", flush=True)
@@ -194,7 +238,9 @@ def host_oom(args: argparse.Namespace, paced_c: Path) -> int:
             break
         size = du(out)
         peak = max(peak, size)
-        sizes.append((t, size))
+        held, oldest = parts_now(out, seen)
+        if storm.poll() is None:  # without events no part is written, none deleted
+            samples.append((time.time(), held, oldest))
         print(f"{t:6.0f} {(cpu - last_cpu) / args.every:8.3f} {size / 2**20:9.1f}", flush=True)
         last_cpu = cpu
     rc = rec.wait(600)
@@ -203,40 +249,54 @@ def host_oom(args: argparse.Namespace, paced_c: Path) -> int:
     if rc != 0:
         print("".join(rec.stderr), file=sys.stderr)
         return 1
+    (work / "samples.json").write_text(json.dumps({"samples": samples, "parts": seen}))
     m = json.loads((out / "manifest.json").read_text())
     win = m["window"]
     print("window", json.dumps(win, sort_keys=True))
     print("drops", json.dumps(m.get("drops"), sort_keys=True))
     # the bytes a second while the storm ran (paced: its average rate holds over its
     # scheduled seconds); before and after it the recorder writes next to nothing
-    dur_s = args.seconds - 2
-    written = win["held_bytes"] + win["deleted_bytes"]
-    other = du(out) - du(out, parts_only=True)
-    bound = written / dur_s * (keep_s + win["rotate_s"]) + other
-    disk_ok = peak <= bound
-    print(f"disk: peak {peak / 2**20:.2f} MiB, final {du(out) / 2**20:.2f} MiB, bound "
-          f"{bound / 2**20:.2f} MiB ({written / dur_s / 2**10:.0f} KiB/s written over "
-          f"{dur_s:.0f} s of storm x ({keep_s:.0f} s + {win['rotate_s']} s rotation) + "
-          f"{other / 2**10:.0f} KiB not parts); within: {disk_ok}; the recorder's own "
-          f"peak_held_bytes {win['peak_held_bytes'] / 2**20:.2f} MiB")
-    incs = m.get("incidents", [])
-    print("incidents", json.dumps(incs, sort_keys=True))
-    one_ok = len(incs) == 1 and incs[0]["trigger"] == "oom" and incs[0]["status"] == "kept"
+    # The bound: at every sample the parts held are at most the bytes of the parts
+    # written (by mtime) in the last KEEP + 2 rotations (the oldest part straddles the
+    # window's edge; the next rotation may be due), and no part is older than that. The
+    # write rate is not constant in host mode (other people's programs on this machine
+    # add rows), so the bound is taken per sample from what was written, not an average.
+    rot = win["rotate_s"]
+    span = keep_s + 2 * rot
+    worst, oldest_age = 0.0, 0.0
+    for ts, held, oldest in samples:
+        written = sum(sz for mt, sz in seen.values() if ts - span < mt <= ts)
+        worst = max(worst, held / max(written, 1))
+        oldest_age = max(oldest_age, oldest)
+    disk_ok = worst <= 1.0 and oldest_age <= span + args.every
+    total = win["held_bytes"] + win["deleted_bytes"]
+    print(f"disk: peak {peak / 2**20:.2f} MiB (recorder's peak_held_bytes "
+          f"{win['peak_held_bytes'] / 2**20:.2f} MiB), final {du(out) / 2**20:.2f} MiB; "
+          f"{total / 2**20:.1f} MiB written in all ({len(seen)} parts); per sample, parts "
+          f"held / parts written in the last {span:.0f} s: at most {worst:.3f}; oldest part "
+          f"held {oldest_age:.1f} s old (bound {span:.0f} s + the {args.every:.0f} s "
+          f"sampling); within: {disk_ok}")
+    ours, others = mine(out, oom_pid)
+    for o in others:
+        print("  incident of another process:", o)
+    one_ok = len(ours) == 1 and ours[0]["status"] == "kept"
+    print(f"incidents: {len(ours)} of the OOM program (pid {oom_pid}), {len(others)} of "
+          f"other processes; exactly one kept: {one_ok}")
     if not one_ok:
-        print("exactly one kept oom incident: False")
         return 1
     from gputrace.trace.reader import open_trace
 
-    inc = open_trace(out / incs[0]["dir"])
+    inc = open_trace(out / ours[0]["dir"])
     iw = inc.manifest["window"]
-    calls = inc.scan("cuda_calls").collect()
-    at = int(calls.filter(calls["result"] == 2)["ts_ns"][0])
+    at = failure_ts(out / ours[0]["dir"], oom_pid)
     its = inc.scan("ioctls").collect()["ts_ns"]
     win_ok = iw["from_ts_ns"] <= at - keep_s * 1e9 and iw["to_ts_ns"] >= at + after_s * 1e9
-    print(f"incident window: from {(iw['from_ts_ns'] - at) / 1e9:+.3f} s to "
-          f"{(iw['to_ts_ns'] - at) / 1e9:+.3f} s of the failure; its ioctls "
-          f"{(its.min() - at) / 1e9:+.3f} s to {(its.max() - at) / 1e9:+.3f} s "
-          f"({its.len():,} rows); covers [-{keep_s:.0f} s, +{after_s:.0f} s]: {win_ok}")
+    print(
+        f"incident window: from {(iw['from_ts_ns'] - at) / 1e9:+.3f} s to "
+        f"{(iw['to_ts_ns'] - at) / 1e9:+.3f} s of the failure; its ioctls "
+        f"{(its.min() - at) / 1e9:+.3f} s to {(its.max() - at) / 1e9:+.3f} s "
+        f"({its.len():,} rows); covers [-{keep_s:.0f} s, +{after_s:.0f} s]: {win_ok}"
+    )
     same = compare(work) if snapped else False
     print(f"ALL: disk {disk_ok}, one incident {one_ok}, window {win_ok}, report {same}")
     return 0 if disk_ok and one_ok and win_ok and same else 1
