@@ -176,19 +176,29 @@ def compare(work: Path) -> bool:
     return not diffs
 
 
-def parts_now(out: Path, seen: dict[str, tuple[float, int]]) -> tuple[int, float]:
-    """Bytes of the parts on disk now and the age of the oldest (s, by mtime: a part is
-    written once, at its rotation); every part seen is remembered in `seen`."""
-    held, oldest, now = 0, 0.0, time.time()
+KEPT_WHOLE = ("stacks", "processes")
+"""Tables the window does not cut by time (docs/flight-recorder.md): `stacks` has no
+time, `processes` rows of running processes stay. They grow with distinct stacks and
+processes, not with time, and are counted apart."""
+
+
+def parts_now(out: Path, seen: dict[str, tuple[float, int]]) -> tuple[int, int, float]:
+    """(bytes of the time-bound parts on disk now, of the kept-whole ones, age of the
+    oldest time-bound part in s, by mtime: a part is written once, at its rotation);
+    every time-bound part seen is remembered in `seen`."""
+    held, whole, oldest, now = 0, 0, 0.0, time.time()
     for f in files(out):
         if not f.name.startswith("part-"):
             continue
         with contextlib.suppress(FileNotFoundError):  # deleted by the recorder meanwhile
             st = f.lstat()
+            if f.parent.name in KEPT_WHOLE:
+                whole += st.st_size
+                continue
             seen[str(f)] = (st.st_mtime, st.st_size)
             held += st.st_size
             oldest = max(oldest, now - st.st_mtime)
-    return held, oldest
+    return held, whole, oldest
 
 
 def host_oom(args: argparse.Namespace, paced_c: Path) -> int:
@@ -215,7 +225,7 @@ def host_oom(args: argparse.Namespace, paced_c: Path) -> int:
     print(f"{'t s':>6} {'cpu s/s':>8} {'disk MiB':>9}", flush=True)
     last_cpu, peak, oom_wall, snapped, oom_pid = cpu_s(pid), 0, None, False, 0
     seen: dict[str, tuple[float, int]] = {}
-    samples: list[tuple[float, int, float]] = []  # wall time, part bytes held, oldest age
+    samples: list[tuple[float, int, int, float]] = []  # wall, held, kept whole, oldest age
     while rec.proc.poll() is None:
         time.sleep(args.every)
         t = time.monotonic() - t0
@@ -238,9 +248,9 @@ def host_oom(args: argparse.Namespace, paced_c: Path) -> int:
             break
         size = du(out)
         peak = max(peak, size)
-        held, oldest = parts_now(out, seen)
+        held, whole, oldest = parts_now(out, seen)
         if storm.poll() is None:  # without events no part is written, none deleted
-            samples.append((time.time(), held, oldest))
+            samples.append((time.time(), held, whole, oldest))
         print(f"{t:6.0f} {(cpu - last_cpu) / args.every:8.3f} {size / 2**20:9.1f}", flush=True)
         last_cpu = cpu
     rc = rec.wait(600)
@@ -256,24 +266,28 @@ def host_oom(args: argparse.Namespace, paced_c: Path) -> int:
     print("drops", json.dumps(m.get("drops"), sort_keys=True))
     # the bytes a second while the storm ran (paced: its average rate holds over its
     # scheduled seconds); before and after it the recorder writes next to nothing
-    # The bound: at every sample the parts held are at most the bytes of the parts
-    # written (by mtime) in the last KEEP + 2 rotations (the oldest part straddles the
-    # window's edge; the next rotation may be due), and no part is older than that. The
-    # write rate is not constant in host mode (other people's programs on this machine
-    # add rows), so the bound is taken per sample from what was written, not an average.
+    # The bound: at every sample the time-bound parts held are at most the bytes of the
+    # parts written (by mtime) in the last KEEP + 3 rotations (a part is deleted once
+    # its newest row is older than the trace's newest minus KEEP; it was written up to
+    # a rotation after that row, and the sample falls anywhere in the next rotation),
+    # and none is older than that. The write rate is not constant in host mode (other
+    # people's programs on this machine add rows), so the bound is taken per sample
+    # from what was written, not from an average. `stacks` and `processes` apart.
     rot = win["rotate_s"]
-    span = keep_s + 2 * rot
-    worst, oldest_age = 0.0, 0.0
-    for ts, held, oldest in samples:
+    span = keep_s + 3 * rot
+    worst, oldest_age, whole_max = 0.0, 0.0, 0
+    for ts, held, whole, oldest in samples:
         written = sum(sz for mt, sz in seen.values() if ts - span < mt <= ts)
         worst = max(worst, held / max(written, 1))
         oldest_age = max(oldest_age, oldest)
+        whole_max = max(whole_max, whole)
     disk_ok = worst <= 1.0 and oldest_age <= span + args.every
     total = win["held_bytes"] + win["deleted_bytes"]
     print(f"disk: peak {peak / 2**20:.2f} MiB (recorder's peak_held_bytes "
           f"{win['peak_held_bytes'] / 2**20:.2f} MiB), final {du(out) / 2**20:.2f} MiB; "
-          f"{total / 2**20:.1f} MiB written in all ({len(seen)} parts); per sample, parts "
-          f"held / parts written in the last {span:.0f} s: at most {worst:.3f}; oldest part "
+          f"{total / 2**20:.1f} MiB written in all ({len(seen)} time-bound parts); per sample, "
+          f"parts held / parts written in the last {span:.0f} s: at most {worst:.3f}; "
+          f"stacks + processes at most {whole_max / 2**10:.0f} KiB; oldest time-bound part "
           f"held {oldest_age:.1f} s old (bound {span:.0f} s + the {args.every:.0f} s "
           f"sampling); within: {disk_ok}")
     ours, others = mine(out, oom_pid)
