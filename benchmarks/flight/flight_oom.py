@@ -290,6 +290,8 @@ def host_oom(args: argparse.Namespace, paced_c: Path) -> int:
           f"stacks + processes at most {whole_max / 2**10:.0f} KiB; oldest time-bound part "
           f"held {oldest_age:.1f} s old (bound {span:.0f} s + the {args.every:.0f} s "
           f"sampling); within: {disk_ok}")
+    if args.oom_at is None:  # the disk bound alone
+        return 0 if disk_ok else 1
     ours, others = mine(out, oom_pid)
     for o in others:
         print("  incident of another process:", o)
