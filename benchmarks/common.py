@@ -39,3 +39,30 @@ def start_recorder(out: Path, *args: str) -> RecorderProc:
     rec = RecorderProc(record_cmd(out, "--force", *args))
     rec.wait_ready()
     return rec
+
+
+OOM_C = r"""
+#include <stdio.h>
+#include "cuda_standin.h"
+int main(void)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    CUdeviceptr p = 0;
+    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuCtxCreate_v2(&ctx, 0, dev))
+        return 3;
+    CUresult r = cuMemAlloc_v2(&p, 1ull << 40);
+    printf("OOM %d\n", (int)r);
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? 0 : 4;
+}
+"""
+
+
+def oom_program(tmp: Path) -> tuple[Path, Path]:
+    """A program asking the stand-in libcuda for 1 TiB (refused: over
+    GPUTRACE_STANDIN_CUDA_MAX, CUDA_ERROR_OUT_OF_MEMORY; it exits 0 when so) and the
+    stand-in libcuda it is linked against: (program, libcuda)."""
+    from tests.standin_cuda.standin_cuda import build, link_program
+
+    (tmp / "oom.c").write_text(OOM_C)
+    return link_program(tmp / "oom.c", tmp / "oom"), build().libcuda

@@ -13,6 +13,13 @@ allocation: no incident, the detector's cost only). Every --every seconds it
 prints the recorder's CPU since the last line and the trace's bytes on disk
 (incidents excluded); at the end, per mode, the CPU per second, the peak and final
 disk, and for the flight recording its manifest's `window`.
+
+    python3 benchmarks/flight/run.py --host --seconds 600 --keep 1m --after 10s \
+        --oom-at 420 --rate 50000 --workdir /tmp/flight-oom
+
+records in host mode instead (no command; the storm and, at --oom-at, a program
+asking the stand-in libcuda for 1 TiB run beside it) and checks the disk bound, the
+one incident trace, its window and its `oom` report: see flight_oom.py.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from common import build_storm, start_recorder  # noqa: E402
+from flight_oom import host_oom  # noqa: E402
 
 
 def cpu_s(pid: int) -> float:
@@ -90,7 +98,18 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=100_000)
     ap.add_argument("--every", type=float, default=5.0)
     ap.add_argument("--only-flight", action="store_true")
+    ap.add_argument("--host", action="store_true",
+                    help="record in host mode (no command) with --freeze-on oom --after AFTER")
+    ap.add_argument("--oom-at", type=float, default=None,
+                    help="with --host: seconds in, a program asks the stand-in libcuda for 1 TiB")
+    ap.add_argument("--after", default="10s")
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="with --host: keep the traces and reports here (else a temporary dir)")
+    ap.add_argument("--compare-only", action="store_true",
+                    help="with --host --workdir: redo the report comparison of a finished run")
     args = ap.parse_args()
+    if args.host:
+        sys.exit(host_oom(args, HERE.parent / "longrun" / "paced.c"))
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         (tmp / "dev").mkdir()

@@ -94,6 +94,16 @@ def test_no_sample_is_unknown_naming_the_layer(tmp_path: Path) -> None:
     assert inc["evidence"] == "layer rm_query not recorded: no free-memory sample of GPU 0"
 
 
+def test_no_gpu_listed_is_said_not_several(tmp_path: Path) -> None:
+    # a host recording of the API layer alone lists no GPU: the failure cannot be placed
+    b = TraceBuilder(layers=("syscall", "api"), duration_s=2.0, gpus=0)
+    b.process(7, "job")
+    b.cuda_alloc(1.0, 7, 2 * GiB, result=2)
+    inc = analyze(b.build(tmp_path / "t"), ["oom"])["oom"]["incidents"][0]
+    assert (inc["verdict"], inc["gpu_index"], inc["requested_bytes"]) == ("unknown", None, 2 * GiB)
+    assert inc["evidence"] == "which GPU: the failing call does not say, and the trace lists no GPU"
+
+
 def test_rm_failures_inside_the_call_are_its_evidence(tmp_path: Path) -> None:
     """The driver retries RM_ALLOC inside one cuMemAlloc (as on the real H200): one
     incident, the two RM failures its `nested` evidence; a GPU with room: limit."""

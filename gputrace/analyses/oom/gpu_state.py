@@ -72,8 +72,10 @@ def allocator_said(free: int | None) -> dict[str, Any] | None:
 def why_no_sample(inp: Inputs, samples: pl.DataFrame, gpu: int | None) -> str:
     """Which layer or fact is missing when a failure has no free-memory sample."""
     if gpu is None:
-        return (f"which GPU: the failing call does not say, and the trace has "
-                f"{len(inp.gpu_memory_bytes) or 'several'} GPUs")
+        # no GPU listed (a host recording without the driver layer) is not "several"
+        n = len(inp.gpu_memory_bytes)
+        return ("which GPU: the failing call does not say, and the trace "
+                + (f"has {n} GPUs" if n else "lists no GPU"))
     if not inp.has("rm_query"):
         return f"layer rm_query not recorded: no free-memory sample of GPU {gpu}"
     tried = inp.scan("gpu_memory").filter(pl.col("gpu_index") == gpu).select(
