@@ -7,15 +7,17 @@ libchain_b.so and the program keep frame pointers (chain_libs.c)?
 
 main's walk (tables for at most the 8 top frames while they lie in a library
 with one, frame pointers from the first frame outside them, and tables loaded
-only at a process's first API call) fails on it twice: the first allocation is
-walked by frame pointers only, giving [chain_c+0x...] and then whatever
-chain_c's reused %rbp points at (chain_c keeps a size in %rbp across its
-call, not a frame pointer: the walk stops at once); the later ones get chain_c
-by its table, chain_b by its frame pointer, and then the frame-pointer walk
-goes on from chain_b's record into chain_a, which has none: chain_b's saved
-%rbp is chain_a's reused register, so chain_a, run and main are lost. This
-walk unwinds each frame by its table where its library has one and by its
-frame pointer elsewhere, and loads the tables at the libcuda load pause,
+only at a process's first API call) fails on it twice, recorded with
+`gputrace record -- chain_program 3` from main (7cd6fe8):
+- the first allocation, walked by frame pointers only (no table yet):
+  [chain_c (libchain_c.so 0x1212)], nothing else: chain_c keeps a value in
+  %rbp across its call, not a frame pointer, so the walk stops at once;
+- the next two: [chain_c 0x1212, chain_b (libchain_b.so 0x1150),
+  chain_a (libchain_a.so 0x1146)]: chain_c by its table, then frame pointers
+  from chain_b, whose record gives chain_a's return address, but the %rbp
+  chain_b saved is chain_a's reused register: run, main and libc are lost.
+This walk unwinds each frame by its table where its library has one and by
+its frame pointer elsewhere, and loads the tables at the libcuda load pause,
 before the first call. The expected frames are the return addresses of the
 calls in the built binaries (objdump)."""
 
