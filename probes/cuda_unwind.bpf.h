@@ -133,8 +133,9 @@ static __always_inline int unwind_cover(struct cuda_stack_walk *w, u64 from, u64
  * CFA not 8-byte aligned, a record below the frame before it or more than
  * GT_CUDA_STACK_SPAN above the sp (glibc's __libc_start_call_main keeps no
  * frame pointer: the walk that reaches main ends there), a frame in a table
- * with no usable row. Stores the frames in w->s.ip[] and their hash
- * (cuda_mix) in w->top_h; returns how many.
+ * with no usable row. At most GT_UNWIND_FRAMES frames (the caller walks on by
+ * frame pointers from w->u_sp and w->u_fp past them). Stores the frames in
+ * w->s.ip[] and their hash (cuda_mix) in w->top_h; returns how many.
  * Written for the verifier: it follows each of the GT_CUDA_STACK_DEPTH
  * iterations (a bounded loop is simulated, never summarized), so an
  * iteration is one path (the frame-pointer row is a row like the others, the
