@@ -68,9 +68,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     # each worker's basetemp is <the session's basetemp>/popen-gwN: the parent is shared
     factory: pytest.TempPathFactory = item.config._tmp_path_factory  # type: ignore[attr-defined]
     path = factory.getbasetemp().parent / "gputrace-exclusive.lock"
-    mode = fcntl.LOCK_EX if item.get_closest_marker("exclusive") else fcntl.LOCK_SH
-    with path.open("a") as f:
-        fcntl.flock(f, mode)
+    exclusive = item.get_closest_marker("exclusive") is not None
+    # flock lets a new shared holder in while an exclusive one waits, so a worker running
+    # test after test would starve it (the other worker idle for the rest of the run):
+    # every test passes a gate first, which a waiting exclusive test holds shut
+    with path.with_suffix(".gate").open("a") as gate, path.open("a") as f:
+        fcntl.flock(gate, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
         return (yield)
 
 
