@@ -123,21 +123,22 @@ static __always_inline int cuda_chunk_word(struct cuda_stack_walk *w, u64 addr, 
     return 1;
 }
 
-/* The user stack at a uretprobe (unwind_stack, cuda_unwind.bpf.h): where
- * frame pointers are kept, as the kernel's walker (perf_callchain_user, what
- * bpf_get_stackid runs) gives it on valid frames: frame 0 is the user ip (the
- * return address in the caller: the callee's frame is gone), then the return
- * address of each {saved rbp, return address} record up the rbp chain; frames
- * in libraries built without frame pointers by their unwind tables. Unlike
- * the kernel's walker it stops before reading a frame pointer that cannot be
- * one (not 8-byte aligned, below the user sp or the record before it, more
- * than GT_CUDA_STACK_SPAN above the sp): glibc's __libc_start_call_main keeps
- * no frame pointer, so every walk that reaches main would otherwise end in a
- * page fault at a garbage address (~750 ns).
+/* The user stack at a uretprobe, by frame pointers, as the kernel's walker
+ * (perf_callchain_user, what bpf_get_stackid runs) gives it on valid frames:
+ * frame 0 is the user ip (the return address in the caller: the callee's
+ * frame is gone), then the return address of each {saved rbp, return address}
+ * record up the rbp chain. Unlike the kernel's walker it stops before reading
+ * a frame pointer that cannot be one (not 8-byte aligned, below the user sp or
+ * the record before it, more than GT_CUDA_STACK_SPAN above the sp): glibc's
+ * __libc_start_call_main keeps no frame pointer, so every walk that reaches
+ * main would otherwise end in a page fault at a garbage address (~750 ns).
  * The first read starts at the sp, not at the frame pointer: it also holds the
  * caller's locals, where the out pointer of an allocation usually points, so
  * `out` and `pitch_out` are read from it (cuda_chunk_word) rather than by more
  * user reads (each ~80 ns after the first on the VM measured, whatever its size).
+ * In a process with unwind tables (cuda_unwind.bpf.h) the top frames whose
+ * return addresses lie in libraries built without frame pointers are unwound
+ * by their rows first; the frame-pointer walk goes on from the first other.
  * Returns the stack's id (one per distinct stack, >= 0), or -errno; `*out_v`
  * and `*pitch_v` are set and `*have` has bit 0 / 1 set where the chunk held them. */
 static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 out, u64 pitch_out,
@@ -148,7 +149,8 @@ static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 ou
     if (!w)
         return -12;  /* ENOMEM */
     struct cuda_stack *s = &w->s;
-    u64 sp = PT_REGS_SP(ctx), fp = PT_REGS_FP(ctx);
+    u64 sp = PT_REGS_SP(ctx), fp = PT_REGS_FP(ctx), low = sp;
+    u64 top = sp + GT_CUDA_STACK_SPAN;
     /* base and end live in the map value, not in registers: the verifier then
      * sees one state whether or not an iteration read a chunk (else the
      * paths of a 127-frame walk multiply past its limit) */
@@ -164,22 +166,29 @@ static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 ou
             *have = cuda_chunk_word(w, out, out_v) | (cuda_chunk_word(w, pitch_out, pitch_v) << 1);
         }
     }
-    /* frame by frame: by its table where its library has one (built without
-     * frame pointers: cuda_unwind.bpf.h), else by its frame pointer */
-    u32 tgid = bpf_get_current_pid_tgid() >> 32, none = 0;
-    struct unwind_proc *u = unwind_procs.lookup(&tgid);
-    if (!u)
-        u = unwind_procs.lookup(&none);  /* no tables: key 0's empty entry */
-    struct unwind_all_rows *all = unwind_rows.lookup(&none);
-    if (!u || !all)
-        return -2;  /* ENOENT: the recorder stores key 0 before attaching */
-    u32 top_n = unwind_stack(w, u, all, PT_REGS_IP(ctx), sp, fp);
-    /* beyond GT_UNWIND_FRAMES (the verifier's budget), frame pointers only,
-     * from where unwind_stack got to; none after a walk that ended early */
-    fp = top_n >= GT_UNWIND_FRAMES ? *(volatile u64 *)&w->u_fp : 0;
-    u64 low = *(volatile u64 *)&w->u_sp, top = sp + GT_CUDA_STACK_SPAN;
+    u64 ip = PT_REGS_IP(ctx);
+    u64 h = cuda_mix(0, ip);
+    u32 n = 1;
+    s->ip[0] = ip;
+    /* the top frames in libraries with unwind tables (built without frame
+     * pointers: cuda_unwind.bpf.h), then frame pointers from the first other */
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct unwind_proc *unw = unwind_procs.lookup(&tgid);
+    /* n and h wait in the map value across the frame-pointer walk: its states
+     * are then the same whether or not tables were used (else it is verified
+     * once for each) */
+    *(volatile u32 *)&w->top_n = 1;
+    *(volatile u64 *)&w->top_h = h;
+    if (unw) {
+        struct unwind_regs r = {.ip = ip, .sp = sp, .fp = fp, .top = top, .h = h};
+        *(volatile u32 *)&w->top_n = unwind_top_frames(w, unw, &r);
+        *(volatile u64 *)&w->top_h = r.h;
+        fp = r.fp, low = r.sp;
+        if (r.stop)
+            fp = 0;  /* a frame its table cannot unwind: no walk by %rbp from there */
+    }
     /* the frame-pointer walk's frames go to fp_ip[1..m), then after the
-     * others (at a constant index each: a walk that started at frame n
+     * tables' (at a constant index each: a walk that started at frame n
      * would be verified once per n) */
     u32 m = 1;
     for (u32 i = 1; i < GT_CUDA_STACK_DEPTH; i++) {
@@ -189,8 +198,12 @@ static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 ou
             /* to the end of fp's page (no fault past what the kernel's walker
              * reads), or the 16-byte record itself where it spans two pages */
             u64 len = 4096 - (fp & 4095);
-            if (len > GT_CUDA_STACK_CHUNK * 8)
-                len = GT_CUDA_STACK_CHUNK * 8;
+            /* the first read of a walk is short (a shallow stack needs no more);
+             * a walk that goes on reads to the page's end: deep stacks of big
+             * frames (Python, libtorch) cost a read per page, not per 512 bytes */
+            u64 cap = w->end ? GT_CUDA_STACK_CHUNK * 8 : GT_CUDA_STACK_FIRST * 8;
+            if (len > cap)
+                len = cap;
             if (len < 16)
                 len = 16;
             if (bpf_probe_read_user(w->chunk, len, (void *)fp))
@@ -208,8 +221,8 @@ static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 ou
      * exits, it would have the loop below verified once per exit */
     *(volatile u32 *)&w->fp_m = m;
     m = *(volatile u32 *)&w->fp_m;
-    u32 n = *(volatile u32 *)&w->top_n & 0xff;
-    u64 h = *(volatile u64 *)&w->top_h;
+    n = *(volatile u32 *)&w->top_n & 0xff;
+    h = *(volatile u64 *)&w->top_h;
     for (u32 j = 1; j < GT_CUDA_STACK_DEPTH; j++) {
         /* masked: the verifier then bounds the index inside the map value
          * whichever register the compiler checks */

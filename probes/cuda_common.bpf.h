@@ -74,22 +74,13 @@ struct cuda_stack {
  * big frames costs a read per page). */
 #define GT_CUDA_STACK_CHUNK 512
 #define GT_CUDA_STACK_FIRST 64  /* words of a walk's first read */
-/* One row of an unwind table (cuda_unwind.bpf.h says how the walk uses it). */
-struct unwind_row {
-    u32 pc;             /* link-time address where the row starts */
-    u16 cfa;            /* CFA = the kind's register + cfa */
-    u8 kind;            /* GT_UNWIND_* */
-    u8 rbp;             /* %rbp saved at CFA - 8 * rbp; 0: unchanged */
-};
 struct cuda_stack_walk {
     struct cuda_stack s;
     u64 base, end;      /* the user bytes chunk[] holds: [base, end) */
     u64 fp_ip[GT_CUDA_STACK_DEPTH]; /* the frame-pointer walk's frames, before they join s */
-    u64 top_h;          /* the hash of the frames unwound by unwind_stack */
-    u32 top_n;          /* frames in s after it */
+    u64 top_h;          /* the hash of the frames unwound by tables (cuda_unwind.bpf.h) */
+    u32 top_n;          /* frames in s after them */
     u32 fp_m;           /* frames in fp_ip, after the frame-pointer walk */
-    u64 u_ip, u_sp, u_fp; /* the frame unwind_stack is at: its return address, CFA base, %rbp */
-    struct unwind_row u_row; /* its row */
     u64 chunk[GT_CUDA_STACK_CHUNK];
 };
 BPF_HASH(cuda_stacks, u32, struct cuda_stack, GT_CUDA_STACKS);

@@ -9,8 +9,8 @@
  * (rules the rows cannot say, gaps between functions): no frame is guessed.
  * A library's rows are stored once in `unwind_rows` whatever the processes
  * mapping it; `unwind_procs` lists, per process, the mappings with a table.
- * unwind_stack() looks each frame's return address up here, all the way up
- * the stack; one in no such mapping is walked by its frame pointer.
+ * cuda_stack_id() looks each return address up here; one in no such mapping
+ * is walked by its frame pointer, as before.
  */
 #ifndef GT_UNWIND_ROWS
 #define GT_UNWIND_ROWS (1 << 18)  /* rows of all tables together: 2 MiB */
@@ -18,13 +18,18 @@
 #define GT_UNWIND_MAPS 8          /* mappings with a table per process */
 #define GT_UNWIND_SEARCH 16       /* binary-search steps: a table has at most 65536 rows */
 #ifndef GT_UNWIND_FRAMES
-#define GT_UNWIND_FRAMES 40       /* frames walked by unwind_stack; frame pointers beyond */
+#define GT_UNWIND_FRAMES 8        /* frames unwound by tables at the top of a stack */
 #endif
 #define GT_UNWIND_STOP 0
 #define GT_UNWIND_CFA_RSP 1
 #define GT_UNWIND_CFA_RBP 2
 
-/* struct unwind_row: in cuda_common.bpf.h (the walk keeps one in its map value) */
+struct unwind_row {
+    u32 pc;             /* link-time address where the row starts */
+    u16 cfa;            /* CFA = the kind's register + cfa */
+    u8 kind;            /* GT_UNWIND_* */
+    u8 rbp;             /* %rbp saved at CFA - 8 * rbp; 0: unchanged */
+};
 struct unwind_map {
     u64 start, end;     /* the executable mapping [start, end) */
     u64 bias;           /* address - bias = link-time address */
@@ -36,13 +41,7 @@ struct unwind_proc {
     u64 lo, hi;         /* the span of m[]: most addresses are rejected by it */
     struct unwind_map m[GT_UNWIND_MAPS];
 };
-/* All rows in ONE map value (an array map's value may be up to 4 MiB): the
- * walk looks it up once, and a search step indexes it without a lookup whose
- * NULL check the verifier would follow at every step of every frame. */
-struct unwind_all_rows {
-    struct unwind_row r[GT_UNWIND_ROWS];
-};
-BPF_ARRAY(unwind_rows, struct unwind_all_rows, 1);
+BPF_ARRAY(unwind_rows, struct unwind_row, GT_UNWIND_ROWS);
 BPF_HASH(unwind_procs, u32, struct unwind_proc, 4096);
 
 #define unwind_opaque(x) asm volatile("" : "+r"(x))
@@ -52,8 +51,7 @@ BPF_HASH(unwind_procs, u32, struct unwind_proc, 4096);
  * when it lies in one but no row covers it (the walk stops). The address
  * looked up is ip - 1, the call instruction: a call that ends a function
  * returns to the first byte of the next. */
-static __always_inline int unwind_find(struct unwind_proc *u, struct unwind_all_rows *all, u64 ip,
-                                       struct unwind_row *row)
+static __always_inline int unwind_find(struct unwind_proc *u, u64 ip, struct unwind_row *row)
 {
     if (ip < u->lo || ip >= u->hi)
         return 0;
@@ -89,14 +87,18 @@ static __always_inline int unwind_find(struct unwind_proc *u, struct unwind_all_
     for (int s = GT_UNWIND_SEARCH - 1; s >= 0; s--) {
         u64 probe = lo + (1ULL << s);
         u64 inside = (probe - rows) >> 63;  /* probe < rows (both < 2^32) */
-        u64 key = base + probe * inside;    /* row 0 of the table when outside */
-        u64 rpc = all->r[key & (GT_UNWIND_ROWS - 1)].pc;
+        u32 key = base + probe * inside;    /* row 0 of the table when outside */
+        struct unwind_row *r = unwind_rows.lookup(&key);
+        if (!r)
+            return -1;
+        u64 rpc = r->pc;
         unwind_opaque(rpc);
         u64 le = 1 - ((pc - rpc) >> 63);  /* r->pc <= pc */
         lo += (inside & le) << s;
     }
-    struct unwind_row *r = &all->r[(base + lo) & (GT_UNWIND_ROWS - 1)];
-    if (r->pc > pc)
+    u32 key = base + lo;
+    struct unwind_row *r = unwind_rows.lookup(&key);
+    if (!r || r->pc > pc)
         return -1;
     *row = *r;
     return 1;
@@ -122,62 +124,47 @@ static __always_inline int unwind_cover(struct cuda_stack_walk *w, u64 from, u64
     return 1;
 }
 
-/* The whole user stack at a uretprobe, one frame at a time: the frame whose
- * return address lies in a mapping with a table is unwound by its row, any
- * other by its frame pointer, which is the row {CFA = rbp + 16, the return
- * address at CFA - 8, rbp saved at CFA - 16}: one step for both, so a library
- * without frame pointers anywhere in the stack (below Python's eval loop, in
- * the middle of libtorch) is crossed and the walk goes on by frame pointers
- * above it. Frame 0 is `ip` (the caller of the probed function), with the
- * caller's `sp` and `fp`. Stops before reading a frame that cannot be one: a
- * CFA not 8-byte aligned, a record below the frame before it or more than
- * GT_CUDA_STACK_SPAN above the sp (glibc's __libc_start_call_main keeps no
- * frame pointer: the walk that reaches main ends there), a frame in a table
- * with no usable row. At most GT_UNWIND_FRAMES frames (the caller walks on by
- * frame pointers from w->u_sp and w->u_fp past them). Stores the frames in
- * w->s.ip[] and their hash (cuda_mix) in w->top_h; returns how many.
- * Written for the verifier: it follows each of the GT_CUDA_STACK_DEPTH
- * iterations (a bounded loop is simulated, never summarized), so an
- * iteration is one path (the frame-pointer row is a row like the others, the
- * search branch-free: unwind_find) and the count and hash wait in the map
- * value, so that every exit reaches the code after the loop in one state. */
-static __always_inline u32 unwind_stack(struct cuda_stack_walk *w, struct unwind_proc *u,
-                                        struct unwind_all_rows *all, u64 ip, u64 sp, u64 fp)
+struct unwind_regs {
+    u64 ip, sp, fp;     /* the frame's return address, its CFA-to-be base and %rbp */
+    u64 top;            /* no CFA at or above this (the stack span) */
+    u64 h;              /* the stack's hash so far (cuda_mix) */
+    u32 stop;           /* 1: a frame in a table that cannot be unwound */
+};
+
+/* Unwind frames by their tables while their return addresses lie in mappings
+ * with one, at most GT_UNWIND_FRAMES; stores each caller's return address in
+ * the walk's stack from ip[1]. Returns the frames in ip[] (1 + those found);
+ * `r` is left at the first frame outside the tables (its %rbp, and its CFA
+ * base as sp: where the frame-pointer walk goes on from) or `stop` is set. */
+static __always_inline u32 unwind_top_frames(struct cuda_stack_walk *w, struct unwind_proc *u,
+                                             struct unwind_regs *r)
 {
-    u64 top = sp + GT_CUDA_STACK_SPAN;
-    u64 h = cuda_mix(0, ip);
-    w->s.ip[0] = ip;
-    w->top_n = 1;
-    w->top_h = h;
-    w->u_ip = ip, w->u_sp = sp, w->u_fp = fp;
-    for (u32 i = 1; i < GT_UNWIND_FRAMES && i < GT_CUDA_STACK_DEPTH; i++) {
-        /* the frame's registers, and below its row, are reloaded from the
-         * map value: whichever way a step went, the next starts in one state */
-        ip = *(volatile u64 *)&w->u_ip;
-        /* no table for this frame: its frame pointer */
-        struct unwind_row fp_row = {.kind = GT_UNWIND_CFA_RBP, .cfa = 16, .rbp = 2};
-        w->u_row = fp_row;
-        if (unwind_find(u, all, ip, &w->u_row) < 0)
+    u32 n = 1;
+    for (u32 i = 1; i <= GT_UNWIND_FRAMES && i < GT_CUDA_STACK_DEPTH; i++) {
+        struct unwind_row row = {};
+        int t = unwind_find(u, r->ip, &row);
+        if (t == 0)
             break;
-        struct unwind_row row = *(volatile struct unwind_row *)&w->u_row;
-        if (row.kind == GT_UNWIND_STOP)
+        if (t < 0 || row.kind == GT_UNWIND_STOP) {
+            r->stop = 1;
             break;
-        sp = *(volatile u64 *)&w->u_sp;
-        fp = *(volatile u64 *)&w->u_fp;
-        u64 cfa = (row.kind == GT_UNWIND_CFA_RSP ? sp : fp) + row.cfa;
+        }
+        u64 cfa = (row.kind == GT_UNWIND_CFA_RSP ? r->sp : r->fp) + row.cfa;
         /* the return address and the saved %rbp lie below the CFA, in this
          * frame: [from, cfa) is read at once */
         u64 from = cfa - 8 * (row.rbp > 1 ? row.rbp : 1);
-        if ((cfa & 7) || from < sp || from >= top || !unwind_cover(w, from, cfa))
+        if ((cfa & 7) || from < r->sp || cfa >= r->top || !unwind_cover(w, from, cfa)) {
+            r->stop = 1;
             break;
+        }
         u64 ret = w->chunk[((cfa - 8 - w->base) >> 3) & (GT_CUDA_STACK_CHUNK - 1)];
         if (row.rbp)
-            w->u_fp = w->chunk[((cfa - 8 * row.rbp - w->base) >> 3) & (GT_CUDA_STACK_CHUNK - 1)];
-        w->u_sp = cfa;  /* the caller's sp, and above it the callers' frames */
-        w->u_ip = ret;
+            r->fp = w->chunk[((from - w->base) >> 3) & (GT_CUDA_STACK_CHUNK - 1)];
+        r->sp = cfa;
+        r->ip = ret;
         w->s.ip[i] = ret;
-        w->top_h = cuda_mix(*(volatile u64 *)&w->top_h, ret);
-        w->top_n = i + 1;
+        r->h = cuda_mix(r->h, ret);
+        n = i + 1;
     }
-    return *(volatile u32 *)&w->top_n;
+    return n;
 }

@@ -246,9 +246,7 @@ class LibcudaProbes:
                     target = os.readlink(link)
                     plain = os.path.exists(target) and os.path.samefile(target, link)
                     self.attach(target if plain else link, shown=target)
-            # at a libcuda load too: the libraries mapped before it (libcudart,
-            # libtorch, ...) get their unwind tables before the first allocation
-            if kinds & (PAUSE_FIRST | PAUSE_LOAD):
+            if kinds & PAUSE_FIRST:
                 self._refresh(pid)
             self.py.register(pid)  # stopped (filter mode): its threads are read as they are
             if stopped:

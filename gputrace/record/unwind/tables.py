@@ -26,12 +26,11 @@ from gputrace.record.api.symbolize import Mapping
 from gputrace.record.unwind import cfi
 
 ROWS = 1 << 18  # rows of all tables together (GT_UNWIND_ROWS)
-# frames walked one by one, by table or frame pointer (GT_UNWIND_FRAMES); frame
-# pointers only beyond: the verifier follows each frame's step, and 40 keeps the
-# program under its 1M-instruction limit (~750k at --stack-depth 127)
-FRAMES = 40
 TABLE_ROWS = 1 << 16  # rows of one table: GT_UNWIND_SEARCH binary-search steps
 MAPS = 8  # mappings with a table per process (GT_UNWIND_MAPS)
+# frames unwound by tables at the top of a stack (GT_UNWIND_FRAMES): the
+# verifier follows each, and 8 keeps the program under its 1M-instruction limit
+FRAMES = 8
 # walks end in these, as before the unwinder: no table
 _OUTERMOST = ("libc.so", "ld-linux", "ld64.so")
 
@@ -58,12 +57,6 @@ class UnwindTables:
     skipped: dict[str, str] = field(default_factory=dict)  # module -> why no table
     procs: dict[int, tuple[tuple[int, int, int, int, int], ...]] = field(default_factory=dict)
     seen: dict[int, list[Mapping]] = field(default_factory=dict)  # the maps last given
-    all_rows: Any = None  # unwind_rows' one value, as last written
-
-    def __post_init__(self) -> None:
-        # key 0 (no process: pid 0 is the idle task) holds no mapping: the probe
-        # walks a process without tables of its own with it, by frame pointers
-        self.bpf["unwind_procs"][ctypes.c_uint(0)] = self.bpf["unwind_procs"].Leaf()
 
     def update(self, pid: int, maps: list[Mapping]) -> None:
         """Give `pid`'s mappings of libraries without frame pointers their tables
@@ -131,16 +124,14 @@ class UnwindTables:
         return table
 
     def _store_rows(self, first: int, rows: list[cfi.Row]) -> None:
-        """Add rows to the one value that holds them all (the probe looks it up
-        once per walk): written whole, once per library."""
         tbl = self.bpf["unwind_rows"]
-        if self.all_rows is None:
-            self.all_rows = tbl.Leaf()
-        out = self.all_rows.r
+        keys = (tbl.Key * len(rows))()
+        values = (tbl.Leaf * len(rows))()
         for i, r in enumerate(rows):
-            v = out[first + i]
+            keys[i] = first + i
+            v = values[i]
             v.pc, v.cfa, v.kind, v.rbp = r.pack()
-        tbl[ctypes.c_int(0)] = self.all_rows
+        tbl.items_update_batch(keys, values)
 
     def _store_proc(self, pid: int, entries: list[tuple[int, int, int, int, int]]) -> None:
         tbl = self.bpf["unwind_procs"]
