@@ -41,28 +41,16 @@ def start_recorder(out: Path, *args: str) -> RecorderProc:
     return rec
 
 
-OOM_C = r"""
-#include <stdio.h>
-#include "cuda_standin.h"
-int main(void)
-{
-    CUdevice dev;
-    CUcontext ctx;
-    CUdeviceptr p = 0;
-    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuCtxCreate_v2(&ctx, 0, dev))
-        return 3;
-    CUresult r = cuMemAlloc_v2(&p, 1ull << 40);
-    printf("OOM %d\n", (int)r);
-    return r == CUDA_ERROR_OUT_OF_MEMORY ? 0 : 4;
-}
-"""
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def oom_program(tmp: Path) -> tuple[Path, Path]:
     """A program asking the stand-in libcuda for 1 TiB (refused: over
     GPUTRACE_STANDIN_CUDA_MAX, CUDA_ERROR_OUT_OF_MEMORY; it exits 0 when so) and the
     stand-in libcuda it is linked against: (program, libcuda)."""
-    from tests.standin_cuda.standin_cuda import build, link_program
+    from tests.standin_cuda.standin_cuda import HERE, build, link_program
 
-    (tmp / "oom.c").write_text(OOM_C)
-    return link_program(tmp / "oom.c", tmp / "oom"), build().libcuda
+    return link_program(HERE / "oom_program.c", tmp / "oom"), build().libcuda

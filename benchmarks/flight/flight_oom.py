@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE.parent))
 
-from common import build_storm, oom_program, start_recorder  # noqa: E402
+from common import build_storm, cpu_s, oom_program, start_recorder  # noqa: E402
 
 WINDOW_FIELDS = {
     "t_s": "seconds from the trace's first event to the failure: the incident trace "
@@ -50,11 +50,6 @@ full trace, and why; every other field must be equal."""
 def seconds(text: str) -> float:
     units = {"s": 1, "m": 60, "h": 3600}
     return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
-
-
-def cpu_s(pid: int) -> float:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def files(path: Path) -> Iterator[Path]:

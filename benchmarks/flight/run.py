@@ -25,7 +25,6 @@ one incident trace, its window and its `oom` report: see flight_oom.py.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -36,23 +35,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from common import build_storm, start_recorder  # noqa: E402
-from flight_oom import host_oom  # noqa: E402
-
-
-def cpu_s(pid: int) -> float:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def du(path: Path) -> int:
-    total = 0
-    for root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if d != "incidents"]
-        for f in files:
-            with contextlib.suppress(FileNotFoundError):  # deleted by the recorder meanwhile
-                total += os.lstat(os.path.join(root, f)).st_size
-    return total
+from common import build_storm, cpu_s, start_recorder  # noqa: E402
+from flight_oom import du, host_oom  # noqa: E402
 
 
 def one(tmp: Path, paced: Path, args: argparse.Namespace, flight: list[str]) -> dict[str, float]:

@@ -28,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from common import build_storm, start_recorder  # noqa: E402
+from common import build_storm, cpu_s, start_recorder  # noqa: E402
 
 
 def status_kib(pid: int) -> dict[str, int]:
@@ -43,11 +43,6 @@ def status_kib(pid: int) -> dict[str, int]:
 
 
 PARTS = ("RssAnon", "RssFile", "RssShmem")
-
-
-def cpu_s(pid: int) -> float:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def slope(points: list[tuple[float, float]]) -> float:

@@ -31,21 +31,6 @@ KEEP_S, AFTER_S = 5, 2
 BURSTS = 40  # storm bursts of CALLS ioctls, 0.5 s apart: ~20 s in all
 CALLS = 5000
 OOM_AT = 20  # the failing allocation comes after this many bursts (~10 s in)
-OOM_C = r"""
-#include <stdio.h>
-#include "cuda_standin.h"
-int main(void)
-{
-    CUdevice dev;
-    CUcontext ctx;
-    CUdeviceptr p = 0;
-    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuCtxCreate_v2(&ctx, 0, dev))
-        return 3;
-    CUresult r = cuMemAlloc_v2(&p, 1ull << 40);
-    printf("OOM %d\n", (int)r);
-    return r == CUDA_ERROR_OUT_OF_MEMORY ? 0 : 4;
-}
-"""
 
 
 def _du(path: Path, skip: str = "incidents") -> int:
@@ -59,11 +44,10 @@ def _du(path: Path, skip: str = "incidents") -> int:
 
 
 def test_flight_recorder_window_and_oom_incident(tmp_path: Path) -> None:
-    from tests.standin_cuda.standin_cuda import build, link_program
+    from tests.standin_cuda.standin_cuda import HERE, build, link_program
 
     paths = build()
-    (tmp_path / "oom.c").write_text(OOM_C)
-    oom = link_program(tmp_path / "oom.c", tmp_path / "oom")
+    oom = link_program(HERE / "oom_program.c", tmp_path / "oom")
     storm = tmp_path / "storm"
     subprocess.run(["gcc", "-O2", "-o", str(storm), str(STORM)], check=True)
     dev = tmp_path / "dev"
