@@ -7,6 +7,7 @@ import os
 import queue
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -255,3 +256,33 @@ def record_api_stacks(tmp: Path) -> SharedRecording:
     built = {"storm": storm, "caching": caching,
              "caching_lib": paths.lib_dir / "libcaching_standin.so"}  # fmt: skip
     return SharedRecording(tmp / "trace", programs, [], built)
+
+
+PY_WORKLOAD = ROOT / "tests" / "standin_cuda" / "py_workload.py"
+
+
+def record_py_workload(out: Path, exe: str | Path, *args: str) -> int:
+    """Record tests/standin_cuda/py_workload.py under interpreter `exe` with `-p` into
+    `out`, stopping the recorder while the workload still lives (its code objects are
+    named at the drain); returns the workload's pid."""
+    from tests.standin_cuda.standin_cuda import build
+
+    w = subprocess.Popen([str(exe), str(PY_WORKLOAD), str(build().libcuda), "--wait", *args],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert w.stdin is not None and w.stdout is not None
+    try:
+        assert w.stdout.readline() == f"READY {w.pid}\n"
+        rec = RecorderProc(record_cmd(out, "-p", str(w.pid)))
+        rec.wait_ready()
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        assert w.stdout.readline() == "ALLOCATED\n"
+        rec.proc.send_signal(signal.SIGINT)
+        assert rec.wait() == 0, "".join(rec.stderr)
+        w.stdin.write("bye\n")
+        w.stdin.flush()
+        assert w.stdout.readline() == "DONE\n"
+    finally:
+        w.kill()
+        w.wait()
+    return w.pid

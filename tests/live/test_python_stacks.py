@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +17,19 @@ import polars as pl
 import pytest
 
 from gputrace.trace.reader import open_trace
-from tests.record_helpers import ROOT, RecorderProc, live_skip_reason, record_cmd
+from tests.record_helpers import PY_WORKLOAD as WORKLOAD
+from tests.record_helpers import (
+    ROOT,
+    live_skip_reason,
+    record_cmd,
+    record_py_workload,
+)
 
 pytestmark = [pytest.mark.live]
 _SKIP = live_skip_reason()
 if _SKIP is not None:
     pytestmark.append(pytest.mark.skip(reason=_SKIP))
 
-WORKLOAD = ROOT / "tests" / "standin_cuda" / "py_workload.py"
 PYENV = Path("/root/.pyenv/versions")
 INTERPRETERS = {
     "3.10": PYENV / "3.10.13" / "bin" / "python",
@@ -52,31 +56,10 @@ def _calls_line(callee: str, caller_def: str) -> int:
 
 
 def _record(tmp_path: Path, exe: Path, *args: str) -> tuple[Path, int]:
-    """Record the workload with `-p` and stop the recorder while the workload still
-    lives (its code objects are named at the drain); returns (trace, pid)."""
-    from tests.standin_cuda.standin_cuda import build
-
-    lib = build().libcuda
-    w = subprocess.Popen([str(exe), str(WORKLOAD), str(lib), "--wait", *args],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    assert w.stdin is not None and w.stdout is not None
-    try:
-        assert w.stdout.readline() == f"READY {w.pid}\n"
-        out = tmp_path / "trace"
-        rec = RecorderProc(record_cmd(out, "-p", str(w.pid)))
-        rec.wait_ready()
-        w.stdin.write("go\n")
-        w.stdin.flush()
-        assert w.stdout.readline() == "ALLOCATED\n"
-        rec.proc.send_signal(signal.SIGINT)
-        assert rec.wait() == 0, "".join(rec.stderr)
-        w.stdin.write("bye\n")
-        w.stdin.flush()
-        assert w.stdout.readline() == "DONE\n"
-    finally:
-        w.kill()
-        w.wait()
-    return out, w.pid
+    """Record the workload with `-p` (record_helpers.record_py_workload); returns
+    (trace, pid)."""
+    out = tmp_path / "trace"
+    return out, record_py_workload(out, exe, *args)
 
 
 def _leak_report(trace: Path) -> dict[str, Any]:

@@ -6,7 +6,6 @@ uprobes on its copy) (root, bcc)."""
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,14 +14,13 @@ import polars as pl
 import pytest
 
 from gputrace.trace.reader import open_trace
-from tests.record_helpers import ROOT, RecorderProc, live_skip_reason, record_cmd
+from tests.record_helpers import live_skip_reason, record_py_workload
 
 pytestmark = [pytest.mark.live]
 _SKIP = live_skip_reason()
 if _SKIP is not None:
     pytestmark.append(pytest.mark.skip(reason=_SKIP))
 
-WORKLOAD = ROOT / "tests" / "standin_cuda" / "py_workload.py"
 PROBED = 19  # symbols of the stand-in libcuda the API layer hooks (test_record_api.PROBED)
 # The bystander: loads its copy of libcuda, then opens it again and again (each
 # open is a library load to the probes) until its stdin closes.
@@ -47,38 +45,24 @@ def test_p_ignores_other_processes_loading_libcuda(tmp_path: Path) -> None:
     shutil.copy(lib, copy)
     other = subprocess.Popen([sys.executable, "-c", BYSTANDER, str(copy)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)  # fmt: skip
-    w = subprocess.Popen([sys.executable, str(WORKLOAD), str(lib), "--wait"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    assert other.stdin is not None and other.stdout is not None
-    assert w.stdin is not None and w.stdout is not None
+    assert other.stdout is not None
     out = tmp_path / "trace"
     try:
         assert other.stdout.readline() == f"LOADED {other.pid}\n"
-        assert w.stdout.readline() == f"READY {w.pid}\n"
         # the bystander keeps loading while the recorder compiles, configures and runs
-        rec = RecorderProc(record_cmd(out, "-p", str(w.pid)))
-        rec.wait_ready()
-        w.stdin.write("go\n")
-        w.stdin.flush()
-        assert w.stdout.readline() == "ALLOCATED\n"
-        rec.proc.send_signal(signal.SIGINT)
-        assert rec.wait() == 0, "".join(rec.stderr)
-        w.stdin.write("bye\n")
-        w.stdin.flush()
-        assert w.stdout.readline() == "DONE\n"
+        pid = record_py_workload(out, sys.executable)
         assert other.poll() is None  # it loaded all along
     finally:
-        for p in (w, other):
-            p.kill()
-            p.wait()
+        other.kill()
+        other.wait()
     t = open_trace(out)
     api = t.manifest["api"]
-    assert api["python"]["versions"] == {str(w.pid): "{}.{}".format(*sys.version_info[:2])}
+    assert api["python"]["versions"] == {str(pid): "{}.{}".format(*sys.version_info[:2])}
     assert api["libraries"] == [str(lib)]
     hooks = t.manifest["hooks"]["attached"]
     assert sum(h.startswith("uprobe:") for h in hooks) == PROBED
     assert sum(h.startswith("uretprobe:") for h in hooks) == PROBED
     assert not any(str(copy) in h for h in hooks)
     calls = t.scan("cuda_calls").collect()
-    assert calls["pid"].unique().to_list() == [w.pid]
+    assert calls["pid"].unique().to_list() == [pid]
     assert calls.filter(pl.col("func") == "cuMemAlloc_v2").height > 0
