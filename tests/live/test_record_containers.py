@@ -3,13 +3,17 @@ container runtime: real cgroups made here in the host's cgroup v2 hierarchy unde
 runtime's directory names, stand-in workloads started inside them (the shell joins the
 cgroup, then execs the workload), one of them short enough to be gone before the
 recorder may read it, and a node's /var/log/pods and runtime files under a tmp
-`--kube-root`. One recording serves the module. Planted truth: `CASES` (each process's
+`--kube-root`. One recording serves the module, on one pytest-xdist worker (its group):
+two recordings at once would each make and remove the same cgroups. Every cgroup lies
+under a root of this process's own (the layouts are recognised under any root, as on a
+nested cluster), so no other test's cgroups meet these. Planted truth: `CASES` (each process's
 identity) and the stand-in's expected.json (the RM memory each run allocates).
 Live: real BPF probes on the FUSE stand-in driver (root)."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -28,7 +32,7 @@ from gputrace.trace.reader import open_trace
 from tests.live.test_record_host_mode_processes import ready_pid, wait_for_ioctls_of
 from tests.record_helpers import RecorderProc, live_skip_reason, record_cmd, standin_driver_args
 
-pytestmark = [pytest.mark.live]
+pytestmark = [pytest.mark.live, pytest.mark.xdist_group("record_containers")]
 _SKIP = live_skip_reason()
 if _SKIP is not None:
     pytestmark.append(pytest.mark.skip(reason=_SKIP))
@@ -43,6 +47,8 @@ V1_MEMORY = Path("/sys/fs/cgroup/memory")
 """A cgroup v1 hierarchy (hybrid hosts): the memory controller's, where a runtime on a
 hybrid host puts the container even when the v2 path says nothing."""
 U1_ = U1.replace("-", "_")
+ROOT = f"gputrace-test-containers-{os.getpid()}"
+"""The cgroups' own root, in each hierarchy used."""
 SLICE = f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{U1_}.slice"
 
 
@@ -131,11 +137,11 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     procs: dict[str, subprocess.Popen[str]] = {}
     try:
         for case in CASES.values():
-            parts = Path(case.cgroup).parts
+            parts = Path(ROOT, case.cgroup).parts
             for i in range(1, len(parts) + 1):
                 d = (V1_MEMORY if case.v1 else mount).joinpath(*parts[:i])
-                if not d.is_dir():
-                    d.mkdir()
+                if d not in made:
+                    d.mkdir()  # the root is this process's: nothing below it exists yet
                     made.append(d)
         with mounted_driver(tmp, budget=1 << 30) as dev:
             rec = RecorderProc(record_cmd(out, "--device-dir", str(dev), *standin_driver_args(),
@@ -145,9 +151,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
                 pids: dict[str, int] = {}
                 for key, case in CASES.items():
                     wait = ["--wait"] if case.wait else []
-                    base = V1_MEMORY if case.v1 else mount
+                    cg = (V1_MEMORY if case.v1 else mount) / ROOT / case.cgroup
                     procs[key] = subprocess.Popen(
-                        ["/bin/sh", "-c", f'echo $$ > "{base / case.cgroup}/cgroup.procs" && '
+                        ["/bin/sh", "-c", f'echo $$ > "{cg}/cgroup.procs" && '
                          f'exec "{wl}" "{dev}" {" ".join(wait)}; echo "pid $$"'],
                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                     pids[key] = procs[key].pid  # the shell execs the workload: one pid
@@ -182,7 +188,7 @@ def test_each_process_has_its_exact_container_and_pod(recorded: dict[str, Any]) 
     for key, case in CASES.items():
         row = rows[recorded["pids"][key]]
         mine = procfs.cgroup_path(Path("/proc/self/cgroup").read_text())  # v2, unmoved
-        assert row["cgroup"] == (mine if case.v1 else "/" + case.cgroup), key
+        assert row["cgroup"] == (mine if case.v1 else f"/{ROOT}/{case.cgroup}"), key
         assert {k: row[k] for k in case.want} == case.want, key
 
 

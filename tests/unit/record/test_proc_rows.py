@@ -324,14 +324,15 @@ def test_a_process_gone_unread_keeps_its_container_from_its_cgroup_id(tmp_path: 
     if mount is None:
         pytest.skip("no cgroup2 mount")
     uid, cid = "0b6c5a2e-1f3d-4c8e-9a7b-2d4e6f8a0c1e", "c0ffee" + "12" * 29
-    rel = (f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod"
-           f"{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope")
+    # under a root of this process's own: no other test's cgroups meet these
+    rel = (f"gputrace-test-proc-rows-{os.getpid()}/kubepods.slice/kubepods-besteffort.slice/"
+           f"kubepods-besteffort-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope")
     (tmp_path / "var/log/pods" / f"ml_trainer-0_{uid}" / "cuda").mkdir(parents=True)
     task = tmp_path / "run/containerd/io.containerd.runtime.v2.task/k8s.io" / cid
     task.mkdir(parents=True)
     (task / "config.json").write_text(
         '{"annotations": {"io.kubernetes.cri.container-name": "cuda"}}')
-    want = [mount / Path(rel).parents[i] for i in (2, 1, 0)] + [mount / rel]
+    want = [mount / Path(rel).parents[i] for i in (3, 2, 1, 0)] + [mount / rel]
     made: list[Path] = []  # removed after, and only those
     try:
         for d in want:
