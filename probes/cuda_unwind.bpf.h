@@ -233,7 +233,9 @@ static __always_inline int unwind_frame(struct cuda_stack_walk *w, struct unwind
         sp = fp + 16;
         fp = w->chunk[off & (GT_CUDA_STACK_CHUNK - 1)];
     }
-    w->s.ip[n] = ret;
+    /* masked: the verifier then bounds the index inside the map value (n is
+     * below GT_CUDA_STACK_DEPTH <= 127 already) */
+    w->s.ip[n & 0x7f] = ret;
     d->ip = ret, d->sp = sp, d->fp = fp;
     d->h = cuda_mix(d->h, ret);
     d->n = n + 1;

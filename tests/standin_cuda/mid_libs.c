@@ -14,6 +14,23 @@
 #ifdef MID_B
 CUdeviceptr cache_alloc(size_t size, unsigned long tag);
 
+/* Unused: most of the library's code in functions with frame pointers (what
+ * the recorder's cfi check weighs, by bytes, against the loader's stubs), so
+ * it gets no table and its frame is walked by its frame pointer. */
+EXPORT CUdeviceptr mid_middle(size_t size, unsigned long tag);
+EXPORT unsigned long mid_checksum(const unsigned char *p, size_t n)
+{
+    if (n == 0) /* a call: not a leaf, so it keeps its frame pointer */
+        return (unsigned long)mid_middle(0, 0);
+    unsigned long h = 1469598103934665603ul;
+    for (size_t i = 0; i < n; i++) {
+        h = (h ^ p[i]) * 1099511628211ul;
+        h ^= h >> (p[i] & 31);
+        h += (h << 7) ^ (h >> 11) ^ i;
+    }
+    return h ^ (h >> 33) ^ (h << 5) ^ n;
+}
+
 EXPORT CUdeviceptr mid_middle(size_t size, unsigned long tag)
 {
     CUdeviceptr p = cache_alloc(size, tag);
