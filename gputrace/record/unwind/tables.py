@@ -32,6 +32,7 @@ MAPS = 8  # mappings with a table per process (GT_UNWIND_MAPS)
 # whole-stack walk cannot run: the verifier follows each, and 8 keeps the
 # program under its 1M-instruction limit
 FRAMES = 8
+WALK_ENV = "GPUTRACE_UNWIND_WALK"
 # frames per tail-called step of the whole-stack walk (GT_UNWIND_STEP)
 STEP = 8
 # walks end in these, as before the unwinder: no table
@@ -48,7 +49,10 @@ def start_walker(bcc: Any, bpf: Any) -> str:
     """Put the whole-stack walk's programs in `unwind_tails`: the step, and the
     uretprobe it returns to (the same program its probes run). Returns how
     stacks in processes with tables are walked, for the manifest: "whole stack"
-    or, when the step cannot load, "top frames" and why."""
+    or, when the step cannot load, "top frames" and why. WALK_ENV=top keeps
+    the top-frames walk (benchmarks/unwind_storm compares the two)."""
+    if os.environ.get(WALK_ENV) == "top":
+        return f"top frames ({WALK_ENV}=top)"
     try:
         back = bpf.load_func(b"uretprobe_cuda", bcc.BPF.KPROBE)
         step = bpf.load_func(b"unwind_step", bcc.BPF.KPROBE)
