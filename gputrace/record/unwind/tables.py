@@ -33,6 +33,7 @@ MAPS = 8  # mappings with a table per process (GT_UNWIND_MAPS)
 # program under its 1M-instruction limit
 FRAMES = 8
 WALK_ENV = "GPUTRACE_UNWIND_WALK"
+TAIL_STEP, TAIL_BACK = 0, 1  # unwind_tails slots (GT_UNWIND_TAIL_*)
 # frames per tail-called step of the whole-stack walk (GT_UNWIND_STEP)
 STEP = 8
 # walks end in these, as before the unwinder: no table
@@ -60,8 +61,8 @@ def start_walker(bcc: Any, bpf: Any) -> str:
         return f"top frames ({str(e).splitlines()[0][:200]})"
     tails = bpf[b"unwind_tails"]
     # the way back first: a step that runs has somewhere to return
-    tails[ctypes.c_int(1)] = ctypes.c_int(back.fd)
-    tails[ctypes.c_int(0)] = ctypes.c_int(step.fd)
+    tails[ctypes.c_int(TAIL_BACK)] = ctypes.c_int(back.fd)
+    tails[ctypes.c_int(TAIL_STEP)] = ctypes.c_int(step.fd)
     return "whole stack"
 
 
