@@ -66,3 +66,70 @@ def test_unwinder_recovers_a_library_without_frame_pointers_mid_stack(tmp_path: 
     # the first: walked before its tables were loaded, by frame pointers alone,
     # which stop in grow_segment (it keeps a size in %rbp, not a frame pointer)
     assert stacks[0] == [grow]
+
+
+PY_MID = Path(__file__).resolve().parents[1] / "standin_cuda" / "py_mid.py"
+
+
+@pytest.mark.live
+@pytest.mark.skipif(live_skip_reason() is not None, reason=str(live_skip_reason()))
+def test_unwinder_mid_stack_under_python_ctypes(tmp_path: Path) -> None:
+    """The same chain called from Python through ctypes (tests/standin_cuda/py_mid.py),
+    the process recorded with -p (its tables loaded at start: its first allocation
+    too is walked whole): the native frames down to mid_outer exactly, then the
+    Python frames of the call, tensor (the planted line) < model < main, in order."""
+    import signal
+    import subprocess
+    import sys
+
+    import polars as pl
+
+    from gputrace.trace.reader import open_trace
+    from tests.record_helpers import RecorderProc, record_cmd
+    from tests.standin_cuda.standin_cuda import build
+
+    d = build().lib_dir
+    a, b, c = d / "libmid_a.so", d / "libmid_b.so", d / "libcaching_standin.so"
+    ra, rb, rc = (return_addresses(x) for x in (a, b, c))
+    lines = PY_MID.read_text().splitlines()
+    plant = next(i for i, x in enumerate(lines, 1) if x.endswith("# PLANT: tensor"))
+    in_model = next(i for i, x in enumerate(lines, 1) if "if tensor(i) == 0" in x)
+    in_main = next(i for i, x in enumerate(lines, 1) if x.strip() == "model(n)")
+    w = subprocess.Popen([sys.executable, str(PY_MID), str(d), str(SEGMENTS)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert w.stdin is not None and w.stdout is not None
+    out = tmp_path / "trace"
+    try:
+        assert w.stdout.readline() == f"READY {w.pid}\n"
+        rec = RecorderProc(record_cmd(out, "-p", str(w.pid)))
+        rec.wait_ready()
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        assert w.stdout.readline() == "ALLOCATED\n"
+        rec.proc.send_signal(signal.SIGINT)
+        assert rec.wait() == 0, "".join(rec.stderr)
+        w.stdin.write("bye\n")
+        w.stdin.flush()
+        assert w.stdout.readline() == "DONE\n"
+    finally:
+        w.kill()
+        w.wait()
+    t = open_trace(out)
+    assert t.manifest["api"]["unwind"]["walk"] == "whole stack"
+    calls = t.scan("cuda_calls").collect()
+    ids = calls.filter(pl.col("func") == "cuMemAlloc_v2")["stack_id"].to_list()
+    assert len(ids) == SEGMENTS and len(set(ids)) == 1
+    rows = t.scan("stacks").collect().filter(pl.col("stack_id") == ids[0]).sort("depth")
+    native = rows.filter(pl.col("kind") == "native").select("module", "offset", "symbol")
+    assert native.rows()[:4] == [
+        (str(c), rc[("grow_segment", "cuMemAlloc_v2")], "grow_segment"),
+        (str(c), rc[("cache_alloc", "grow_segment")], "cache_alloc"),
+        (str(b), rb[("mid_middle", "cache_alloc")], "mid_middle"),
+        (str(a), ra[("mid_outer", "mid_middle")], "mid_outer"),
+    ]
+    py = rows.filter(pl.col("kind") == "python").select("function", "filename", "line")
+    assert py.rows()[:3] == [("tensor", str(PY_MID), plant), ("model", str(PY_MID), in_model),
+                             ("main", str(PY_MID), in_main)]  # fmt: skip
+    # the Python frames stand where the interpreter's eval loop was: below mid_outer
+    kinds = rows["kind"].to_list()
+    assert kinds.index("python") > 4
