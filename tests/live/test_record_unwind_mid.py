@@ -77,7 +77,15 @@ def test_unwinder_mid_stack_under_python_ctypes(tmp_path: Path) -> None:
     """The same chain called from Python through ctypes (tests/standin_cuda/py_mid.py),
     the process recorded with -p (its tables loaded at start: its first allocation
     too is walked whole): the native frames down to mid_outer exactly, then the
-    Python frames of the call, tensor (the planted line) < model < main, in order."""
+    Python frames of the call, tensor (the planted line) < model < main, in order.
+
+    Below mid_outer the walk goes on through libffi (no frame pointers: its table)
+    and _ctypes to ffi_call < _ctypes_callproc < PyCFuncPtr_call; the top-frames
+    walk stopped after mid_outer at one unnamed libffi frame. It still stops in
+    libpython3.11 (built without frame pointers too), whose table is left out
+    ("more than 8 tables in one process": the interpreter's small extension
+    modules take the 8 slots first, in address order), so the Python frames
+    follow the native ones instead of standing at _PyEval_EvalFrameDefault."""
     import signal
     import subprocess
     import sys
@@ -127,6 +135,9 @@ def test_unwinder_mid_stack_under_python_ctypes(tmp_path: Path) -> None:
         (str(b), rb[("mid_middle", "cache_alloc")], "mid_middle"),
         (str(a), ra[("mid_outer", "mid_middle")], "mid_outer"),
     ]
+    symbols = [x for x in native["symbol"].to_list()[4:] if x]
+    calls = ["ffi_call", "_ctypes_callproc", "PyCFuncPtr_call"]
+    assert [x for x in symbols if x in calls] == calls
     py = rows.filter(pl.col("kind") == "python").select("function", "filename", "line")
     assert py.rows()[:3] == [("tensor", str(PY_MID), plant), ("model", str(PY_MID), in_model),
                              ("main", str(PY_MID), in_main)]  # fmt: skip
