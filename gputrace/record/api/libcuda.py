@@ -143,7 +143,7 @@ class LibcudaProbes:
         self.skipped: list[dict[str, str]] = []
         self.sym = Symbolizer()
         self.py = python_stacks.PythonStacks(self.bpf["cuda_py_procs"], self.bpf["cuda_py_stacks"])
-        self.unwind = unwind.UnwindTables(self.bpf)
+        self.unwind = unwind.UnwindTables(self.bpf, unwind.start_walker(bcc, self.bpf))
         self.stacks_done: set[tuple[int, int]] = set()
         self.stack_errors = 0
         self.pauses = 0

@@ -28,16 +28,42 @@ from gputrace.record.unwind import cfi
 ROWS = 1 << 18  # rows of all tables together (GT_UNWIND_ROWS)
 TABLE_ROWS = 1 << 16  # rows of one table: GT_UNWIND_SEARCH binary-search steps
 MAPS = 8  # mappings with a table per process (GT_UNWIND_MAPS)
-# frames unwound by tables at the top of a stack (GT_UNWIND_FRAMES): the
-# verifier follows each, and 8 keeps the program under its 1M-instruction limit
+# frames unwound by tables at the top of a stack (GT_UNWIND_FRAMES) when the
+# whole-stack walk cannot run: the verifier follows each, and 8 keeps the
+# program under its 1M-instruction limit
 FRAMES = 8
+WALK_ENV = "GPUTRACE_UNWIND_WALK"
+TAIL_STEP, TAIL_BACK = 0, 1  # unwind_tails slots (GT_UNWIND_TAIL_*)
+# frames per tail-called step of the whole-stack walk (GT_UNWIND_STEP)
+STEP = 8
 # walks end in these, as before the unwinder: no table
 _OUTERMOST = ("libc.so", "ld-linux", "ld64.so")
 
 
 def cflags() -> list[str]:
     """The table bounds the BPF program is compiled with (numbers only)."""
-    return [f"-DGT_UNWIND_ROWS={ROWS}", f"-DGT_UNWIND_FRAMES={FRAMES}"]
+    return [f"-DGT_UNWIND_ROWS={ROWS}", f"-DGT_UNWIND_FRAMES={FRAMES}",
+            f"-DGT_UNWIND_STEP={STEP}"]
+
+
+def start_walker(bcc: Any, bpf: Any) -> str:
+    """Put the whole-stack walk's programs in `unwind_tails`: the step, and the
+    uretprobe it returns to (the same program its probes run). Returns how
+    stacks in processes with tables are walked, for the manifest: "whole stack"
+    or, when the step cannot load, "top frames" and why. WALK_ENV=top keeps
+    the top-frames walk (benchmarks/unwind_storm compares the two)."""
+    if os.environ.get(WALK_ENV) == "top":
+        return f"top frames ({WALK_ENV}=top)"
+    try:
+        back = bpf.load_func(b"uretprobe_cuda", bcc.BPF.KPROBE)
+        step = bpf.load_func(b"unwind_step", bcc.BPF.KPROBE)
+    except Exception as e:  # bcc raises a bare Exception with the verifier's verdict
+        return f"top frames ({str(e).splitlines()[0][:200]})"
+    tails = bpf[b"unwind_tails"]
+    # the way back first: a step that runs has somewhere to return
+    tails[ctypes.c_int(TAIL_BACK)] = ctypes.c_int(back.fd)
+    tails[ctypes.c_int(TAIL_STEP)] = ctypes.c_int(step.fd)
+    return "whole stack"
 
 
 @dataclass
@@ -51,6 +77,7 @@ class UnwindTables:
     """Tables loaded into one API program's maps, and what each process uses."""
 
     bpf: Any
+    walk: str = "top frames"  # start_walker's verdict
     used: int = 0
     by_file: dict[tuple[int, int], _Table | None] = field(default_factory=dict)
     loaded: dict[str, int] = field(default_factory=dict)  # module -> rows (manifest)
@@ -162,4 +189,5 @@ class UnwindTables:
             "skipped": [{"module": k, "reason": v} for k, v in sorted(self.skipped.items())],
             "rows": self.used,
             "rows_max": ROWS,
+            "walk": self.walk,
         }
