@@ -246,7 +246,9 @@ class LibcudaProbes:
                     target = os.readlink(link)
                     plain = os.path.exists(target) and os.path.samefile(target, link)
                     self.attach(target if plain else link, shown=target)
-            if kinds & PAUSE_FIRST:
+            if kinds & (PAUSE_FIRST | PAUSE_LOAD):
+                # at the load too: the libraries mapped before libcuda (the CUDA
+                # runtime, the framework) have their tables before the first call
                 self._refresh(pid)
             self.py.register(pid)  # stopped (filter mode): its threads are read as they are
             if stopped:
@@ -330,6 +332,7 @@ class LibcudaProbes:
                     st = tbl[tbl.Key(native_id)]
                     # frames up to the first 0, as the kernel's stack map gave them
                     ips = [int(ip) for ip in itertools.takewhile(bool, st.ip[: st.n])]
+                    self.unwind.saw_stack(pid, ips)
                 frames = self.sym.stack_rows(pid, stack_id, ips)
                 if py_id >= 0:
                     frames = python_stacks.merge(pid, stack_id, frames,
