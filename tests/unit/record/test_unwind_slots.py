@@ -85,7 +85,7 @@ def test_more_libraries_seen_than_slots_keep_the_first_seen(
     u.update(7, MAPS_OF)
     u.saw_stack(7, [(i + 1) * MIB + 8 for i in range(9, -1, -1)])  # all ten, 9 first
     assert len(stored[7]) == MAPS
-    assert stored[7] == LIBS[3:10] + [LIBS[10]]  # interpreter + the first 7 seen (9..3)
+    assert stored[7] == [*LIBS[3:10], LIBS[10]]  # interpreter + the first 7 seen (9..3)
 
 
 def test_libraries_with_slots_seen_on_stacks_keep_them(
