@@ -138,11 +138,12 @@ static __always_inline int cuda_chunk_word(struct cuda_stack_walk *w, u64 addr, 
  * user reads (each ~80 ns after the first on the VM measured, whatever its size).
  * In a process with unwind tables (cuda_unwind.bpf.h) the top frames whose
  * return addresses lie in libraries built without frame pointers are unwound
- * by their rows first; the frame-pointer walk goes on from the first other.
+ * by their rows first; the frame-pointer walk goes on from the first other,
+ * unless the tail-called walk of the whole stack (unwind_step) did it already.
  * Returns the stack's id (one per distinct stack, >= 0), or -errno; `*out_v`
  * and `*pitch_v` are set and `*have` has bit 0 / 1 set where the chunk held them. */
-static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 out, u64 pitch_out,
-                                         u64 *out_v, u64 *pitch_v, int *have)
+static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 call, u64 out,
+                                         u64 pitch_out, u64 *out_v, u64 *pitch_v, int *have)
 {
     struct cuda_stack_walk *w = cuda_stack_scratch.task_storage_get(
         task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -179,6 +180,14 @@ static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 ou
      * once for each) */
     *(volatile u32 *)&w->top_n = 1;
     *(volatile u64 *)&w->top_h = h;
+    u32 dn;
+    u64 dh;
+    if (unwind_take(task, call, &dn, &dh)) {
+        /* every frame, by tables and frame pointers, in s already */
+        *(volatile u32 *)&w->top_n = dn;
+        *(volatile u64 *)&w->top_h = dh;
+        unw = 0, fp = 0;
+    }
     if (unw) {
         struct unwind_regs r = {.ip = ip, .sp = sp, .fp = fp, .top = top, .h = h};
         *(volatile u32 *)&w->top_n = unwind_top_frames(w, unw, &r);
@@ -264,6 +273,8 @@ int uretprobe_cuda(struct pt_regs *ctx)
     struct cuda_pending *p = cuda_pending.task_storage_get(task, 0, 0);
     if (!p || !p->active)
         return 0;
+    if (p->out)
+        unwind_start(ctx, task, p->ts_ns);  /* a tail call when tables walk the stack */
     p->active = 0;
     u64 id = bpf_get_current_pid_tgid();
     u32 pid = id >> 32;
@@ -300,7 +311,8 @@ int uretprobe_cuda(struct pt_regs *ctx)
             int have = 0;
             /* Taken at return: the caller's frame is current again, so the
              * frame-pointer walk starts in the caller on every kernel. */
-            e->stack_id = cuda_stack_id(ctx, task, p->out, p->pitch_out, &v, &pitch, &have);
+            e->stack_id = cuda_stack_id(ctx, task, p->ts_ns, p->out, p->pitch_out, &v, &pitch,
+                                        &have);
             /* walked at entry, apart from the native walk, which may stop early */
             e->py_stack_id = cuda_py_take(task);
             if (e->result == 0 &&

@@ -168,3 +168,144 @@ static __always_inline u32 unwind_top_frames(struct cuda_stack_walk *w, struct u
     }
     return n;
 }
+
+/* ------------------------------------------------ the whole stack by tables
+ * PyTorch's libraries and libcudart sit below Python's frames and between
+ * frame-pointer code, anywhere in a stack: each frame is unwound by its
+ * table's row when its return address lies in a library with one, else by its
+ * frame pointer, to the stack's depth limit. That is more frames than one
+ * program may verify (each table frame is ~80k instructions to the verifier),
+ * so the walk runs in a tail-called program, GT_UNWIND_STEP frames a call,
+ * its state in `unwind_walks`; the last step tail-calls the uretprobe again,
+ * which finds the walk done for its call and stores the stack as usual.
+ * bpf_loop would do it in one program, but this bcc does not relocate the
+ * callback's address. Tail calls: 1 to start, one per step, 1 back, at most
+ * 2 + GT_CUDA_STACK_DEPTH / GT_UNWIND_STEP (the kernel allows 33). Without the
+ * step program (not loaded) the top-frames walk above runs as before. */
+#ifndef GT_UNWIND_STEP
+#define GT_UNWIND_STEP 8          /* frames per tail-called step */
+#endif
+#define GT_UNWIND_TAIL_STEP 0
+#define GT_UNWIND_TAIL_BACK 1     /* uretprobe_cuda */
+#define GT_UNWIND_WALKING 1
+#define GT_UNWIND_DONE 2
+
+struct unwind_walk {
+    u64 ip, sp, fp;     /* the frame to unwind next: its return address, CFA base, %rbp */
+    u64 top;            /* no CFA or frame record at or above this */
+    u64 h;              /* the stack's hash so far (cuda_mix) */
+    u64 call;           /* the call walked: its entry time (cuda_pending.ts_ns) */
+    u32 n;              /* frames in the walk's stack so far */
+    u32 state;          /* 0, GT_UNWIND_WALKING or GT_UNWIND_DONE */
+};
+BPF_TASK_STORAGE(unwind_walks, struct unwind_walk);
+BPF_PROG_ARRAY(unwind_tails, 2);
+
+/* One frame: its caller's return address to the walk's stack, by the frame's
+ * row where its table has one, else by its frame pointer. 1 when the walk ends
+ * (no caller found, a STOP row, the depth limit), 0 to go on. */
+static __always_inline int unwind_frame(struct cuda_stack_walk *w, struct unwind_proc *u,
+                                        struct unwind_walk *d)
+{
+    u32 n = d->n;
+    if (n >= GT_CUDA_STACK_DEPTH)
+        return 1;
+    u64 sp = d->sp, fp = d->fp, ret;
+    struct unwind_row row = {};
+    int t = unwind_find(u, d->ip, &row);
+    if (t < 0 || (t > 0 && row.kind == GT_UNWIND_STOP))
+        return 1;
+    if (t > 0) {
+        u64 cfa = (row.kind == GT_UNWIND_CFA_RSP ? sp : fp) + row.cfa;
+        u64 from = cfa - 8 * (row.rbp > 1 ? row.rbp : 1);
+        if ((cfa & 7) || from < sp || cfa >= d->top || !unwind_cover(w, from, cfa))
+            return 1;
+        ret = w->chunk[((cfa - 8 - w->base) >> 3) & (GT_CUDA_STACK_CHUNK - 1)];
+        if (row.rbp)
+            fp = w->chunk[((from - w->base) >> 3) & (GT_CUDA_STACK_CHUNK - 1)];
+        sp = cfa;
+    } else {
+        /* as cuda_stack_id's walk: a record above the last, below the span */
+        if ((fp & 7) || fp < sp || fp >= d->top || !unwind_cover(w, fp, fp + 16))
+            return 1;
+        u64 off = (fp - w->base) >> 3;
+        ret = w->chunk[(off + 1) & (GT_CUDA_STACK_CHUNK - 1)];
+        sp = fp + 16;
+        fp = w->chunk[off & (GT_CUDA_STACK_CHUNK - 1)];
+    }
+    /* masked: the verifier then bounds the index inside the map value (n is
+     * below GT_CUDA_STACK_DEPTH <= 127 already) */
+    w->s.ip[n & 0x7f] = ret;
+    d->ip = ret, d->sp = sp, d->fp = fp;
+    d->h = cuda_mix(d->h, ret);
+    d->n = n + 1;
+    return 0;
+}
+
+/* At the uretprobe of a call that takes a stack, in a process with tables:
+ * start the walk and tail-call its first step (no return when it is there).
+ * Returns at once when this call's walk is done. */
+static __always_inline void unwind_start(struct pt_regs *ctx, void *task, u64 call)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!unwind_procs.lookup(&tgid))
+        return;
+    struct unwind_walk *d = unwind_walks.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    struct cuda_stack_walk *w = cuda_stack_scratch.task_storage_get(
+        task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!d || !w || (d->state == GT_UNWIND_DONE && d->call == call))
+        return;
+    u64 sp = PT_REGS_SP(ctx), ip = PT_REGS_IP(ctx);
+    d->ip = ip, d->sp = sp, d->fp = PT_REGS_FP(ctx);
+    d->top = sp + GT_CUDA_STACK_SPAN;
+    d->h = cuda_mix(0, ip);
+    d->call = call;
+    d->n = 1;
+    d->state = GT_UNWIND_WALKING;
+    w->s.ip[0] = ip;
+    w->base = w->end = 0;
+    unwind_tails.call(ctx, GT_UNWIND_TAIL_STEP);
+    d->state = 0;  /* no step program: cuda_stack_id walks as before */
+}
+
+/* The walk's frames for `call` when its step program did them: 1, with the
+ * stack in w->s, *n and *h set (and the walk marked taken). */
+static __always_inline int unwind_take(void *task, u64 call, u32 *n, u64 *h)
+{
+    struct unwind_walk *d = unwind_walks.task_storage_get(task, 0, 0);
+    if (!d || d->state != GT_UNWIND_DONE || d->call != call)
+        return 0;
+    d->state = 0;
+    *n = d->n;
+    *h = d->h;
+    return 1;
+}
+
+/* GT_UNWIND_STEP frames of the walk, then the next step or, once it has
+ * ended, uretprobe_cuda again. */
+int unwind_step(struct pt_regs *ctx)
+{
+    void *task = (void *)bpf_get_current_task_btf();
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct unwind_walk *d = unwind_walks.task_storage_get(task, 0, 0);
+    struct cuda_stack_walk *w = cuda_stack_scratch.task_storage_get(task, 0, 0);
+    struct unwind_proc *u = unwind_procs.lookup(&tgid);
+    if (!d || !w || d->state != GT_UNWIND_WALKING)
+        return 0;
+    u32 next = GT_UNWIND_TAIL_BACK;
+    if (u) {
+        for (u32 k = 0; k < GT_UNWIND_STEP; k++) {
+            if (unwind_frame(w, u, d)) {
+                d->state = GT_UNWIND_DONE;
+                break;
+            }
+        }
+        if (d->state == GT_UNWIND_WALKING)
+            next = GT_UNWIND_TAIL_STEP;
+    }
+    if (next == GT_UNWIND_TAIL_BACK)
+        d->state = GT_UNWIND_DONE;
+    unwind_tails.call(ctx, next);
+    d->state = 0;
+    return 0;
+}

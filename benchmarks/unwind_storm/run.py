@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -136,6 +137,7 @@ def measure(exe: Path, lib: Path, argv: list[str], n: int, k: int, tmp: Path,
         "drops": [r["drops"] for r in runs],
         "stack_rows": runs[0]["stacks"],
         "tables": runs[0]["unwind"].get("tables", []),
+        "walk": runs[0]["unwind"].get("walk", ""),
     }
 
 
@@ -157,6 +159,13 @@ def main() -> None:
                 nofp_exe, lib, [], args.iters, args.repeat, tmp, args.copy_bytes
             ),
         }
+        # the same stacks walked by tables for the top frames only, then frame
+        # pointers (the walk before the whole-stack one; the recorder's knob)
+        os.environ["GPUTRACE_UNWIND_WALK"] = "top"
+        try:
+            res["unwind_top_only"] = measure(nofp_exe, lib, [], args.iters, args.repeat, tmp)
+        finally:
+            del os.environ["GPUTRACE_UNWIND_WALK"]
     if args.json:
         print(json.dumps(res, indent=2))
         return
@@ -171,13 +180,18 @@ def main() -> None:
             f"drops {r['drops']} tables {[t['module'].rsplit('/', 1)[-1] for t in r['tables']]}"
         )
     r = res["unwind_tables"]
+    if not r["walk"].startswith("whole stack"):
+        print(f"unwind_tables: walk {r['walk']!r}, not the whole-stack walk")
     c, u, f = r["copy_ns"], r["untraced_ns"], r["floor_ns"]
     print(f"stack copy ({args.copy_bytes} B, probe side only): {c:7.1f} (+{c - u:.0f})  "
           f"added/floor-added {(c - u) / max(f - u, 1e-9):.2f}  records {r['copy_records']} "
           f"of {args.iters + 1}")  # fmt: skip
+    top = added["unwind_top_only"] - added["frame_pointers"]
+    print(f"top-frames unwinder (before): +{top:.0f} ns per allocation over the "
+          f"frame-pointer walk")  # fmt: skip
     extra = added["unwind_tables"] - added["frame_pointers"]
     print(
-        f"unwinder: +{extra:.0f} ns per allocation over the frame-pointer walk "
+        f"whole-stack unwinder: +{extra:.0f} ns per allocation over the frame-pointer walk "
         f"({added['unwind_tables'] / max(added['frame_pointers'], 1e-9):.2f}x its added cost)"
     )
 

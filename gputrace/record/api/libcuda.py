@@ -143,7 +143,7 @@ class LibcudaProbes:
         self.skipped: list[dict[str, str]] = []
         self.sym = Symbolizer()
         self.py = python_stacks.PythonStacks(self.bpf["cuda_py_procs"], self.bpf["cuda_py_stacks"])
-        self.unwind = unwind.UnwindTables(self.bpf)
+        self.unwind = unwind.UnwindTables(self.bpf, unwind.start_walker(bcc, self.bpf))
         self.stacks_done: set[tuple[int, int]] = set()
         self.stack_errors = 0
         self.pauses = 0
@@ -246,7 +246,9 @@ class LibcudaProbes:
                     target = os.readlink(link)
                     plain = os.path.exists(target) and os.path.samefile(target, link)
                     self.attach(target if plain else link, shown=target)
-            if kinds & PAUSE_FIRST:
+            if kinds & (PAUSE_FIRST | PAUSE_LOAD):
+                # at the load too: the libraries mapped before libcuda (the CUDA
+                # runtime, the framework) have their tables before the first call
                 self._refresh(pid)
             self.py.register(pid)  # stopped (filter mode): its threads are read as they are
             if stopped:
@@ -330,6 +332,7 @@ class LibcudaProbes:
                     st = tbl[tbl.Key(native_id)]
                     # frames up to the first 0, as the kernel's stack map gave them
                     ips = [int(ip) for ip in itertools.takewhile(bool, st.ip[: st.n])]
+                    self.unwind.saw_stack(pid, ips)
                 frames = self.sym.stack_rows(pid, stack_id, ips)
                 if py_id >= 0:
                     frames = python_stacks.merge(pid, stack_id, frames,

@@ -11,13 +11,22 @@ compiled once per file (device, inode) and its rows stored once in
 process's mappings with a table (at most MAPS). Bounds: TABLE_ROWS rows per
 library, ROWS in all; a library over them is walked by frame pointers and
 listed in the manifest with the reason.
+
+When a process maps more such libraries than it has slots, the slots go by use:
+the interpreter first (a CPython process's Python frames are merged at its eval
+loop, so every stack passes through it), then the libraries its recorded stacks
+have shown frames in (a walk that ends in a library without a table shows the
+frame that entered it), in the order first seen, then the rest in address order.
+A library first seen on a stack takes the slot of one never seen there.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,16 +37,46 @@ from gputrace.record.unwind import cfi
 ROWS = 1 << 18  # rows of all tables together (GT_UNWIND_ROWS)
 TABLE_ROWS = 1 << 16  # rows of one table: GT_UNWIND_SEARCH binary-search steps
 MAPS = 8  # mappings with a table per process (GT_UNWIND_MAPS)
-# frames unwound by tables at the top of a stack (GT_UNWIND_FRAMES): the
-# verifier follows each, and 8 keeps the program under its 1M-instruction limit
+# frames unwound by tables at the top of a stack (GT_UNWIND_FRAMES) when the
+# whole-stack walk cannot run: the verifier follows each, and 8 keeps the
+# program under its 1M-instruction limit
 FRAMES = 8
+WALK_ENV = "GPUTRACE_UNWIND_WALK"
+TAIL_STEP, TAIL_BACK = 0, 1  # unwind_tails slots (GT_UNWIND_TAIL_*)
+# frames per tail-called step of the whole-stack walk (GT_UNWIND_STEP)
+STEP = 8
 # walks end in these, as before the unwinder: no table
 _OUTERMOST = ("libc.so", "ld-linux", "ld64.so")
+# a CPython interpreter's file: the executable or libpython (python_stacks reads
+# _PyRuntime from the same names)
+_INTERPRETER = re.compile(r"^(lib)?python\d+\.\d+[a-z]*(\.so[\w.]*)?$")
+CROWDED = f"more than {MAPS} tables in one process"
 
 
 def cflags() -> list[str]:
     """The table bounds the BPF program is compiled with (numbers only)."""
-    return [f"-DGT_UNWIND_ROWS={ROWS}", f"-DGT_UNWIND_FRAMES={FRAMES}"]
+    return [f"-DGT_UNWIND_ROWS={ROWS}", f"-DGT_UNWIND_FRAMES={FRAMES}",
+            f"-DGT_UNWIND_STEP={STEP}"]
+
+
+def start_walker(bcc: Any, bpf: Any) -> str:
+    """Put the whole-stack walk's programs in `unwind_tails`: the step, and the
+    uretprobe it returns to (the same program its probes run). Returns how
+    stacks in processes with tables are walked, for the manifest: "whole stack"
+    or, when the step cannot load, "top frames" and why. WALK_ENV=top keeps
+    the top-frames walk (benchmarks/unwind_storm compares the two)."""
+    if os.environ.get(WALK_ENV) == "top":
+        return f"top frames ({WALK_ENV}=top)"
+    try:
+        back = bpf.load_func(b"uretprobe_cuda", bcc.BPF.KPROBE)
+        step = bpf.load_func(b"unwind_step", bcc.BPF.KPROBE)
+    except Exception as e:  # bcc raises a bare Exception with the verifier's verdict
+        return f"top frames ({str(e).splitlines()[0][:200]})"
+    tails = bpf[b"unwind_tails"]
+    # the way back first: a step that runs has somewhere to return
+    tails[ctypes.c_int(TAIL_BACK)] = ctypes.c_int(back.fd)
+    tails[ctypes.c_int(TAIL_STEP)] = ctypes.c_int(step.fd)
+    return "whole stack"
 
 
 @dataclass
@@ -51,12 +90,19 @@ class UnwindTables:
     """Tables loaded into one API program's maps, and what each process uses."""
 
     bpf: Any
+    walk: str = "top frames"  # start_walker's verdict
     used: int = 0
     by_file: dict[tuple[int, int], _Table | None] = field(default_factory=dict)
     loaded: dict[str, int] = field(default_factory=dict)  # module -> rows (manifest)
     skipped: dict[str, str] = field(default_factory=dict)  # module -> why no table
     procs: dict[int, tuple[tuple[int, int, int, int, int], ...]] = field(default_factory=dict)
     seen: dict[int, list[Mapping]] = field(default_factory=dict)  # the maps last given
+    # pid -> paths its stacks showed frames in, in the order first seen
+    on_stacks: dict[int, dict[str, None]] = field(default_factory=dict)
+    # pid -> (starts, ends, paths) of its mappings with a table, by start
+    tabled: dict[int, tuple[list[int], list[int], list[str]]] = field(default_factory=dict)
+    slotted: dict[int, set[str]] = field(default_factory=dict)  # pid -> paths with a slot
+    crowded: dict[str, set[int]] = field(default_factory=dict)  # path -> pids left out
 
     def update(self, pid: int, maps: list[Mapping]) -> None:
         """Give `pid`'s mappings of libraries without frame pointers their tables
@@ -65,8 +111,30 @@ class UnwindTables:
         if self.seen.get(pid) is maps:
             return
         self.seen[pid] = maps
-        entries: list[tuple[int, int, int, int, int]] = []
-        for m in maps:
+        self._assign(pid, maps)
+
+    def saw_stack(self, pid: int, ips: list[int]) -> None:
+        """A recorded stack of `pid`: a library without a slot that it shows a frame
+        in takes one (the next walk goes through it)."""
+        found = self.tabled.get(pid)
+        if not found or pid not in self.seen:
+            return
+        starts, ends, paths = found
+        seen = self.on_stacks.setdefault(pid, {})
+        new = False
+        for ip in ips:
+            i = bisect.bisect_right(starts, ip) - 1
+            if i >= 0 and ip < ends[i] and paths[i] not in seen:
+                seen[paths[i]] = None  # a library with a slot counts as used too
+                new = new or paths[i] not in self.slotted.get(pid, ())
+        if new:
+            self._assign(pid, self.seen[pid])
+
+    def _assign(self, pid: int, maps: list[Mapping]) -> None:
+        """The slots of `pid`, by use (the module docstring), into `unwind_procs`."""
+        used = list(self.on_stacks.get(pid, {}))
+        ranked: list[tuple[int, int, str, tuple[int, int, int, int, int]]] = []
+        for order, m in enumerate(maps):
             path = m.path.removesuffix(" (deleted)")
             if not path.startswith("/") or os.path.basename(path).startswith(_OUTERMOST):
                 continue
@@ -74,10 +142,19 @@ class UnwindTables:
             if found is None:
                 continue
             table, link_start = found
-            if len(entries) == MAPS:
-                self.skipped.setdefault(path, f"more than {MAPS} tables in one process")
-                continue
-            entries.append((m.start, m.end, m.start - link_start, table.row, table.rows))
+            rank = (0 if _INTERPRETER.match(os.path.basename(path)) else
+                    1 + used.index(path) if path in used else 1 + len(used) + order)
+            ranked.append((rank, order, path, (m.start, m.end, m.start - link_start,
+                                               table.row, table.rows)))
+        ranked.sort()
+        self.slotted[pid] = {path for _r, _o, path, _e in ranked[:MAPS]}
+        for path in self.slotted[pid]:
+            self.crowded.get(path, set()).discard(pid)
+        for _r, _o, path, _e in ranked[MAPS:]:
+            self.crowded.setdefault(path, set()).add(pid)
+        every = sorted((e[0], e[1], path) for _r, _o, path, e in ranked)
+        self.tabled[pid] = ([x[0] for x in every], [x[1] for x in every], [x[2] for x in every])
+        entries = sorted(e for _r, _o, _p, e in ranked[:MAPS])
         key = tuple(entries)
         if self.procs.get(pid) == key:
             return
@@ -152,6 +229,9 @@ class UnwindTables:
     def forget(self, pid: int) -> None:
         """An exited process: its entry goes (its pid may be reused)."""
         self.seen.pop(pid, None)
+        self.on_stacks.pop(pid, None)
+        self.tabled.pop(pid, None)
+        self.slotted.pop(pid, None)
         if self.procs.pop(pid, None):
             with contextlib.suppress(KeyError):
                 del self.bpf["unwind_procs"][ctypes.c_uint(pid)]
@@ -159,7 +239,10 @@ class UnwindTables:
     def manifest(self) -> dict[str, Any]:
         return {
             "tables": [{"module": k, "rows": v} for k, v in sorted(self.loaded.items())],
-            "skipped": [{"module": k, "reason": v} for k, v in sorted(self.skipped.items())],
+            "skipped": [{"module": k, "reason": v} for k, v in sorted(
+                {**{p: CROWDED for p, pids in self.crowded.items() if pids},
+                 **self.skipped}.items())],
             "rows": self.used,
             "rows_max": ROWS,
+            "walk": self.walk,
         }

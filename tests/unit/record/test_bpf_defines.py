@@ -67,6 +67,9 @@ def python_value(name: str) -> int | None:
         "GT_UNWIND_ROWS": unwind_tables.ROWS,
         "GT_UNWIND_MAPS": unwind_tables.MAPS,
         "GT_UNWIND_FRAMES": unwind_tables.FRAMES,
+        "GT_UNWIND_STEP": unwind_tables.STEP,
+        "GT_UNWIND_TAIL_STEP": unwind_tables.TAIL_STEP,
+        "GT_UNWIND_TAIL_BACK": unwind_tables.TAIL_BACK,
         "GT_UNWIND_SEARCH": unwind_tables.TABLE_ROWS.bit_length() - 1,
         "GT_UNWIND_STOP": unwind_cfi.STOP,
         "GT_UNWIND_CFA_RSP": unwind_cfi.CFA_RSP,
@@ -147,6 +150,8 @@ C_ONLY = {
     "GT_PY_PAGE": "the page a frame read does not cross",
     "GT_PY_WINDOW": "the Python walk's read buffer",
     "GT_PY_NONE": "an offset the layout lacks (no such field in this CPython)",
+    "GT_UNWIND_WALKING": "a whole-stack walk's state, between its tail calls",
+    "GT_UNWIND_DONE": "a whole-stack walk's state, between its tail calls",
     "GT_PY_CSTACK": "FRAME_OWNED_BY_CSTACK of CPython 3.12+, compared in the probe only",
 }
 
