@@ -144,6 +144,7 @@ class LibcudaProbes:
         self.sym = Symbolizer()
         self.py = python_stacks.PythonStacks(self.bpf["cuda_py_procs"], self.bpf["cuda_py_stacks"])
         self.unwind = unwind.UnwindTables(self.bpf, unwind.start_walker(bcc, self.bpf))
+        self.unwind.compiler.start()
         self.stacks_done: set[tuple[int, int]] = set()
         self.stack_errors = 0
         self.pauses = 0
@@ -185,6 +186,7 @@ class LibcudaProbes:
                 found |= libs
                 self._refresh(pid)
                 self.py.register(pid)
+        self.unwind.poll(unwind.START_WAIT_S)  # their first allocations walked whole
         found |= from_ldconfig()
         if self.libcuda:
             found.add(self.libcuda)
@@ -248,18 +250,20 @@ class LibcudaProbes:
                     self.attach(target if plain else link, shown=target)
             if kinds & (PAUSE_FIRST | PAUSE_LOAD):
                 # at the load too: the libraries mapped before libcuda (the CUDA
-                # runtime, the framework) have their tables before the first call
-                self._refresh(pid)
+                # runtime, the framework) have their tables before the first call,
+                # those compiled within the bounded wait (stopped meanwhile)
+                self._refresh(pid, unwind.PAUSE_WAIT_S if stopped else 0.0)
             self.py.register(pid)  # stopped (filter mode): its threads are read as they are
             if stopped:
                 self.pauses += 1
             self._release(tbl, pid, stopped, boot)
 
-    def _refresh(self, pid: int) -> None:
+    def _refresh(self, pid: int, wait_s: float = 0.0) -> None:
         """Read `pid`'s mappings: for symbols, and unwind tables for its libraries
-        built without frame pointers (loaded before its next allocation's walk)."""
+        built without frame pointers (loaded as they are compiled, up to `wait_s`
+        waited for)."""
         if self.sym.refresh(pid):
-            self.unwind.update(pid, self.sym.maps[pid])
+            self.unwind.update(pid, self.sym.maps[pid], wait_s)
 
     def _release(self, tbl: Any, pid: int, stopped: int, boot: int) -> None:
         """Take `pid` out of the map and continue it if the probe stopped it. The
@@ -300,6 +304,8 @@ class LibcudaProbes:
     def drain(self) -> list[tuple[str, Any]]:
         """Work items for the writer: raw events, stack rows, manifest facts."""
         self.service_pauses()
+        if self.unwind.poll():
+            self.changed = True  # the manifest lists the tables
         self.bpf.ring_buffer_consume()
         items: list[tuple[str, Any]] = []
         if self.raw:
@@ -394,6 +400,7 @@ class LibcudaProbes:
             )
 
     def close(self) -> None:
+        self.unwind.close()
         with contextlib.suppress(Exception):
             self.resume_all()
         for fd in self._fds:

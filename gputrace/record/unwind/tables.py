@@ -23,8 +23,10 @@ A library first seen on a stack takes the slot of one never seen there.
 from __future__ import annotations
 
 import bisect
+import concurrent.futures as cf
 import contextlib
 import ctypes
+import multiprocessing
 import os
 import re
 from dataclasses import dataclass, field
@@ -51,6 +53,47 @@ _OUTERMOST = ("libc.so", "ld-linux", "ld64.so")
 # _PyRuntime from the same names)
 _INTERPRETER = re.compile(r"^(lib)?python\d+\.\d+[a-z]*(\.so[\w.]*)?$")
 CROWDED = f"more than {MAPS} tables in one process"
+PAUSE_WAIT_S = 0.5
+"""The most a process stopped at its libcuda load or first call waits for its tables:
+those compiled by then walk that call; the rest are loaded when they are ready."""
+START_WAIT_S = 5.0
+"""The most the recorder waits at start for the tables of the processes running then
+(before it says it records: their first recorded allocation is walked whole)."""
+
+
+class Compiler:
+    """Compiles tables in one worker process, in the order asked. pyelftools is pure
+    Python: a library takes up to seconds (~2 s for one over TABLE_ROWS on the
+    benchmarks' VM, refused early) and a PyTorch process maps dozens, which in the
+    recorder would hold a stopped process for minutes (seen on the H200) and its
+    ring buffers undrained; in a worker they hold neither."""
+
+    def __init__(self) -> None:
+        self.pool: cf.ProcessPoolExecutor | None = None
+
+    def start(self) -> None:
+        """Start the worker now (a spawned interpreter importing pyelftools: a few
+        hundred ms), not at the first library."""
+        if self.pool is None:
+            # spawn, never fork: the recorder holds BPF programs, maps and threads
+            self.pool = cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self.pool.submit(cfi.warm)
+
+    def submit(self, path: str) -> cf.Future[cfi.UnwindTable]:
+        self.start()
+        assert self.pool is not None
+        return self.pool.submit(cfi.compile_file, path, TABLE_ROWS)
+
+    def close(self) -> None:
+        """Stop now: queued libraries dropped, the one compiling killed."""
+        if self.pool is None:
+            return
+        procs = list(getattr(self.pool, "_processes", {}).values())
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            with contextlib.suppress(Exception):
+                proc.kill()
+        self.pool = None
 
 
 def cflags() -> list[str]:
@@ -91,8 +134,12 @@ class UnwindTables:
 
     bpf: Any
     walk: str = "top frames"  # start_walker's verdict
+    compiler: Compiler = field(default_factory=Compiler)
     used: int = 0
     by_file: dict[tuple[int, int], _Table | None] = field(default_factory=dict)
+    # files being compiled: (the compile, the path shown, the path it was given)
+    compiling: dict[tuple[int, int], tuple[cf.Future[cfi.UnwindTable], str, str]] = field(
+        default_factory=dict)
     loaded: dict[str, int] = field(default_factory=dict)  # module -> rows (manifest)
     skipped: dict[str, str] = field(default_factory=dict)  # module -> why no table
     procs: dict[int, tuple[tuple[int, int, int, int, int], ...]] = field(default_factory=dict)
@@ -104,14 +151,33 @@ class UnwindTables:
     slotted: dict[int, set[str]] = field(default_factory=dict)  # pid -> paths with a slot
     crowded: dict[str, set[int]] = field(default_factory=dict)  # path -> pids left out
 
-    def update(self, pid: int, maps: list[Mapping]) -> None:
+    def update(self, pid: int, maps: list[Mapping], wait_s: float = 0.0) -> None:
         """Give `pid`'s mappings of libraries without frame pointers their tables
         (nothing to do when they are the same list as last time: the symbolizer
-        makes a new one each time it reads /proc/PID/maps)."""
+        makes a new one each time it reads /proc/PID/maps). Tables not compiled yet
+        are asked for; up to `wait_s` is spent waiting for them."""
         if self.seen.get(pid) is maps:
             return
         self.seen[pid] = maps
         self._assign(pid, maps)
+        if wait_s > 0:
+            self.poll(wait_s)
+
+    def poll(self, wait_s: float = 0.0) -> bool:
+        """Load the tables compiled since (waiting up to `wait_s` for those asked
+        for) and give them to the processes mapping them. True when any came."""
+        if not self.compiling:
+            return False
+        if wait_s > 0:
+            cf.wait([c[0] for c in self.compiling.values()], timeout=wait_s)
+        done = [ino for ino, c in self.compiling.items() if c[0].done()]
+        for ino in done:
+            fut, path, candidate = self.compiling.pop(ino)
+            self.by_file[ino] = self._install(path, candidate, fut)
+        if done:
+            for pid, maps in list(self.seen.items()):
+                self._assign(pid, maps)
+        return bool(done)
 
     def saw_stack(self, pid: int, ips: list[int]) -> None:
         """A recorded stack of `pid`: a library without a slot that it shows a frame
@@ -133,20 +199,23 @@ class UnwindTables:
     def _assign(self, pid: int, maps: list[Mapping]) -> None:
         """The slots of `pid`, by use (the module docstring), into `unwind_procs`."""
         used = list(self.on_stacks.get(pid, {}))
-        ranked: list[tuple[int, int, str, tuple[int, int, int, int, int]]] = []
+        wanted: list[tuple[int, int, str, Mapping]] = []
         for order, m in enumerate(maps):
             path = m.path.removesuffix(" (deleted)")
             if not path.startswith("/") or os.path.basename(path).startswith(_OUTERMOST):
                 continue
+            rank = (0 if _INTERPRETER.match(os.path.basename(path)) else
+                    1 + used.index(path) if path in used else 1 + len(used) + order)
+            wanted.append((rank, order, path, m))
+        wanted.sort(key=lambda w: (w[0], w[1]))  # compiled in this order too
+        ranked: list[tuple[int, int, str, tuple[int, int, int, int, int]]] = []
+        for rank, order, path, m in wanted:
             found = self._for_file(pid, path, m.pgoff)
             if found is None:
                 continue
             table, link_start = found
-            rank = (0 if _INTERPRETER.match(os.path.basename(path)) else
-                    1 + used.index(path) if path in used else 1 + len(used) + order)
             ranked.append((rank, order, path, (m.start, m.end, m.start - link_start,
                                                table.row, table.rows)))
-        ranked.sort()
         self.slotted[pid] = {path for _r, _o, path, _e in ranked[:MAPS]}
         for path in self.slotted[pid]:
             self.crowded.get(path, set()).discard(pid)
@@ -162,8 +231,8 @@ class UnwindTables:
         self._store_proc(pid, entries)
 
     def _for_file(self, pid: int, path: str, pgoff: int) -> tuple[_Table, int] | None:
-        """The file's table (compiled on first sight) and the link-time address
-        of the mapping's first byte; None when it gets none."""
+        """The file's table and the link-time address of the mapping's first byte;
+        None when it gets none, or none yet (asked for on first sight)."""
         for candidate in (f"/proc/{pid}/root{path}", path):
             try:
                 st = os.stat(candidate)
@@ -174,7 +243,9 @@ class UnwindTables:
             return None
         ino = (st.st_dev, st.st_ino)
         if ino not in self.by_file:
-            self.by_file[ino] = self._compile(candidate, path)
+            if ino not in self.compiling:
+                self.compiling[ino] = (self.compiler.submit(candidate), path, candidate)
+            return None
         table = self.by_file[ino]
         if table is None:
             return None
@@ -183,11 +254,16 @@ class UnwindTables:
         except elf.ElfError:
             return None
 
-    def _compile(self, candidate: str, path: str) -> _Table | None:
+    def _install(self, path: str, candidate: str,
+                 fut: cf.Future[cfi.UnwindTable]) -> _Table | None:
+        """A finished compile's rows into `unwind_rows`; None when it gives none."""
         try:
-            t = cfi.compile_file(candidate, TABLE_ROWS)
+            t = fut.result()
         except cfi.CfiError as e:
             self.skipped[path] = str(e).removeprefix(f"{candidate}: ")
+            return None
+        except Exception as e:  # the worker died or was stopped: no table, said why
+            self.skipped[path] = f"not compiled ({type(e).__name__})"
             return None
         if t.has_frame_pointers:
             return None  # the frame-pointer walk is right here
@@ -235,6 +311,9 @@ class UnwindTables:
         if self.procs.pop(pid, None):
             with contextlib.suppress(KeyError):
                 del self.bpf["unwind_procs"][ctypes.c_uint(pid)]
+
+    def close(self) -> None:
+        self.compiler.close()
 
     def manifest(self) -> dict[str, Any]:
         return {
