@@ -253,10 +253,9 @@ def read_info(pid: int, info: ProcInfo | None = None,
 
 
 def cgroup_path(text: str) -> str | None:
-    """The cgroup v2 path from /proc/PID/cgroup ('0::/path'), else the first entry's."""
-    lines = [ln for ln in text.splitlines() if ln]
-    for ln in lines:
-        if ln.startswith("0::"):
-            return ln[3:]
-    return lines[0].split(":", 2)[-1] if lines else None
+    """The `cgroup` column from /proc/PID/cgroup: the v2 path ('0::/path'), else (a
+    v1-only host) the memory controller's, in the order identity.proc_cgroup_paths
+    reads them (one parser of the file for both)."""
+    paths = identity.proc_cgroup_paths(text)
+    return paths[0] if paths else None
 

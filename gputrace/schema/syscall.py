@@ -57,7 +57,7 @@ PROCESSES = Table(
         Column("cmdline", STR, "",
                "command line, arguments joined by spaces (null when gone before /proc "
                "could be read)"),
-        Column("cgroup", STR, "", "cgroup v2 path"),
+        Column("cgroup", STR, "", "cgroup v2 path (a v1-only host: the memory controller's)"),
         Column("start_ts_ns", I64, "ns",
                "process start: its fork (null when it predates the trace)"),
         Column("exit_ts_ns", I64, "ns", "process exit (null when it outlived the trace)"),

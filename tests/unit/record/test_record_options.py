@@ -106,6 +106,10 @@ def test_device_kinds_and_cgroup_path() -> None:
     assert procfs.classify("/dev/nvidia-modeset", "/dev/") is None
     assert procfs.classify("/tmp/nvidiactl", "/dev/") is None
     assert procfs.cgroup_path("0::/user.slice/x\n") == "/user.slice/x"
+    # v1 only: the memory controller's path, wherever its line is; nothing: None
+    v1 = "12:cpu,cpuacct:/a\n7:memory:/kubepods/pod1/c\n1:name=systemd:/b\n"
+    assert procfs.cgroup_path(v1) == "/kubepods/pod1/c"
+    assert procfs.cgroup_path("") is None and procfs.cgroup_path("garbage\n") is None
 
 
 @pytest.mark.parametrize(
