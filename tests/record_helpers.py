@@ -263,12 +263,18 @@ PY_WORKLOAD = ROOT / "tests" / "standin_cuda" / "py_workload.py"
 
 def record_py_workload(out: Path, exe: str | Path, *args: str) -> int:
     """Record tests/standin_cuda/py_workload.py under interpreter `exe` with `-p` into
-    `out`, stopping the recorder while the workload still lives (its code objects are
-    named at the drain); returns the workload's pid."""
+    `out` (`record_waiting_program`); returns the workload's pid."""
     from tests.standin_cuda.standin_cuda import build
 
-    w = subprocess.Popen([str(exe), str(PY_WORKLOAD), str(build().libcuda), "--wait", *args],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    return record_waiting_program(
+        out, [str(exe), str(PY_WORKLOAD), str(build().libcuda), "--wait", *args])
+
+
+def record_waiting_program(out: Path, cmd: list[str]) -> int:
+    """Record `cmd`, a program of the READY/go/ALLOCATED/bye protocol (py_workload.py,
+    py_mid.py), with `-p` into `out`, stopping the recorder while the program still
+    lives (its code objects are named at the drain); returns the program's pid."""
+    w = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert w.stdin is not None and w.stdout is not None
     try:
         assert w.stdout.readline() == f"READY {w.pid}\n"

@@ -85,14 +85,12 @@ def test_unwinder_mid_stack_under_python_ctypes(tmp_path: Path) -> None:
     small extension modules took them and the walk stopped in libpython), so the
     Python frames stand where the eval loop was and the interpreter's own callers
     (... Py_RunMain < Py_BytesMain < libc) follow them."""
-    import signal
-    import subprocess
     import sys
 
     import polars as pl
 
     from gputrace.trace.reader import open_trace
-    from tests.record_helpers import RecorderProc, record_cmd
+    from tests.record_helpers import record_waiting_program
     from tests.standin_cuda.standin_cuda import build
 
     d = build().lib_dir
@@ -102,25 +100,8 @@ def test_unwinder_mid_stack_under_python_ctypes(tmp_path: Path) -> None:
     plant = next(i for i, x in enumerate(lines, 1) if x.endswith("# PLANT: tensor"))
     in_model = next(i for i, x in enumerate(lines, 1) if "if tensor(i) == 0" in x)
     in_main = next(i for i, x in enumerate(lines, 1) if x.strip() == "model(n)")
-    w = subprocess.Popen([sys.executable, str(PY_MID), str(d), str(SEGMENTS)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    assert w.stdin is not None and w.stdout is not None
     out = tmp_path / "trace"
-    try:
-        assert w.stdout.readline() == f"READY {w.pid}\n"
-        rec = RecorderProc(record_cmd(out, "-p", str(w.pid)))
-        rec.wait_ready()
-        w.stdin.write("go\n")
-        w.stdin.flush()
-        assert w.stdout.readline() == "ALLOCATED\n"
-        rec.proc.send_signal(signal.SIGINT)
-        assert rec.wait() == 0, "".join(rec.stderr)
-        w.stdin.write("bye\n")
-        w.stdin.flush()
-        assert w.stdout.readline() == "DONE\n"
-    finally:
-        w.kill()
-        w.wait()
+    record_waiting_program(out, [sys.executable, str(PY_MID), str(d), str(SEGMENTS)])
     t = open_trace(out)
     assert t.manifest["api"]["unwind"]["walk"] == "whole stack"
     calls = t.scan("cuda_calls").collect()
