@@ -14,6 +14,7 @@ Gaps between functions are STOP rows. Parsed with pyelftools.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,19 @@ def _row(pc: int, line: dict[Any, Any]) -> Row:
     elif rule is not None and rule.type not in (RegisterRule.SAME_VALUE,):
         return Row(pc, STOP)  # %rbp in another register, or undefined: not followed
     return Row(pc, CFA_RSP if cfa.reg == RSP else CFA_RBP, cfa.offset, rbp)
+
+
+def worker_init(parent: int) -> None:
+    """A compile worker dies with the recorder (PR_SET_PDEATHSIG): a recorder that is
+    SIGKILLed leaves no worker behind. Linux only, as the recorder is."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the recorder died before the prctl
+        os._exit(1)
 
 
 def warm() -> None:

@@ -76,7 +76,9 @@ class Compiler:
         hundred ms), not at the first library."""
         if self.pool is None:
             # spawn, never fork: the recorder holds BPF programs, maps and threads
-            self.pool = cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self.pool = cf.ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"),
+                initializer=cfi.worker_init, initargs=(os.getpid(),))
             self.pool.submit(cfi.warm)
 
     def submit(self, path: str) -> cf.Future[cfi.UnwindTable]:
