@@ -18,6 +18,8 @@ pick_python
 # and each would compile gputrace and rewrite the test modules again.
 export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/gputrace/pycache}"
 unset PYTHONDONTWRITEBYTECODE
-# Parallel workers (pytest-xdist, docs/testing.md): GPUTRACE_TEST_WORKERS=0 runs in one
-# process; a -n among the arguments overrides it.
-exec "$PY" -m pytest -n "${GPUTRACE_TEST_WORKERS:-auto}" "$@"
+# Parallel workers (pytest-xdist, docs/testing.md): one more than the cores, since the
+# live tests spend a third of their time waiting (recorders, PyPI, terminals);
+# GPUTRACE_TEST_WORKERS=N sets it, 0 runs in one process; a -n among the arguments
+# overrides it.
+exec "$PY" -m pytest -n "${GPUTRACE_TEST_WORKERS:-$(( $(nproc) + 1 ))}" "$@"

@@ -163,6 +163,10 @@ def test_api_dlopen_after_start(dlopen_twin: Any) -> None:
     assert len(leaks) == 23 and all("leak_buffers" in s for s in leaks)
 
 
+# exclusive: a whole-host recording sees every process that loads a libcuda meanwhile;
+# another worker's stand-in workload would be attached first (its path sorts first) and
+# its calls counted as this one's
+@pytest.mark.exclusive
 def test_api_libcuda_option(tmp_path: Path) -> None:
     """Whole-host mode (no stopping): `--libcuda` attaches before the library is
     ever loaded, so even calls right after a dlopen are all seen."""
