@@ -34,7 +34,7 @@ from typing import Any
 
 from gputrace.record import elf
 from gputrace.record.api.symbolize import Mapping
-from gputrace.record.unwind import cfi
+from gputrace.record.unwind import cache, cfi
 
 ROWS = 1 << 18  # rows of all tables together (GT_UNWIND_ROWS)
 TABLE_ROWS = 1 << 16  # rows of one table: GT_UNWIND_SEARCH binary-search steps
@@ -84,7 +84,7 @@ class Compiler:
     def submit(self, path: str) -> cf.Future[cfi.UnwindTable]:
         self.start()
         assert self.pool is not None
-        return self.pool.submit(cfi.compile_file, path, TABLE_ROWS)
+        return self.pool.submit(cache.compile_cached, path, TABLE_ROWS)
 
     def close(self) -> None:
         """Stop now: queued libraries dropped, the one compiling killed."""
@@ -326,4 +326,5 @@ class UnwindTables:
             "rows": self.used,
             "rows_max": ROWS,
             "walk": self.walk,
+            "cache": str(d) if (d := cache.cache_dir()) is not None else None,
         }

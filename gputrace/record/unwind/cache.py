@@ -1,0 +1,135 @@
+"""Compiled unwind tables kept across recordings on one host.
+
+A library's table depends only on the file: compiled once (pyelftools, seconds for a
+large library: docs/record.md), it is kept under `GPUTRACE_UNWIND_CACHE` (default
+/var/cache/gputrace/unwind; "off": none), keyed by the file's identity (device, inode,
+size, modification and change times) and the row bound. A refusal that depends only on
+the file ("more than N unwind rows", no CFI, not x86-64) is kept too, so a PyTorch
+library over the bound costs its ~2 s once per host, not once per recording.
+
+The directory is the recorder's (root's) alone: used only when it is a real directory
+owned by the effective user and writable by nobody else; entries are written whole
+(a temporary file renamed) and read back checked (types, order, bounds), and anything
+that does not check is compiled again, never trusted. Runs in the compile worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gputrace.record.unwind import cfi
+
+CACHE_ENV = "GPUTRACE_UNWIND_CACHE"
+DEFAULT_DIR = "/var/cache/gputrace/unwind"
+VERSION = 1  # of the entry format and of the compile's rules: a change makes new keys
+MAX_ENTRY_BYTES = 16 << 20  # a table of 65,536 rows is ~2 MiB of JSON
+_KEPT = ("unwind rows", "no .eh_frame or .debug_frame", "not x86-64")
+"""Refusals that depend on the file alone (kept); others (pyelftools missing, a read
+error) may not recur and are not."""
+
+
+def cache_dir() -> Path | None:
+    """The cache directory to use, made if missing; None when off or not safe."""
+    where = os.environ.get(CACHE_ENV, DEFAULT_DIR)
+    if where == "off" or not where:
+        return None
+    d = Path(where)
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(d)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return None
+    return d
+
+
+def key(st: os.stat_result, max_rows: int) -> str:
+    ident = (VERSION, max_rows, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+             st.st_ctime_ns)
+    return hashlib.sha256(repr(ident).encode()).hexdigest()
+
+
+def compile_cached(path: str, max_rows: int) -> cfi.UnwindTable:
+    """`cfi.compile_file(path, max_rows)`, from the cache when it holds the file."""
+    d = cache_dir()
+    try:
+        entry = d / key(os.stat(path), max_rows) if d is not None else None
+    except OSError:
+        entry = None
+    if entry is not None:
+        got = _read(entry, max_rows)
+        if isinstance(got, cfi.UnwindTable):
+            return got
+        if isinstance(got, str):
+            raise cfi.CfiError(f"{path}: {got}")
+    try:
+        table = cfi.compile_file(path, max_rows)
+    except cfi.CfiError as e:
+        reason = str(e).removeprefix(f"{path}: ")
+        if entry is not None and any(k in reason for k in _KEPT):
+            _write(entry, {"v": VERSION, "error": reason})
+        raise
+    if entry is not None:
+        _write(entry, {"v": VERSION, "functions": table.functions,
+                       "fp_functions": table.fp_functions, "code_bytes": table.code_bytes,
+                       "fp_bytes": table.fp_bytes, "rows": [list(r.pack()) for r in table.rows]})
+    return table
+
+
+def _read(entry: Path, max_rows: int) -> cfi.UnwindTable | str | None:
+    """The kept table, or the kept refusal's reason; None when absent or not sound."""
+    try:
+        with open(entry, "rb") as f:
+            if os.fstat(f.fileno()).st_size > MAX_ENTRY_BYTES:
+                return None
+            doc = json.loads(f.read())
+        if doc.get("v") != VERSION:
+            return None
+        if "error" in doc:
+            return doc["error"] if isinstance(doc["error"], str) else None
+        return _table(doc, max_rows)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def _table(doc: dict[str, Any], max_rows: int) -> cfi.UnwindTable | None:
+    counts = [doc.get(k) for k in ("functions", "fp_functions", "code_bytes", "fp_bytes")]
+    rows = doc.get("rows")
+    if not all(isinstance(c, int) and c >= 0 for c in counts) or not isinstance(rows, list):
+        return None
+    if len(rows) > max_rows:
+        return None
+    out: list[cfi.Row] = []
+    for r in rows:
+        if not (isinstance(r, list) and len(r) == 4 and all(isinstance(x, int) for x in r)):
+            return None
+        pc, cfa, kind, rbp = r
+        if kind not in (cfi.STOP, cfi.CFA_RSP, cfi.CFA_RBP) or pc < 0 or (out and pc <= out[-1].pc):
+            return None
+        if not (0 <= cfa <= cfi.MAX_CFA and 0 <= rbp <= cfi.MAX_RBP_SLOT):
+            return None
+        out.append(cfi.Row(pc, kind, cfa, rbp))
+    functions, fp_functions, code_bytes, fp_bytes = counts
+    return cfi.UnwindTable(out, functions, fp_functions, code_bytes, fp_bytes)  # type: ignore[arg-type]
+
+
+def _write(entry: Path, doc: dict[str, Any]) -> None:
+    """Whole or not at all (a temporary file in the directory, renamed); errors ignored:
+    the cache only saves time."""
+    with contextlib.suppress(OSError):
+        fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, separators=(",", ":"))
+            os.replace(tmp, entry)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
