@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from gputrace.record.python_stacks import layouts
 from gputrace.record.python_stacks.layouts import Layout, LayoutError
 
-_NAME_RE = re.compile(r"^(lib)?python(\d+)\.(\d+)[a-z]*(\.so[\w.]*)?$")
+INTERPRETER_NAME = re.compile(r"^(lib)?python(\d+)\.(\d+)[a-z]*(\.so[\w.]*)?$")
+"""A CPython interpreter's file name: the executable or libpython (the unwinder
+gives it the first table slot: gputrace/record/unwind/tables.py)."""
 _WANT = (b"_PyRuntime", b"PyCode_Type", b"Py_Version")
 SHT_SYMTAB, SHT_DYNSYM = 2, 11
 PT_LOAD = 1
@@ -153,7 +155,7 @@ def find(pid: int) -> PyProcess:
         maps = _mappings(pid)
     except OSError:
         raise NotPython() from None
-    cands = sorted({p for _s, _o, p in maps if _NAME_RE.match(os.path.basename(p))},
+    cands = sorted({p for _s, _o, p in maps if INTERPRETER_NAME.match(os.path.basename(p))},
                    key=lambda p: not os.path.basename(p).startswith("lib"))
     for path in cands:
         try:
@@ -208,7 +210,7 @@ def _place(pid: int, path: str, maps: list[tuple[int, int, str]], e_type: int,
 def _layout(mem: Memory, name: str, base: int, runtime: int, syms: dict[bytes, int]) -> Layout:
     """The layout of the interpreter: from Py_Version (3.11+) or the file name (3.10),
     and from _Py_DebugOffsets for 3.13."""
-    m = _NAME_RE.match(name)
+    m = INTERPRETER_NAME.match(name)
     assert m is not None
     version = (int(m.group(2)), int(m.group(3)))
     if b"Py_Version" in syms:

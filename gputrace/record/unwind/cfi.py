@@ -125,8 +125,9 @@ def compile_file(path: str, max_rows: int) -> UnwindTable:
             else:
                 raise CfiError(f"{path}: no .eh_frame or .debug_frame")
             # one entry at a time (pyelftools' EH_CFI_entries parses them all first):
-            # a library over max_rows is refused after max_rows functions, not after
-            # all of them (PyTorch's libraries hold millions: minutes in pure Python)
+            # a library over max_rows is refused once its unmerged rows pass the bound
+            # by a quarter (below), not after all of its functions (PyTorch's
+            # libraries hold millions: minutes in pure Python)
             cfi = CallFrameInfo(stream=sec.stream, size=sec.size, address=sec.address,
                                 base_structs=dw.structs, for_eh_frame=eh)
             entries = _each_entry(cfi)

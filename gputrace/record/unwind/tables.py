@@ -28,12 +28,12 @@ import contextlib
 import ctypes
 import multiprocessing
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from gputrace.record import elf
 from gputrace.record.api.symbolize import Mapping
+from gputrace.record.python_stacks.process import INTERPRETER_NAME
 from gputrace.record.unwind import cache, cfi
 
 ROWS = 1 << 18  # rows of all tables together (GT_UNWIND_ROWS)
@@ -49,9 +49,6 @@ TAIL_STEP, TAIL_BACK = 0, 1  # unwind_tails slots (GT_UNWIND_TAIL_*)
 STEP = 8
 # walks end in these, as before the unwinder: no table
 _OUTERMOST = ("libc.so", "ld-linux", "ld64.so")
-# a CPython interpreter's file: the executable or libpython (python_stacks reads
-# _PyRuntime from the same names)
-_INTERPRETER = re.compile(r"^(lib)?python\d+\.\d+[a-z]*(\.so[\w.]*)?$")
 CROWDED = f"more than {MAPS} tables in one process"
 PAUSE_WAIT_S = 0.5
 """The most a process stopped at its libcuda load or first call waits for its tables:
@@ -206,7 +203,7 @@ class UnwindTables:
             path = m.path.removesuffix(" (deleted)")
             if not path.startswith("/") or os.path.basename(path).startswith(_OUTERMOST):
                 continue
-            rank = (0 if _INTERPRETER.match(os.path.basename(path)) else
+            rank = (0 if INTERPRETER_NAME.match(os.path.basename(path)) else
                     1 + used.index(path) if path in used else 1 + len(used) + order)
             wanted.append((rank, order, path, m))
         wanted.sort(key=lambda w: (w[0], w[1]))  # compiled in this order too
