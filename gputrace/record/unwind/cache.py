@@ -10,7 +10,9 @@ library over the bound costs its ~2 s once per host, not once per recording.
 The directory is the recorder's (root's) alone: used only when it is a real directory
 owned by the effective user and writable by nobody else; entries are written whole
 (a temporary file renamed) and read back checked (types, order, bounds), and anything
-that does not check is compiled again, never trusted. Runs in the compile worker.
+that does not check is compiled again, never trusted. The recorder decides the
+directory once (`cache_dir`, at the compile worker's start); the worker reads and
+writes the entries (`compile_cached`).
 """
 
 from __future__ import annotations
@@ -57,9 +59,9 @@ def key(st: os.stat_result, max_rows: int) -> str:
     return hashlib.sha256(repr(ident).encode()).hexdigest()
 
 
-def compile_cached(path: str, max_rows: int) -> cfi.UnwindTable:
-    """`cfi.compile_file(path, max_rows)`, from the cache when it holds the file."""
-    d = cache_dir()
+def compile_cached(path: str, max_rows: int, d: Path | None) -> cfi.UnwindTable:
+    """`cfi.compile_file(path, max_rows)`, from the cache directory `d` (`cache_dir()`,
+    decided once by the recorder; None: no cache) when it holds the file."""
     try:
         entry = d / key(os.stat(path), max_rows) if d is not None else None
     except OSError:

@@ -29,6 +29,7 @@ import ctypes
 import multiprocessing
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gputrace.record import elf
@@ -67,11 +68,13 @@ class Compiler:
 
     def __init__(self) -> None:
         self.pool: cf.ProcessPoolExecutor | None = None
+        self.cache_dir: Path | None = None  # decided once, at start: the worker's too
 
     def start(self) -> None:
         """Start the worker now (a spawned interpreter importing pyelftools: a few
         hundred ms), not at the first library."""
         if self.pool is None:
+            self.cache_dir = cache.cache_dir()
             # spawn, never fork: the recorder holds BPF programs, maps and threads
             self.pool = cf.ProcessPoolExecutor(
                 1, mp_context=multiprocessing.get_context("spawn"),
@@ -81,7 +84,7 @@ class Compiler:
     def submit(self, path: str) -> cf.Future[cfi.UnwindTable]:
         self.start()
         assert self.pool is not None
-        return self.pool.submit(cache.compile_cached, path, TABLE_ROWS)
+        return self.pool.submit(cache.compile_cached, path, TABLE_ROWS, self.cache_dir)
 
     def close(self) -> None:
         """Stop now: queued libraries dropped, the one compiling killed."""
@@ -122,6 +125,17 @@ def start_walker(bcc: Any, bpf: Any) -> str:
 
 
 @dataclass
+class _Compile:
+    """A file being compiled: the path shown, the path the worker was given (through
+    /proc/PID/root), and the processes whose mappings wait for it."""
+
+    future: cf.Future[cfi.UnwindTable]
+    path: str
+    candidate: str
+    pids: set[int] = field(default_factory=set)
+
+
+@dataclass
 class _Table:
     row: int  # first row in unwind_rows
     rows: int
@@ -136,9 +150,7 @@ class UnwindTables:
     compiler: Compiler = field(default_factory=Compiler)
     used: int = 0
     by_file: dict[tuple[int, int], _Table | None] = field(default_factory=dict)
-    # files being compiled: (the compile, the path shown, the path it was given)
-    compiling: dict[tuple[int, int], tuple[cf.Future[cfi.UnwindTable], str, str]] = field(
-        default_factory=dict)
+    compiling: dict[tuple[int, int], _Compile] = field(default_factory=dict)
     loaded: dict[str, int] = field(default_factory=dict)  # module -> rows (manifest)
     skipped: dict[str, str] = field(default_factory=dict)  # module -> why no table
     procs: dict[int, tuple[tuple[int, int, int, int, int], ...]] = field(default_factory=dict)
@@ -168,14 +180,16 @@ class UnwindTables:
         if not self.compiling:
             return False
         if wait_s > 0:
-            cf.wait([c[0] for c in self.compiling.values()], timeout=wait_s)
-        done = [ino for ino, c in self.compiling.items() if c[0].done()]
+            cf.wait([c.future for c in self.compiling.values()], timeout=wait_s)
+        done = [ino for ino, c in self.compiling.items() if c.future.done()]
+        asked: set[int] = set()
         for ino in done:
-            fut, path, candidate = self.compiling.pop(ino)
-            self.by_file[ino] = self._install(path, candidate, fut)
-        if done:
-            for pid, maps in list(self.seen.items()):
-                self._assign(pid, maps)
+            c = self.compiling.pop(ino)
+            self.by_file[ino] = self._install(c.path, c.candidate, c.future)
+            asked |= c.pids
+        for pid in sorted(asked):  # the processes mapping them: ranked again
+            if pid in self.seen:
+                self._assign(pid, self.seen[pid])
         return bool(done)
 
     def saw_stack(self, pid: int, ips: list[int]) -> None:
@@ -243,7 +257,8 @@ class UnwindTables:
         ino = (st.st_dev, st.st_ino)
         if ino not in self.by_file:
             if ino not in self.compiling:
-                self.compiling[ino] = (self.compiler.submit(candidate), path, candidate)
+                self.compiling[ino] = _Compile(self.compiler.submit(candidate), path, candidate)
+            self.compiling[ino].pids.add(pid)
             return None
         table = self.by_file[ino]
         if table is None:
@@ -323,5 +338,5 @@ class UnwindTables:
             "rows": self.used,
             "rows_max": ROWS,
             "walk": self.walk,
-            "cache": str(d) if (d := cache.cache_dir()) is not None else None,
+            "cache": str(self.compiler.cache_dir) if self.compiler.cache_dir else None,
         }

@@ -43,37 +43,37 @@ def no_compile(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_second_compile_reads_the_kept_table(lib: Path, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    first = cache.compile_cached(str(lib), ROWS)
+    first = cache.compile_cached(str(lib), ROWS, cache.cache_dir())
     assert first == cfi.compile_file(str(lib), ROWS) and len(first.rows) > 10
     [entry] = entries(tmp_path)
     assert entry.stat().st_mode & 0o077 == 0 and (tmp_path / "cache").stat().st_mode & 0o077 == 0
     no_compile(monkeypatch)
-    assert cache.compile_cached(str(lib), ROWS) == first
+    assert cache.compile_cached(str(lib), ROWS, cache.cache_dir()) == first
 
 
 def test_a_changed_file_or_bound_is_compiled_again(lib: Path, tmp_path: Path) -> None:
-    cache.compile_cached(str(lib), ROWS)
+    cache.compile_cached(str(lib), ROWS, cache.cache_dir())
     os.utime(lib, ns=(1, 1))  # another modification time: another file as far as we know
-    cache.compile_cached(str(lib), ROWS)
-    cache.compile_cached(str(lib), ROWS // 2)
+    cache.compile_cached(str(lib), ROWS, cache.cache_dir())
+    cache.compile_cached(str(lib), ROWS // 2, cache.cache_dir())
     assert len(entries(tmp_path)) == 3
 
 
 def test_refusals_kept_only_when_they_depend_on_the_file(
         lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(cfi.CfiError, match="more than 10 unwind rows"):
-        cache.compile_cached(str(lib), 10)
+        cache.compile_cached(str(lib), 10, cache.cache_dir())
     assert len(entries(tmp_path)) == 1
     no_compile(monkeypatch)
     with pytest.raises(cfi.CfiError, match=f"^{lib}: more than 10 unwind rows"):
-        cache.compile_cached(str(lib), 10)
+        cache.compile_cached(str(lib), 10, cache.cache_dir())
     # pyelftools missing is this environment's, not the file's: not kept
     def missing(path: str, max_rows: int) -> cfi.UnwindTable:
         raise cfi.CfiError(f"{path}: pyelftools is not installed")
 
     monkeypatch.setattr(cfi, "compile_file", missing)
     with pytest.raises(cfi.CfiError, match="pyelftools"):
-        cache.compile_cached(str(lib), 20)
+        cache.compile_cached(str(lib), 20, cache.cache_dir())
     assert len(entries(tmp_path)) == 1
 
 
@@ -86,15 +86,15 @@ def test_refusals_kept_only_when_they_depend_on_the_file(
 ])
 def test_an_entry_that_does_not_check_is_compiled_again(
         lib: Path, tmp_path: Path, spoil: object) -> None:
-    want = cache.compile_cached(str(lib), ROWS)
+    want = cache.compile_cached(str(lib), ROWS, cache.cache_dir())
     [entry] = entries(tmp_path)
     doc = json.loads(entry.read_text())
     spoil(doc)  # type: ignore[operator]
     entry.write_text(json.dumps(doc))
-    assert cache.compile_cached(str(lib), ROWS) == want
+    assert cache.compile_cached(str(lib), ROWS, cache.cache_dir()) == want
     assert json.loads(entry.read_text())["rows"] == [list(r.pack()) for r in want.rows]
     entry.write_text("{not json")
-    assert cache.compile_cached(str(lib), ROWS) == want
+    assert cache.compile_cached(str(lib), ROWS, cache.cache_dir()) == want
 
 
 def test_no_cache_when_off_or_unsafe(lib: Path, tmp_path: Path,
@@ -111,5 +111,6 @@ def test_no_cache_when_off_or_unsafe(lib: Path, tmp_path: Path,
     monkeypatch.setenv(cache.CACHE_ENV, str(link))
     (tmp_path / "cache").mkdir(mode=0o700)
     assert cache.cache_dir() is None  # a link is not followed
-    assert cache.compile_cached(str(lib), ROWS) == cfi.compile_file(str(lib), ROWS)
+    got = cache.compile_cached(str(lib), ROWS, cache.cache_dir())
+    assert got == cfi.compile_file(str(lib), ROWS)
     assert not any((tmp_path / "cache").iterdir())

@@ -31,6 +31,8 @@ TABLE = cfi.UnwindTable(rows=[cfi.Row(0x1000, cfi.CFA_RSP, 8), cfi.Row(0x1100, c
 class Futures:
     """A Compiler whose compiles finish when the test says."""
 
+    cache_dir = None
+
     def __init__(self) -> None:
         self.asked: list[str] = []
         self.futures: list[cf.Future[cfi.UnwindTable]] = []
@@ -73,6 +75,24 @@ def test_a_stopped_process_waits_only_the_bounded_wait(
     # compiled once per file: a second process mapping it gets it at once
     u.update(43, list(MAPS))
     assert len(futures.asked) == 1 and stored["procs"][43] == stored["procs"][42]
+
+
+def test_every_process_waiting_for_a_file_gets_it_and_no_other_is_ranked_again(
+        unwind: tuple[UnwindTables, Futures, dict[str, Any]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    u, futures, stored = unwind
+    u.update(42, MAPS)
+    u.update(43, list(MAPS))  # the same file, asked for once
+    u.update(44, [])  # maps nothing with a table
+    assert len(futures.asked) == 1
+    ranked: list[int] = []
+    assign = UnwindTables._assign
+    monkeypatch.setattr(UnwindTables, "_assign",
+                        lambda self, pid, maps: (ranked.append(pid), assign(self, pid, maps)))
+    futures.futures[0].set_result(TABLE)
+    assert u.poll()
+    assert ranked == [42, 43]
+    assert stored["procs"][42] == stored["procs"][43] and stored["procs"][42]
 
 
 def test_a_compile_finished_within_the_wait_is_used_at_once(
