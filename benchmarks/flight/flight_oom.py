@@ -69,6 +69,22 @@ def du(path: Path, parts_only: bool = False) -> int:
     return total
 
 
+SAMPLE_HEADER = f"{'t s':>6} {'cpu s/s':>8} {'disk MiB':>9}"
+
+
+def sample(pid: int, out: Path, t: float, last_cpu: float,
+           every: float) -> tuple[float, int] | None:
+    """The recorder's CPU seconds and the trace's bytes now, printed as one row under
+    SAMPLE_HEADER (CPU per second since `last_cpu`); None once the recorder is gone."""
+    try:
+        cpu = cpu_s(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    size = du(out)
+    print(f"{t:6.0f} {(cpu - last_cpu) / every:8.3f} {size / 2**20:9.1f}", flush=True)
+    return cpu, size
+
+
 def snapshot(out: Path, snap: Path) -> int:
     """Hard-link every file of `out` (incidents excluded) under `snap`; returns the count."""
     n = 0
@@ -217,7 +233,7 @@ def host_oom(args: argparse.Namespace, paced_c: Path) -> int:
                              stdout=subprocess.PIPE, text=True)  # fmt: skip
     print(f"host mode, --keep {args.keep} --freeze-on oom --after {args.after}, "
           f"{args.rate:,} ioctls/s, {args.seconds} s, OOM at {args.oom_at} s; work dir {work}")
-    print(f"{'t s':>6} {'cpu s/s':>8} {'disk MiB':>9}", flush=True)
+    print(SAMPLE_HEADER, flush=True)
     last_cpu, peak, oom_wall, snapped, oom_pid = cpu_s(pid), 0, None, False, 0
     seen: dict[str, tuple[float, int]] = {}
     samples: list[tuple[float, int, int, float]] = []  # wall, held, kept whole, oldest age
@@ -237,17 +253,14 @@ def host_oom(args: argparse.Namespace, paced_c: Path) -> int:
             n = snapshot(out, snap)
             snapped = True
             print(f"{t:6.0f} snapshot: {n} files hard-linked", flush=True)
-        try:
-            cpu = cpu_s(pid)
-        except (FileNotFoundError, ProcessLookupError):
+        now = sample(pid, out, t, last_cpu, args.every)
+        if now is None:
             break
-        size = du(out)
+        last_cpu, size = now
         peak = max(peak, size)
         held, whole, oldest = parts_now(out, seen)
         if storm.poll() is None:  # without events no part is written, none deleted
             samples.append((time.time(), held, whole, oldest))
-        print(f"{t:6.0f} {(cpu - last_cpu) / args.every:8.3f} {size / 2**20:9.1f}", flush=True)
-        last_cpu = cpu
     rc = rec.wait(600)
     storm_out, _ = storm.communicate(timeout=60)
     print(f"recorder rc {rc}; storm {storm_out.strip()} (rc {storm.returncode})")

@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from common import build_storm, cpu_s, start_recorder  # noqa: E402
-from flight_oom import du, host_oom  # noqa: E402
+from flight_oom import SAMPLE_HEADER, du, host_oom, sample  # noqa: E402
 
 
 def one(tmp: Path, paced: Path, args: argparse.Namespace, flight: list[str]) -> dict[str, float]:
@@ -47,20 +47,17 @@ def one(tmp: Path, paced: Path, args: argparse.Namespace, flight: list[str]) -> 
     pid, t0 = rec.proc.pid, time.monotonic()
     last_cpu, peak, cpu_first = cpu_s(pid), 0, None
     print(f"\n{'flight ' + ' '.join(flight) if flight else 'plain record'}")
-    print(f"{'t s':>6} {'cpu s/s':>8} {'disk MiB':>9}")
+    print(SAMPLE_HEADER)
     while rec.proc.poll() is None:
         time.sleep(args.every)
-        try:
-            cpu = cpu_s(pid)
-        except (FileNotFoundError, ProcessLookupError):
-            break
-        size = du(out)
-        peak = max(peak, size)
         t = time.monotonic() - t0
+        now = sample(pid, out, t, last_cpu, args.every)
+        if now is None:
+            break
+        last_cpu, size = now
+        peak = max(peak, size)
         if cpu_first is None and t >= args.every * 2:
-            cpu_first = (t, cpu)  # steady state: after warm-up
-        print(f"{t:6.0f} {(cpu - last_cpu) / args.every:8.3f} {size / 2**20:9.1f}", flush=True)
-        last_cpu = cpu
+            cpu_first = (t, last_cpu)  # steady state: after warm-up
     t_end = time.monotonic() - t0
     rc = rec.wait(600)
     assert rc == 0, "".join(rec.stderr)
