@@ -43,19 +43,19 @@ def test_deleting_a_committed_golden_fails_its_test(tmp_path: Path) -> None:
 
     gold = tmp_path / "golden"
     shutil.copytree(ROOT / "tests" / "golden", gold)
-    (gold / "analyze_two_gpus.json").unlink()
+    (gold / "analyze_two_gpus" / "leaks.json").unlink()
     code = (
         "import sys, pytest, tests.analyze_helpers as h;"
         "import tests.scenarios.test_analyze_scenarios as t;"
         f"h.GOLDEN = t.GOLDEN = __import__('pathlib').Path({str(gold)!r});"
         "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', "
-        "'tests/scenarios/test_analyze_scenarios.py::test_golden_json[two_gpus]']))"
+        "'tests/scenarios/test_analyze_scenarios.py::test_golden_json[two_gpus-leaks]']))"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                        text=True, timeout=300, env=_env_without_update())
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "analyze_two_gpus.json is missing" in r.stdout and UPDATE_FLAG in r.stdout
-    assert not (gold / "analyze_two_gpus.json").exists()
+    assert "leaks.json is missing" in r.stdout and UPDATE_FLAG in r.stdout
+    assert not (gold / "analyze_two_gpus" / "leaks.json").exists()
 
 
 def _env_without_update() -> dict[str, str]:

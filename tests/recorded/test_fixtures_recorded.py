@@ -20,7 +20,7 @@ import pytest
 from gputrace.trace.reader import open_trace
 from tests.analyze_helpers import GOLDEN, analyze
 from tests.conftest import FIXTURES
-from tests.goldens import check_text
+from tests.goldens import DOCUMENT, check_text, json_parts, report_keys, stale_files
 
 RM = FIXTURES / "standin-rm"
 CUDA = FIXTURES / "standin-cuda"
@@ -142,11 +142,26 @@ def test_cpu_faults_match_the_touch_pattern() -> None:
     assert (cpu["total"], cpu["reads"], cpu["writes"]) == (27, 10, 17)
 
 
+_docs: dict[Path, dict[str, Any]] = {}
+
+
+def _golden_dir(fixture: Path) -> Path:
+    return GOLDEN / f"recorded_{fixture.name.replace('-', '_')}"
+
+
+@pytest.mark.parametrize("part", [*report_keys(), DOCUMENT])
 @pytest.mark.parametrize("fixture", [RM, CUDA, FAULTS], ids=lambda p: p.name)
-def test_golden_report(fixture: Path, update_golden: bool) -> None:
-    doc = analyze(fixture)
-    text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
-    check_text(GOLDEN / f"recorded_{fixture.name.replace('-', '_')}.json", text, update_golden)
+def test_golden_report(fixture: Path, part: str, update_golden: bool) -> None:
+    """Each report's JSON object, per recorded fixture, in a golden of its own."""
+    if fixture not in _docs:
+        _docs[fixture] = analyze(fixture)
+    text = json.dumps(json_parts(_docs[fixture])[part], indent=2, sort_keys=True) + "\n"
+    check_text(_golden_dir(fixture) / f"{part}.json", text, update_golden)
+
+
+def test_no_golden_of_an_unregistered_report() -> None:
+    for fixture in (RM, CUDA, FAULTS):
+        assert stale_files(_golden_dir(fixture), [*report_keys(), DOCUMENT]) == [], fixture
 
 
 def test_gpu_peak_equals_the_stand_in_drivers_own_peak() -> None:

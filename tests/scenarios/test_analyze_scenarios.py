@@ -1,5 +1,5 @@
 """Planted truth of each synthetic scenario (fixtures/scenarios/build.py), asserted
-directly, and each scenario's full JSON report kept as a golden file."""
+directly, and each scenario's JSON report kept as golden files, one per report."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 from gputrace.trace.builder import T0_NS, GiB, MiB
 from tests.analyze_helpers import GOLDEN, SCENARIO_DIR, analyze, scenarios
-from tests.goldens import check_text
+from gputrace.render.json_doc import render_json
+from tests.goldens import DOCUMENT, check_text, joined_json, json_parts, report_keys, stale_files
 
 # One pytest-xdist worker runs every test here: they share `docs` (every scenario
 # analyzed), built once per worker.
@@ -151,11 +152,33 @@ def test_committed_fixtures_match_build_script(tmp_path: Path,
         assert analyze(path) == docs[name], f"fixtures/scenarios/{name} is stale: rebuild it"
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_golden_json(name: str, docs: dict[str, Any], update_golden: bool) -> None:
-    from gputrace.render.json_doc import render_json
+PARTS = [*report_keys(), DOCUMENT]
+WHOLE = "training_leak"
+"""The one scenario whose whole JSON document is a golden too (how the parts join)."""
 
-    check_text(GOLDEN / f"analyze_{name}.json", render_json(docs[name]), update_golden)
+
+@pytest.mark.parametrize("part", PARTS)
+@pytest.mark.parametrize("name", NAMES)
+def test_golden_json(name: str, part: str, docs: dict[str, Any], update_golden: bool) -> None:
+    """Each report's JSON object, per scenario, in a golden of its own."""
+    check_text(GOLDEN / f"analyze_{name}" / f"{part}.json",
+               render_json(json_parts(docs[name])[part]), update_golden)
+
+
+def test_whole_document_golden(docs: dict[str, Any], update_golden: bool) -> None:
+    check_text(GOLDEN / f"analyze_{WHOLE}.json", render_json(docs[WHOLE]), update_golden)
+
+
+def test_golden_parts_join_into_the_whole_document() -> None:
+    """The per-report goldens, put back together, are the whole document's golden byte
+    for byte (they were cut from it)."""
+    assert render_json(joined_json(GOLDEN / f"analyze_{WHOLE}")) == (
+        GOLDEN / f"analyze_{WHOLE}.json").read_text()
+
+
+def test_no_golden_of_an_unregistered_report() -> None:
+    for name in NAMES:
+        assert stale_files(GOLDEN / f"analyze_{name}", [f"{p}" for p in PARTS]) == [], name
 
 
 def test_default_fixture_story() -> None:

@@ -4,7 +4,6 @@ traces) give the same JSON as in one piece: every scenario and recorded fixture,
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from gputrace.analyses.timeseries import memory_over_time
 from gputrace.trace.reader import open_trace
 from tests.analyze_helpers import GOLDEN, SCENARIO_DIR, analyze, scenarios
 from tests.conftest import FIXTURES
+from tests.goldens import joined_json
 
 TRACES = [SCENARIO_DIR / n for n in scenarios().SCENARIOS] + [
     FIXTURES / n for n in ("standin-rm", "standin-cuda", "standin-faults")]
@@ -25,8 +25,7 @@ TRACES = [SCENARIO_DIR / n for n in scenarios().SCENARIOS] + [
 def golden(path: Path) -> dict[str, Any]:
     name = (f"analyze_{path.name}" if path.parent == SCENARIO_DIR
             else f"recorded_{path.name.replace('-', '_')}")
-    doc: dict[str, Any] = json.loads((GOLDEN / f"{name}.json").read_text())
-    return doc
+    return joined_json(GOLDEN / name)
 
 
 @pytest.mark.parametrize("k", [2, 5])

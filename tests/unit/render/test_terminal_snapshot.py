@@ -1,5 +1,6 @@
 """The terminal report of every bundled fixture, compared exactly with a text snapshot
-(tests/snapshots/<fixture>.txt; only `pytest --update-goldens` rewrites them), and
+(tests/snapshots/<fixture>/<report key>.txt, one per report, and the trace's warnings in
+`_warnings.txt`; only `pytest --update-goldens` rewrites them), and
 table cells asserted by value: the right number in the right column of the right
 row, not just headers. Untrusted text (comm, symbols) never reaches the terminal raw.
 """
@@ -17,7 +18,7 @@ import pytest
 from gputrace.render.terminal import render_terminal
 from tests.analyze_helpers import SCENARIO_DIR, analyze, scenarios
 from tests.conftest import FIXTURES, ROOT
-from tests.goldens import check_text
+from tests.goldens import WARNINGS, check_text, joined_text, report_keys, stale_files
 
 SNAPSHOTS = Path(__file__).resolve().parents[2] / "snapshots"
 BUNDLED = ["default", "standin-rm", "standin-cuda", "standin-faults", "real-h200-cuda"]
@@ -25,19 +26,42 @@ TRACES = {n: FIXTURES / n for n in BUNDLED} | {
     f"scenario-{n}": SCENARIO_DIR / n for n in scenarios().SCENARIOS}
 
 
-def render(path: Path, by_layer: bool = False, **opts: Any) -> str:
+def render_doc(doc: dict[str, Any], by_layer: bool = False) -> str:
     buf = io.StringIO()
-    render_terminal(analyze(path, **opts), buf, color=False, by_layer=by_layer)
+    render_terminal(doc, buf, color=False, by_layer=by_layer)
     return buf.getvalue()
 
 
-_cache: dict[str, str] = {}
+def render(path: Path, by_layer: bool = False, **opts: Any) -> str:
+    return render_doc(analyze(path, **opts), by_layer)
+
+
+_docs: dict[str, dict[str, Any]] = {}
+WHOLE = "default"
+"""The one fixture whose whole terminal text is a snapshot too (how the sections join)."""
+
+
+def doc_of(name: str) -> dict[str, Any]:
+    if name not in _docs:
+        _docs[name] = analyze(TRACES[name])
+    return _docs[name]
 
 
 def text_of(name: str) -> str:
-    if name not in _cache:
-        _cache[name] = render(TRACES[name])
-    return _cache[name]
+    return render_doc(doc_of(name))
+
+
+def sections_of(name: str) -> dict[str, str]:
+    """The terminal text of fixture `name` cut into its per-report snapshots: the trace's
+    warnings (printed first), then each report's section rendered alone."""
+    doc, keys = doc_of(name), report_keys()
+    head = render_doc({**doc, **dict.fromkeys(keys)})
+    out = {WARNINGS: head}
+    for k in keys:
+        text = render_doc({**doc, **{o: None for o in keys if o != k}})
+        assert text.startswith(head), k
+        out[k] = text[len(head):]
+    return out
 
 
 def table(text: str, title: str) -> list[list[str]]:
@@ -53,9 +77,30 @@ def table(text: str, title: str) -> list[list[str]]:
     return rows
 
 
+@pytest.mark.parametrize("part", [WARNINGS, *report_keys()])
 @pytest.mark.parametrize("name", sorted(TRACES))
-def test_terminal_snapshot(name: str, update_golden: bool) -> None:
-    check_text(SNAPSHOTS / f"{name}.txt", text_of(name), update_golden)
+def test_terminal_snapshot(name: str, part: str, update_golden: bool) -> None:
+    """Each report's terminal section, per fixture, in a snapshot of its own."""
+    check_text(SNAPSHOTS / name / f"{part}.txt", sections_of(name)[part], update_golden)
+
+
+def test_whole_terminal_snapshot(update_golden: bool) -> None:
+    check_text(SNAPSHOTS / f"{WHOLE}.txt", text_of(WHOLE), update_golden)
+
+
+@pytest.mark.parametrize("name", sorted(TRACES))
+def test_sections_join_into_the_whole_text(name: str) -> None:
+    """Each report's section rendered alone, in registry order after the warnings, is the
+    whole document's text; and the committed snapshots join into the whole one (they
+    were cut from it)."""
+    assert "".join(sections_of(name).values()) == text_of(name)
+    if name == WHOLE:
+        assert joined_text(SNAPSHOTS / WHOLE) == (SNAPSHOTS / f"{WHOLE}.txt").read_text()
+
+
+def test_no_snapshot_of_an_unregistered_report() -> None:
+    for name in TRACES:
+        assert stale_files(SNAPSHOTS / name, [WARNINGS, *report_keys()]) == [], name
 
 
 def test_cli_prints_the_same_text(tmp_path: Path) -> None:
