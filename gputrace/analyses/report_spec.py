@@ -9,7 +9,7 @@ them when a renderer runs), so the registry is read without loading rich or plot
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -118,6 +118,19 @@ class ReportSpec:
     """How `gputrace diff` compares it: its tables; None: every numeric figure at its top
     level; (): not compared (listed as such in the diff document)."""
     fleet: FleetUse = FleetUse()
+    columns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """The generic sections' columns (terminal and HTML, for a report with no section of
+    its own, and the `by_pod`/`by_container` lists of any report): for each list of rows
+    in its JSON object, by key, the columns shown, in order. A list not named here shows
+    its columns in name order. Never the rows' own key order, which differs between the
+    report as computed (the CLI) and after a JSON round trip (keys sorted)."""
+
+    def columns_of(self, key: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+        """The columns a generic section shows for the list of rows `key`."""
+        declared = self.columns.get(key)
+        if declared is not None:
+            return list(declared)
+        return sorted({c for r in rows for c in r})
 
 
 def resolve(path: str) -> Callable[..., Any]:

@@ -43,22 +43,21 @@ def groups_section(page: Page, spec: ReportSpec, rep: dict[str, Any] | None) -> 
     for by in GROUPINGS:
         rows = (rep or {}).get(f"by_{by}")
         if rows is not None:
-            cols = list(rows[0]) if rows else []
             page.section(f"{spec.title} by {by}", None, None, table(rows, [
                 (c, c, human_bytes if c.endswith("bytes") else text if isinstance(
-                    rows[0][c], str) else num) for c in cols]))
+                    rows[0].get(c), str) else num) for c in spec.columns_of(f"by_{by}", rows)]))
 
 
 def generic_section(page: Page, spec: ReportSpec, rep: dict[str, Any] | None) -> None:
     """A report without sections of its own: its question, each figure on a line and each
-    list of rows a table (columns from its first row)."""
+    list of rows a table (its declared columns: `ReportSpec.columns_of`), in name order."""
     figures, tables = [], []
-    for k, v in (rep or {}).items():
+    for k, v in sorted((rep or {}).items()):
         if k in REPORT_FIELDS:
             continue
         if isinstance(v, list) and all(isinstance(r, dict) for r in v):
-            cols = list(v[0]) if v else []
-            tables.append(f"<h3>{esc(k)}</h3>" + table(v, [(c, c, num) for c in cols]))
+            tables.append(f"<h3>{esc(k)}</h3>"
+                          + table(v, [(c, c, num) for c in spec.columns_of(k, v)]))
         elif not isinstance(v, (dict, list)):
             figures.append(f"<dt>{esc(k)}</dt><dd>{num(v)}</dd>")
     body = (f'<p class="note">{esc(rep["question"])}</p>' if rep else "") + (

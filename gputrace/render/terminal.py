@@ -22,7 +22,7 @@ from rich.text import Text
 
 from gputrace.analyses import registry
 from gputrace.analyses.report import REPORT_FIELDS
-from gputrace.analyses.report_spec import GROUPINGS, resolve
+from gputrace.analyses.report_spec import GROUPINGS, ReportSpec, resolve
 from gputrace.render.cells import human_bytes, num, plain, us
 from gputrace.render.safe import printable_tree
 from gputrace.render.term_table import ROWS, table
@@ -52,15 +52,14 @@ def summary_section(con: Console, d: dict[str, Any], limit: int) -> None:
                        f"end {num(g['imbalance_end'])}"))
 
 
-def _generic(con: Console, d: dict[str, Any], limit: int) -> None:
-    """A report without a section of its own: each figure on a line, each list of rows
-    a table (columns from its first row)."""
-    for k, v in d.items():
+def generic_section(con: Console, spec: ReportSpec, d: dict[str, Any], limit: int) -> None:
+    """A report without a section of its own: each figure on a line and each list of rows
+    a table (its declared columns: `ReportSpec.columns_of`), in name order."""
+    for k, v in sorted(d.items()):
         if k in REPORT_FIELDS:
             continue
         if isinstance(v, list) and all(isinstance(r, dict) for r in v):
-            cols = list(v[0]) if v else []
-            table(con, k, v, [(c, c, num) for c in cols], limit)
+            table(con, k, v, [(c, c, num) for c in spec.columns_of(k, v)], limit)
         elif not isinstance(v, (dict, list)):
             con.print(Text(f"{k}: {num(v)}"))
 
@@ -97,15 +96,18 @@ def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True
                            + " missing from this trace"))
             continue
         path = (spec.terminal_by_layer if by_layer else None) or spec.terminal
-        (resolve(path) if path is not None else _generic)(con, rep, limit)
-        groups_section(con, spec.title, rep, limit)
+        if path is not None:
+            resolve(path)(con, rep, limit)
+        else:
+            generic_section(con, spec, rep, limit)
+        groups_section(con, spec, rep, limit)
 
 
-def groups_section(con: Console, title: str, rep: dict[str, Any], limit: int) -> None:
+def groups_section(con: Console, spec: ReportSpec, rep: dict[str, Any], limit: int) -> None:
     """A report's figures per pod or container (`analyze --by`), when it has them."""
     for by in GROUPINGS:
         rows = rep.get(f"by_{by}")
         if rows is not None:
-            cols = list(rows[0]) if rows else []
-            table(con, f"{title} by {by}", rows, [
+            cols = spec.columns_of(f"by_{by}", rows)
+            table(con, f"{spec.title} by {by}", rows, [
                 (c, c, human_bytes if c.endswith("bytes") else num) for c in cols], limit)

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from gputrace.render.json_doc import render_json
 from gputrace.trace.builder import T0_NS, GiB, MiB
 from tests.analyze_helpers import GOLDEN, SCENARIO_DIR, analyze, scenarios
-from gputrace.render.json_doc import render_json
 from tests.goldens import DOCUMENT, check_text, joined_json, json_parts, report_keys, stale_files
 
 # One pytest-xdist worker runs every test here: they share `docs` (every scenario

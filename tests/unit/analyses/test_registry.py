@@ -47,14 +47,19 @@ def _toy(ctx: Context) -> Report:
     return Report("toy", "How many toys are there?", True,
                   {"toys": 7, "window_s": ctx.opts.window_s,
                    "span_ms": (ctx.inp.end_ns - ctx.inp.start_ns) // 1_000_000,
-                   "toy_rows": [{"pid": 41, "toys": 3}, {"pid": 42, "toys": 4}]})
+                   # keys in neither declared nor name order: the generic sections must
+                   # show the declared columns whichever order the rows' keys come in
+                   "toy_rows": [{"toys": 3, "pid": 41, "comm": "bear"},
+                                {"toys": 4, "pid": 42, "comm": "ball"}],
+                   "by_pod": [{"toys": 7, "pod_name": "nursery", "processes": 2}]})
 
 
 TOY = ReportSpec("toy-count", "toy_count", "Toy count", "How many toys are there?", ("api",),
                  _toy,
                  gates=(Gate("toys", lambda rep, _: f"toys: {rep['toys']}" if rep["toys"]
                              else None),),
-                 fleet=FleetUse(sums=("toys", "span_ms")))
+                 fleet=FleetUse(sums=("toys", "span_ms")),
+                 columns={"toy_rows": ("pid", "comm", "toys")})
 
 
 @contextmanager
@@ -109,6 +114,43 @@ def test_toy_report_in_only_and_fail_on(toy: None, capsys: pytest.CaptureFixture
     assert rc == 2 and "--fail-on toys needs the toy-count report" in err
     rc, _, err = run(capsys, LEAK, "--only", "toy-count", "--fail-on", "toys", "-f", "json")
     assert rc == 3 and "--fail-on: toys: 7" in err
+
+
+def test_toy_report_columns_the_same_from_cli_and_json(
+        toy: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """The generic terminal and HTML sections show a list's declared columns in declared
+    order (an undeclared list: name order), whether they render the report as computed
+    (the CLI) or after a JSON round trip, which sorts keys (the tests, a saved document)."""
+    from gputrace.render.html import Page
+    from gputrace.render.html_sections import generic_section, groups_section
+    from gputrace.render.json_doc import render_json
+    from gputrace.render.terminal import render_terminal
+
+    computed = run_reports(inputs_from_trace(open_trace(LEAK)), ["toy-count"])
+    round_trip = json.loads(render_json(computed))
+    assert list(computed["toy_count"]["toy_rows"][0]) != list(round_trip["toy_count"][
+        "toy_rows"][0]), "the two paths must differ in key order for this test to mean much"
+    rc, cli_text, err = run(capsys, LEAK, "--only", "toy-count")
+    assert rc == 0, err
+    texts = []
+    for doc in (computed, round_trip):
+        buf = io.StringIO()
+        render_terminal(doc, buf, color=False)
+        texts.append(buf.getvalue())
+    assert cli_text == texts[0] == texts[1]
+    header = next(ln for ln in cli_text.splitlines() if "pid" in ln and "comm" in ln)
+    assert header.index("pid") < header.index("comm") < header.index("toys")
+    pods = next(ln for ln in cli_text.splitlines() if "pod_name" in ln)
+    assert pods.index("pod_name") < pods.index("processes") < pods.index("toys")
+    pages = []
+    for doc in (computed, round_trip):
+        page = Page("t")
+        generic_section(page, TOY, doc["toy_count"])
+        groups_section(page, TOY, doc["toy_count"])
+        pages.append("".join(page.parts))
+    assert pages[0] == pages[1]
+    assert pages[0].index("<th>pid</th><th>comm</th><th>toys</th>") > 0
+    assert pages[0].index("<th>pod_name</th><th>processes</th><th>toys</th>") > 0
 
 
 def test_without_registration_the_toy_is_unknown(capsys: pytest.CaptureFixture[str]) -> None:
