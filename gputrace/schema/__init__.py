@@ -143,8 +143,8 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
     ("trace_id", "the recording's identity, a random UUID the recorder draws at start; "
      "`gputrace export` files the trace under it (docs/fleet.md). Optional: without it "
      "export derives one (the fleet column `trace_id`)"),
-    ("layers", "layers recorded (see LAYERS: syscall, api, cpu_faults, driver, uvm_tools, "
-     "rm_query); a table of a layer not listed is unknown, not empty"),
+    ("layers", "layers recorded (the Layers table below); a table of a layer not listed "
+     "is unknown, not empty"),
     ("start_ts_ns, end_ts_ns", "CLOCK_MONOTONIC span of the recording"),
     ("clock.realtime_offset_ns", "added to a timestamp gives Unix-epoch nanoseconds"),
     ("clock.uvm_events",
