@@ -67,11 +67,11 @@ from gputrace.schema.live import ALERTS
 from gputrace.schema.model import (
     FORMAT_NAME,
     FORMAT_VERSION,
-    SCHEMA_VERSION,
     STR,
     Column,
     PartSet,
     Table,
+    schema_version,
 )
 from gputrace.schema.syscall import (
     FILES,
@@ -121,6 +121,10 @@ TABLES: dict[str, Table] = {
         ALLOCATOR_FRAMES,
     )
 }
+
+SCHEMA_VERSION: int = schema_version(TABLES.values())
+"""The tables' version, written into every part and manifest: the newest column's
+`since` (`Column.since`), so adding a column is its own line, no bump elsewhere."""
 
 LAYERS: dict[str, tuple[str, ...]] = {
     layer: tuple(t.name for t in TABLES.values() if layer in t.layers)

@@ -40,10 +40,10 @@ STACKS = Table(
         Column("offset", U64, "bytes", "ip relative to the module's load base"),
         Column("symbol", STR, "", "function name (null when it could not be resolved)"),
         Column("kind", STR, "", "native (a machine address) or python (an interpreter "
-               "frame: ip is its code object's address, offset its bytecode offset)"),
+               "frame: ip is its code object's address, offset its bytecode offset)", since=4),
         Column("function", STR, "", "Python frames: qualified function name (null when "
-               "the process exited before it was read)"),
-        Column("filename", STR, "", "Python frames: source file"),
-        Column("line", I32, "", "Python frames: source line"),
+               "the process exited before it was read)", since=4),
+        Column("filename", STR, "", "Python frames: source file", since=4),
+        Column("line", I32, "", "Python frames: source line", since=4),
     ),
 )

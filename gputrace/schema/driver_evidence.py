@@ -46,13 +46,14 @@ FAULTS = Table(
         Column("batch_id", U32, "", "fault batch (GPU faults; per GPU and source)"),
         Column("ip", U64, "address", "instruction pointer (CPU faults)"),
         Column("ts_gpu_ns", U64, "ns",
-               "GPU global timer when the GPU wrote the fault entry (GPU faults)"),
-        Column("gpc_id", U16, "", "physical GPC that faulted (replayable GPU faults)"),
+               "GPU global timer when the GPU wrote the fault entry (GPU faults)", since=2),
+        Column("gpc_id", U16, "", "physical GPC that faulted (replayable GPU faults)", since=2),
         Column("channel_id", U16, "",
-               "channel of the faulting work (non-replayable GPU faults)"),
-        Column("client_id", U16, "", "MMU client id, architecture-specific (GPU faults)"),
+               "channel of the faulting work (non-replayable GPU faults)", since=2),
+        Column("client_id", U16, "", "MMU client id, architecture-specific (GPU faults)", since=2),
         Column("cpu_id", U32, "",
-               "CPU the faulting thread ran on (uvm_tools CPU faults, drivers >= 565.57.01)"),
+               "CPU the faulting thread ran on (uvm_tools CPU faults, drivers >= 565.57.01)",
+               since=2),
     ),
     ("cpu_faults", "uvm_tools"),
 )
@@ -65,11 +66,12 @@ FAULT_BATCHES = Table(
     (
         Column("ts_ns", I64, "ns", "start of servicing: CPU time of the batch's first fault",
                False),
-        Column("pid", I32, "", "process whose faults these are (one tracker per process)"),
+        Column("pid", I32, "", "process whose faults these are (one tracker per process)", since=2),
         Column("gpu_index", I16, "", "GPU, trace GPU index (null when its processor index "
                "was not in the processor table)"),
         Column("batch_id", U32, "", "batch id (unique per GPU and source)", False),
-        *enum_columns("source", FAULT_SOURCES, "gpu_replayable or gpu_non_replayable", True),
+        *enum_columns("source", FAULT_SOURCES, "gpu_replayable or gpu_non_replayable", True,
+                     since=2),
         Column("faults", U32, "", "fault entries in the batch"),
         Column("duplicates", U32, "",
                "faults repeating an earlier fault of the same batch (same address and "
@@ -77,7 +79,7 @@ FAULT_BATCHES = Table(
         Column("duration_ns", I64, "ns",
                "service time: first fault's CPU time to the replay's (null when the "
                "replay was not seen)"),
-        Column("replay_ts_gpu_ns", U64, "ns", "GPU global timer when the replay finished"),
+        Column("replay_ts_gpu_ns", U64, "ns", "GPU global timer when the replay finished", since=2),
     ),
     ("uvm_tools",),
 )
@@ -98,10 +100,11 @@ MIGRATIONS = Table(
                       "uvm_make_resident_cause_t (tools causes mapped by TOOLS_MIGRATION_CAUSES)"),
         Column("duration_ns", I64, "ns",
                "copy time on the CPU clock (null for asynchronous copies)"),
-        Column("ts_gpu_ns", U64, "ns", "GPU global timer when the copy started"),
-        Column("duration_gpu_ns", I64, "ns", "copy time on the GPU timer"),
-        Column("src_nid", I32, "", "source CPU NUMA node (tools V2 records; else null)"),
-        Column("dst_nid", I32, "", "destination CPU NUMA node (tools V2 records; else null)"),
+        Column("ts_gpu_ns", U64, "ns", "GPU global timer when the copy started", since=2),
+        Column("duration_gpu_ns", I64, "ns", "copy time on the GPU timer", since=2),
+        Column("src_nid", I32, "", "source CPU NUMA node (tools V2 records; else null)", since=2),
+        Column("dst_nid", I32, "", "destination CPU NUMA node (tools V2 records; else null)",
+               since=2),
     ),
     ("uvm_tools",),
 )
@@ -168,10 +171,11 @@ GPU_MEMORY = Table(
                "RM status of the query (0 = NV_OK; other values leave the sizes null)", False),
         Column("trigger", STR, "",
                "why the sample was taken: `tick` (the sampler's period) or `incident` (a "
-               "\"no memory\" failure on this GPU; null in traces older than this column)"),
+               "\"no memory\" failure on this GPU; null in traces older than this column)",
+               since=4),
         Column("delay_ns", I64, "ns",
                "incident samples: time from the failed call's return to this sample "
-               "(null for ticks)"),
+               "(null for ticks)", since=4),
     ),
 )
 

@@ -21,9 +21,8 @@ import pyarrow as pa
 if TYPE_CHECKING:
     import polars as pl
 
-SCHEMA_VERSION = 5
-"""Bumped whenever a column is added, removed, renamed or retyped."""
-# The trace directory's own format (manifest layout, part naming), versioned apart from
+# The tables' version (schema.SCHEMA_VERSION) is derived from the columns' `since`, in
+# the catalog. The trace directory's own format (manifest layout, part naming), versioned apart from
 # the tables' columns.
 FORMAT_NAME = "gputrace-trace"
 FORMAT_VERSION = 1
@@ -36,6 +35,11 @@ class Column:
     unit: str
     doc: str
     nullable: bool = True
+    since: int = 1
+    """The schema version that added it to its table (1: it has been there from the
+    table's first version). A part of an older version lacks it, and readers fill it with
+    nulls; a column added later is nullable, so that older parts can be read. Declaring it
+    is the version bump: schema.SCHEMA_VERSION is the newest `since`."""
 
 
 @dataclass(frozen=True)
@@ -116,10 +120,17 @@ class Table:
 
     @property
     def arrow_schema(self) -> pa.Schema:
+        from gputrace.schema import SCHEMA_VERSION  # the catalog's, of every table
+
         return pa.schema(
             [pa.field(c.name, c.type, nullable=c.nullable) for c in self.columns],
             metadata={b"gputrace.schema_version": str(SCHEMA_VERSION).encode()},
         )
+
+    def absent_in(self, version: int) -> set[str]:
+        """The columns a part of schema `version` may lack (they read as null): those
+        added since."""
+        return {c.name for c in self.columns if c.since > version and c.nullable}
 
     @property
     def polars_schema(self) -> pl.Schema:
@@ -134,6 +145,11 @@ class Table:
             if c.name == name:
                 return c
         raise KeyError(name)
+
+
+def schema_version(tables: Iterable[Table]) -> int:
+    """The version of these tables: the newest column's `since`."""
+    return max(c.since for t in tables for c in t.columns)
 
 
 I8, I16, I32, I64 = pa.int8(), pa.int16(), pa.int32(), pa.int64()
@@ -153,10 +169,10 @@ def who(with_tid: bool = True) -> tuple[Column, ...]:
     return tuple(cols)
 
 def enum_columns(name: str, values: dict[int, str], doc: str,
-                 nullable: bool = False) -> tuple[Column, ...]:
+                 nullable: bool = False, since: int = 1) -> tuple[Column, ...]:
     """An enumeration's pair of columns: `<name>_code` (what BPF emits) and `<name>`."""
     listing = ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
     return (
-        Column(f"{name}_code", U8, "enum", f"{doc}: code ({listing})", nullable),
-        Column(name, STR, "enum", f"{doc}: name", nullable),
+        Column(f"{name}_code", U8, "enum", f"{doc}: code ({listing})", nullable, since),
+        Column(name, STR, "enum", f"{doc}: name", nullable, since),
     )

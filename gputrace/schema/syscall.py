@@ -30,15 +30,16 @@ IDENTITY_COLUMNS = (
            "layouts read); null outside a container or in a layout not known"),
     Column("container_runtime", STR, "",
            "docker, containerd, cri-o or podman: from the cgroup path or, when it does not "
-           "say, the runtime whose files hold the container id; null when unknown"),
-    Column("pod_uid", STR, "", "Kubernetes pod uid (with dashes), from the cgroup path"),
-    Column("qos_class", STR, "", "the pod's QoS class: guaranteed, burstable or besteffort"),
+           "say, the runtime whose files hold the container id; null when unknown", since=5),
+    Column("pod_uid", STR, "", "Kubernetes pod uid (with dashes), from the cgroup path", since=5),
+    Column("qos_class", STR, "", "the pod's QoS class: guaranteed, burstable or besteffort",
+           since=5),
     Column("pod_namespace", STR, "",
-           "the pod's namespace, from the node's /var/log/pods (null when not readable)"),
-    Column("pod_name", STR, "", "the pod's name, from the node's /var/log/pods"),
+           "the pod's namespace, from the node's /var/log/pods (null when not readable)", since=5),
+    Column("pod_name", STR, "", "the pod's name, from the node's /var/log/pods", since=5),
     Column("container_name", STR, "",
            "the container's name in its pod, from the runtime's files (containerd, CRI-O, "
-           "Docker) where readable"),
+           "Docker) where readable", since=5),
 )
 """Who a process is, as containers and Kubernetes say it: derived once, from the cgroup
 path and the node's files, by gputrace/identity.py (whose `Identity` mirrors these)."""

@@ -103,7 +103,8 @@ class Trace(ManifestFacts):
         if not parts:
             return pl.LazyFrame(schema=t.polars_schema)
         # Parts of an older schema version, written before a nullable column was
-        # added, read it as nulls (`_check_part` refuses a current part without it).
+        # added, read it as nulls (`_check_part` refuses a part of the column's version
+        # or newer without it).
         return pl.scan_parquet([str(p) for p in parts], schema=t.polars_schema,
                                missing_columns="insert").select(
             [pl.col(n).cast(dt) for n, dt in t.polars_schema.items()]
@@ -169,10 +170,10 @@ def _check_part(t: schema.Table, path: Path) -> None:
         twice = sorted({n for n in names if names.count(n) > 1})
         raise TraceError(f"{path}: table {t.name} column {twice[0]} appears more than once; "
                          "refusing to guess which one is meant")
-    # A part of the current schema version holds every column; one of an older version
-    # may lack the nullable columns added since (they read as null).
-    missing = [c.name for c in t.columns if c.name not in names
-               and (not c.nullable or version >= schema.SCHEMA_VERSION)]
+    # A part holds every column of its schema version; it may lack the nullable columns
+    # added since (`Column.since`: they read as null).
+    absent = t.absent_in(version)
+    missing = [c.name for c in t.columns if c.name not in names and c.name not in absent]
     if missing:
         raise TraceError(f"{path}: columns missing from table {t.name}: {', '.join(missing)}")
     for c in t.columns:
