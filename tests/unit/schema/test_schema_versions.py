@@ -18,8 +18,8 @@ from gputrace.trace.reader import open_trace
 
 
 def test_version_is_the_newest_since() -> None:
-    assert schema.SCHEMA_VERSION == max(c.since for t in schema.TABLES.values()
-                                        for c in t.columns)
+    assert max(c.since for t in schema.TABLES.values()
+                                        for c in t.columns) == schema.SCHEMA_VERSION
     old = Table("toy", "a toy table", "syscall", (Column("pid", I32, "", "pid", False),))
     new = Table("toy", "a toy table", "syscall",
                 (*old.columns, Column("numa", I32, "", "a new column", since=9)))
