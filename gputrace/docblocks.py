@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BLOCKS: dict[tuple[str, str], str] = {
     ("docs/reports.md", "reports"): "gputrace.analyses.catalog:reports_table",
     ("docs/json-report.md", "json-keys"): "gputrace.analyses.catalog:json_keys_table",
+    ("docs/record.md", "procfs"): "gputrace.record.procfs:facts_table",
 }
 """(doc file relative to the repository, block name) → "module:function" returning the
 block's markdown."""

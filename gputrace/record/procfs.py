@@ -8,9 +8,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gputrace import identity, schema
 from gputrace.identity import Identity, NodeNames
@@ -120,6 +121,60 @@ class ProcInfo:
     exit_code: int | None = None
 
 
+@dataclass(frozen=True)
+class ProcFact:
+    """A fact of the processes table read from /proc/PID when a process first matters:
+    the `ProcInfo` field it fills (the processes column of that name; `identity`: the
+    IDENTITY_COLUMNS), the file under /proc/PID it comes from and how that file is read
+    (`parse`: raises OSError when the file is gone; None: nothing to say). `comm`, `ppid`
+    and the start time come from `stat` apart: other sources take precedence over them."""
+
+    field: str
+    file: str
+    parse: Callable[[Path], Any]
+    how: str
+
+
+def _cmdline(path: Path) -> str | None:
+    raw = path.read_bytes()
+    if not raw:
+        return None  # a kernel thread, or a process past its exit: no arguments to tell
+    return " ".join(a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0"))
+
+
+PROC_FACTS: tuple[ProcFact, ...] = (
+    ProcFact("exe", "exe", os.readlink, "the link's target"),
+    ProcFact("cmdline", "cmdline", _cmdline,
+             "the arguments, NUL-separated, joined by spaces (invalid UTF-8 replaced)"),
+    ProcFact("cgroup", "cgroup", lambda p: cgroup_path(p.read_text()),
+             "the cgroup v2 path (`0::/path`), else the v1 memory controller's"),
+    ProcFact("identity", "cgroup", lambda p: identity.from_proc_cgroup(p.read_text()),
+             "container and pod from the cgroup path's layout (gputrace/identity.py; their "
+             "names from the node's files, docs/containers.md)"),
+)
+"""Every fact read from /proc/PID: `read_info` reads them, `copy_facts` copies them and
+docs/record.md lists them (`facts_table`, a generated block), all from this list."""
+
+
+def copy_facts(dst: ProcInfo, src: ProcInfo) -> None:
+    """`dst` gets the /proc facts of `src` (read for the same process, later)."""
+    for f in PROC_FACTS:
+        setattr(dst, f.field, getattr(src, f.field))
+
+
+def facts_table() -> str:
+    """The /proc facts as docs/record.md lists them."""
+    out = ["| processes column(s) | from /proc/PID/ | read as |", "|---|---|---|"]
+    for f in PROC_FACTS:
+        cols = ([c.name for c in schema.IDENTITY_COLUMNS] if f.field == "identity"
+                else [f.field])
+        out.append(f"| {', '.join(f'`{c}`' for c in cols)} | `{f.file}` | {f.how} |")
+    out.append("| `comm`, `ppid` (and the start time, to check the pid is still the "
+               "process) | `stat` | the name between the outer parentheses; field 4; "
+               "field 22 in clock ticks |")
+    return "\n".join(out) + "\n"
+
+
 def start_boot_ns(pid: int) -> int | None:
     """When /proc/PID's process started, CLOCK_BOOTTIME ns (whole clock ticks,
     rounded down), or None when there is no such process."""
@@ -183,8 +238,7 @@ def read_checked(pid: int, info: ProcInfo, *, fork_boot_ns: int | None,
         return False
     info.comm = got.comm or info.comm
     info.ppid = info.ppid if info.ppid is not None else got.ppid
-    info.exe, info.cmdline = got.exe, got.cmdline
-    info.cgroup, info.identity = got.cgroup, got.identity
+    copy_facts(info, got)
     return True
 
 
@@ -231,22 +285,11 @@ def read_info(pid: int, info: ProcInfo | None = None,
     if st is not None:
         info.comm = st[0]
         info.ppid = info.ppid if info.ppid is not None else st[1]
-    with contextlib.suppress(OSError):
-        info.exe = os.readlink(base / "exe")
-    try:
-        raw = (base / "cmdline").read_bytes()
-        if raw:
-            info.cmdline = " ".join(
-                a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")
-            )
-    except OSError:
-        pass
-    try:
-        cg = (base / "cgroup").read_text()
-        info.cgroup = cgroup_path(cg)
-        info.identity = identity.from_proc_cgroup(cg)
-    except OSError:
-        pass
+    for f in PROC_FACTS:
+        with contextlib.suppress(OSError):
+            value = f.parse(base / f.file)
+            if value is not None:
+                setattr(info, f.field, value)
     if node is not None:
         info.identity = node.named(info.identity)
     return info

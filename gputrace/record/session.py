@@ -383,8 +383,7 @@ class Session:
             if kind == decode.PROC_EXEC:
                 if not fresh:  # a new image: what was read of the old one no longer holds
                     now = self._take_early(pid, ts, exact=True) or self.facts(pid, ts)
-                    info.exe, info.cmdline = now.exe, now.cmdline
-                    info.cgroup, info.identity = now.cgroup, now.identity
+                    procfs.copy_facts(info, now)
                     if info.ppid is None:
                         info.ppid = now.ppid
                 info.comm = comm
