@@ -122,6 +122,31 @@ def check_tracefs(h: Host) -> Check:
     return Check("tracefs", NO, "kernel has no tracefs")
 
 
+def check_hooks(h: Host) -> Check:
+    """The recorder's tracepoints (record/hooks.py `HOOKS`, the one table of them), each
+    named when this kernel lacks it: a required one stops `record`, an optional one is
+    compiled out."""
+    import platform
+
+    from gputrace.record import hooks
+
+    d = tracefs_dir(h)
+    if d is None or not (d / "events").is_dir():
+        return Check("hooks", WARN, f"{len(hooks.HOOKS)} tracepoints not checked: tracefs "
+                                    "events not readable here (record mounts tracefs)")
+    here = [x for x in hooks.HOOKS if x.arch is None or x.arch == platform.machine()]
+    missing = [x for x in here if not hooks.available(d, x)]
+    required = [x.name for x in missing if x.required]
+    if required:
+        return Check("hooks", NO, "required tracepoints missing (record stops): "
+                     + ", ".join(required))
+    if missing:
+        return Check("hooks", WARN, f"{len(here) - len(missing)} of {len(here)} tracepoints; "
+                     "optional ones missing (compiled out): "
+                     + ", ".join(x.name for x in missing))
+    return Check("hooks", OK, f"all {len(here)} tracepoints present")
+
+
 def kernel_config(h: Host) -> dict[str, str] | None:
     """CONFIG_* of the running kernel from /proc/config.gz or /boot/config-RELEASE."""
     text = None
@@ -241,7 +266,7 @@ def check_rm(h: Host) -> Check:
 
 
 CHECKS: tuple[Callable[[Host], Check], ...] = (
-    check_privileges, check_bcc, check_headers, check_tracefs,
+    check_privileges, check_bcc, check_headers, check_tracefs, check_hooks,
     lambda h: check_config(h, "CONFIG_UPROBE_EVENTS", "uprobes", "uprobe_register",
                            "api layer"),
     lambda h: check_config(h, "CONFIG_KPROBES", "kprobes", "register_kprobe",

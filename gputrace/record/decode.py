@@ -19,6 +19,7 @@ import pyarrow as pa
 from gputrace import nvabi, schema
 from gputrace.record.arrow_columns import masked
 from gputrace.record.driver_version import UVM_NAMES
+from gputrace.record.structs import mirror
 
 IOCTL_DTYPE = np.dtype(
     [
@@ -32,6 +33,7 @@ IOCTL_DTYPE = np.dtype(
         ("_pad1", "<u4"),
     ]
 )  # fmt: skip
+mirror("gputrace_events.h", "ioctl_event", IOCTL_DTYPE)
 BATCH_HEADER = 8  # struct ioctl_batch: u32 count, u32 _pad0, then the events
 STAGE_EVENTS = 64
 
@@ -43,6 +45,7 @@ MAPPING_DTYPE = np.dtype(
         ("gpu_index", "<i2"), ("comm", "S16"),
     ]
 )  # fmt: skip
+mirror("gputrace_events.h", "mapping_event", MAPPING_DTYPE)
 
 PROC_DTYPE = np.dtype(
     [
@@ -50,22 +53,26 @@ PROC_DTYPE = np.dtype(
         ("exit_code", "<i4"), ("tid", "<u4"), ("_pad0", "<u4"), ("comm", "S16"),
     ]
 )  # fmt: skip
+mirror("gputrace_events.h", "proc_event", PROC_DTYPE)
 PROC_FORK, PROC_EXEC, PROC_EXIT, PROC_SEEN, PROC_UVM_INIT = 1, 2, 3, 4, 5
 PROC_START_DTYPE = np.dtype(
     [("fork_ns", "<u8"), ("fork_boot_ns", "<u8"), ("exec_ns", "<u8"), ("cgroup_id", "<u8"),
      ("ppid", "<u4"), ("_pad0", "<u4")]
 )  # fmt: skip
 """`struct proc_start`, the `proc_starts` map's value: how a process began."""
+mirror("gputrace_events.h", "proc_start", PROC_START_DTYPE)
 
 CONFIG_DTYPE = np.dtype(
     [("self_tgid", "<u4"), ("filter", "<u4"), ("prefix_len", "<u4"), ("comm_cache", "<u4"),
      ("prefix", "S256")]
 )  # fmt: skip
+mirror("gputrace_events.h", "gt_config", CONFIG_DTYPE)
 UVM_LAYOUT_DTYPE = np.dtype(
     [(n, "<u2") for n in ("status", "base", "length", "offset", "uuid", "ref_fd",
                           "h_client", "h_object", "flags")]
     + [("flags_size", "u1"), ("known", "u1"), ("span_lo", "<u2"), ("span_len", "<u2")]
 )  # fmt: skip
+mirror("gputrace_events.h", "uvm_layout", UVM_LAYOUT_DTYPE)
 
 # valid bits (GT_V_* in gputrace_events.h), in column order
 VALID_BITS: dict[str, int] = {
@@ -350,6 +357,7 @@ FD_DTYPE = np.dtype(
         ("valid", "u1"), ("_pad0", "u1"), ("_pad1", "<u2"), ("comm", "S16"),
     ]
 )  # fmt: skip
+mirror("gputrace_events.h", "fd_event", FD_DTYPE)
 FD_OPEN, FD_CLOSE, FD_DUP, FD_SEEN = 1, 2, 3, 4  # GT_FD_*
 FV_RET = 1  # GT_FV_RET: ret holds a value
 

@@ -39,6 +39,7 @@ from gputrace.oom_rules import (
     OOM_CUDA_PREFIX,
     RM_ALLOC_CALLS,
 )
+from gputrace.record.structs import mirror
 
 Batch = pa.Table | pa.RecordBatch
 
@@ -46,6 +47,7 @@ OOM_DTYPE = np.dtype(
     [("ts_ns", "<u8"), ("pid", "<u4"), ("status", "<u4"), ("nr", "<u4"), ("device", "u1"),
      ("_pad0", "u1"), ("gpu_index", "<i2")]
 )  # fmt: skip
+mirror("gputrace_events.h", "oom_event", OOM_DTYPE)
 """`struct oom_event` (probes/gputrace_events.h), checked by test_event_structs."""
 SEEN_KEEP = 4096
 """Failures remembered to deliver each once (probe record, then its decoded row)."""

@@ -13,6 +13,7 @@ import pyarrow as pa
 from gputrace import schema
 from gputrace.record.decode import _batch, _by_time, _strings_from, _who
 from gputrace.record.python_stacks import stack_keys
+from gputrace.record.structs import mirror
 
 # ---------------------------------------------------------------- API layer
 CUDA_DTYPE = np.dtype(
@@ -23,10 +24,12 @@ CUDA_DTYPE = np.dtype(
         ("_pad0", "u1"), ("py_stack_id", "<i4"), ("comm", "S16"),
     ]
 )  # fmt: skip
+mirror("gputrace_events.h", "cuda_event", CUDA_DTYPE)
 CUDA_PAUSE_DTYPE = np.dtype(
     [("ts_ns", "<u8"), ("kinds", "<u4"), ("fd", "<i4"), ("stopped", "<u4"), ("_pad0", "<u4"),
      ("stop_boot_ns", "<u8")]
 )  # fmt: skip
+mirror("gputrace_events.h", "cuda_pause", CUDA_PAUSE_DTYPE)
 PY_PROC_DTYPE = np.dtype(
     [("interp_head", "<u8"), ("page_mask", "<u8"), ("interp_next", "<u2"),
      ("interp_threads", "<u2"),
@@ -35,10 +38,12 @@ PY_PROC_DTYPE = np.dtype(
      ("fr_instr", "<u2"), ("fr_entry", "<u2"), ("fr_owner", "<u2"), ("fr_size", "<u2"),
      ("shim_owner", "<u2"), ("entry_all", "u1"), ("entry_mask", "u1")]
 )  # fmt: skip
+mirror("gputrace_events.h", "py_proc", PY_PROC_DTYPE)
 """struct py_proc: the `cuda_py_procs` map's value (python_stacks fills it)."""
 CUDA_CONFIG_DTYPE = np.dtype(
     [("self_tgid", "<u4"), ("filter", "<u4"), ("pause", "<u4"), ("comm_cache", "<u4")]
 )
+mirror("gputrace_events.h", "cuda_config", CUDA_CONFIG_DTYPE)
 # GT_CV_* bits of cuda_event.valid, by column
 CUDA_VALID_BITS: dict[str, int] = {"size_bytes": 0, "ptr": 1, "handle": 2, "flags": 3, "stream": 4}
 

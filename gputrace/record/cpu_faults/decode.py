@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from gputrace import schema
 from gputrace.record.decode import _batch, _by_time, _strings_from, _who, batched, records
+from gputrace.record.structs import mirror
 
 # ---------------------------------------------------- CPU faults on managed memory
 FAULT_DTYPE = np.dtype(
@@ -19,14 +20,18 @@ FAULT_DTYPE = np.dtype(
         ("error_code", "<u4"), ("_pad0", "<u4"), ("comm", "S16"),
     ]
 )  # fmt: skip
+mirror("gputrace_events.h", "fault_event", FAULT_DTYPE)
 FAULT_STAGE_EVENTS = 64  # GT_FAULT_STAGE
 MBLOCK_KEY_DTYPE = np.dtype([("tgid", "<u4"), ("gen", "<u4"), ("block", "<u8")])
+mirror("gputrace_events.h", "mblock_key", MBLOCK_KEY_DTYPE)
 MBLOCK_DTYPE = np.dtype([("bits", "<u8", (8,))])
+mirror("gputrace_events.h", "mblock", MBLOCK_DTYPE)
 BIG_RANGES = 16  # GT_BIG_RANGES
 MANAGED_PROC_DTYPE = np.dtype(
     [("gen", "<u4"), ("nblocks", "<u4"), ("big_start", "<u8", (BIG_RANGES,)),
      ("big_end", "<u8", (BIG_RANGES,))]
 )  # fmt: skip
+mirror("gputrace_events.h", "managed_proc", MANAGED_PROC_DTYPE)
 PF_WRITE = 1 << 1  # x86 page-fault error code: the access was a write
 SOURCE_CPU, FAULT_TYPE_UNKNOWN, ACCESS_READ, ACCESS_WRITE = 1, 255, 1, 2
 

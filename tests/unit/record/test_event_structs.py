@@ -1,87 +1,138 @@
-"""The C event structs (probes/gputrace_events.h) and their numpy mirrors agree:
-gcc prints every sizeof/offsetof, the test compares with the dtypes."""
+"""The probes' C structs and their numpy mirrors agree, for every layer: each mirror is
+registered where it is defined (gputrace/record/structs.py), gcc compiles each header
+named and prints every sizeof/offsetof, the test compares with the dtypes. A struct
+dtype in gputrace/record/ that is not registered, or a layer's buffer whose record is
+not a registered mirror, fails here too."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from gputrace.record import decode, incidents
+import gputrace.record
+from gputrace.record import decode
 from gputrace.record.api import decode as decode_cuda
 from gputrace.record.cpu_faults import decode as decode_faults
+from gputrace.record.structs import MIRRORS, PROBES, Mirror
 
-HEADER = Path(__file__).resolve().parents[3] / "probes" / "gputrace_events.h"
-
-STRUCTS = {
-    "ioctl_event": decode.IOCTL_DTYPE,
-    "mapping_event": decode.MAPPING_DTYPE,
-    "proc_event": decode.PROC_DTYPE,
-    "proc_start": decode.PROC_START_DTYPE,
-    "gt_config": decode.CONFIG_DTYPE,
-    "uvm_layout": decode.UVM_LAYOUT_DTYPE,
-    # API layer
-    "cuda_event": decode_cuda.CUDA_DTYPE,
-    "cuda_pause": decode_cuda.CUDA_PAUSE_DTYPE,
-    "cuda_config": decode_cuda.CUDA_CONFIG_DTYPE,
-    "py_proc": decode_cuda.PY_PROC_DTYPE,
-    # CPU faults on managed memory
-    "fault_event": decode_faults.FAULT_DTYPE,
-    "mblock_key": decode_faults.MBLOCK_KEY_DTYPE,
-    "mblock": decode_faults.MBLOCK_DTYPE,
-    # open/close/dup of NVIDIA fds (files table)
-    "fd_event": decode.FD_DTYPE,
-    # "no memory" failures sent at once (record/incidents.py)
-    "oom_event": incidents.OOM_DTYPE,
-}
+HEADER = PROBES / "gputrace_events.h"
+NEEDS_GCC = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
 
 
-def _c_layout(tmp_path: Path) -> dict[str, int]:
-    lines = [
-        "#include <stdio.h>",
-        "#include <stddef.h>",
-        f'#include "{HEADER}"',
-        "int main(void) {",
-    ]
-    for struct, dt in STRUCTS.items():
-        lines.append(f'printf("{struct} %zu\\n", sizeof(struct {struct}));')
-        for name in dt.names or ():
-            lines.append(f'printf("{struct}.{name} %zu\\n", offsetof(struct {struct}, {name}));')
-    lines.append('printf("ioctl_batch %zu\\n", sizeof(struct ioctl_batch));')
-    lines.append('printf("ioctl_batch.ev %zu\\n", offsetof(struct ioctl_batch, ev));')
-    lines.append('printf("fault_batch %zu\\n", sizeof(struct fault_batch));')
-    lines.append('printf("fault_batch.ev %zu\\n", offsetof(struct fault_batch, ev));')
-    lines.append('printf("managed_proc %zu\\n", sizeof(struct managed_proc));')
-    lines.append("return 0; }")
-    src = tmp_path / "layout.c"
+def _record_modules() -> list[Any]:
+    """Every module of gputrace/record (importing them registers every mirror)."""
+    return [importlib.import_module(m.name) for m in pkgutil.walk_packages(
+        gputrace.record.__path__, "gputrace.record.")]
+
+
+MODULES = _record_modules()
+
+
+def _c_layout(tmp_path: Path, header: Path, mirrors: Iterable[Mirror],
+              extra: Iterable[str] = ()) -> dict[str, int]:
+    """sizeof and offsetof of each mirrored struct and field, as gcc lays out `header`."""
+    lines = ["#include <stdio.h>", "#include <stddef.h>", f'#include "{header}"',
+             "int main(void) {"]
+    for m in mirrors:
+        lines.append(f'printf("{m.struct} %zu\\n", sizeof(struct {m.struct}));')
+        for name in m.dtype.names or ():
+            lines.append(f'printf("{m.struct}.{name} %zu\\n", '
+                         f'offsetof(struct {m.struct}, {name}));')
+    lines += [*extra, "return 0; }"]
+    src = tmp_path / f"{header.stem}.c"
     src.write_text("\n".join(lines))
-    exe = tmp_path / "layout"
+    exe = tmp_path / header.stem
     subprocess.run(["gcc", "-DGT_USERSPACE", "-Wall", "-Werror", "-o", str(exe), str(src)],
                    check=True, capture_output=True)  # fmt: skip
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     return {k: int(v) for k, v in (ln.split() for ln in out.splitlines())}
 
 
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
-def test_struct_layouts_match_numpy(tmp_path: Path) -> None:
-    c = _c_layout(tmp_path)
-    for struct, dt in STRUCTS.items():
-        assert c[struct] == dt.itemsize, struct
-        fields = dt.fields or {}
-        for name in dt.names or ():
-            assert c[f"{struct}.{name}"] == fields[name][1], f"{struct}.{name}"
-    assert c["ioctl_batch.ev"] == decode.BATCH_HEADER
-    assert (
-        c["ioctl_batch"] == decode.BATCH_HEADER + decode.STAGE_EVENTS * decode.IOCTL_DTYPE.itemsize
-    )
-    assert c["fault_batch.ev"] == decode.BATCH_HEADER
-    assert c["fault_batch"] == (
-        decode.BATCH_HEADER + decode_faults.FAULT_STAGE_EVENTS * decode_faults.FAULT_DTYPE.itemsize
-    )
-    assert c["managed_proc"] == decode_faults.MANAGED_PROC_DTYPE.itemsize
+def _disagreements(c: dict[str, int], mirrors: Iterable[Mirror]) -> list[str]:
+    """Where the C layout and the mirrors differ (size or a field's offset)."""
+    bad = []
+    for m in mirrors:
+        if c[m.struct] != m.dtype.itemsize:
+            bad.append(f"sizeof(struct {m.struct}) {c[m.struct]} != {m.dtype.itemsize}")
+        fields = m.dtype.fields or {}
+        for name in m.dtype.names or ():
+            if c[f"{m.struct}.{name}"] != fields[name][1]:
+                bad.append(f"{m.struct}.{name} at {c[f'{m.struct}.{name}']} != "
+                           f"{fields[name][1]}")
+    return bad
+
+
+BATCHES = [
+    'printf("ioctl_batch %zu\\n", sizeof(struct ioctl_batch));',
+    'printf("ioctl_batch.ev %zu\\n", offsetof(struct ioctl_batch, ev));',
+    'printf("fault_batch %zu\\n", sizeof(struct fault_batch));',
+    'printf("fault_batch.ev %zu\\n", offsetof(struct fault_batch, ev));',
+]
+
+
+@NEEDS_GCC
+@pytest.mark.parametrize("header", sorted({m.header for m in MIRRORS.values()}))
+def test_struct_layouts_match_numpy(tmp_path: Path, header: str) -> None:
+    """Every registered mirror of `header`, field by field."""
+    mirrors = [m for m in MIRRORS.values() if m.header == header]
+    extra = BATCHES if header == HEADER.name else []
+    c = _c_layout(tmp_path, PROBES / header, mirrors, extra)
+    assert _disagreements(c, mirrors) == []
+    if header == HEADER.name:
+        assert c["ioctl_batch.ev"] == decode.BATCH_HEADER
+        assert c["ioctl_batch"] == (decode.BATCH_HEADER
+                                    + decode.STAGE_EVENTS * decode.IOCTL_DTYPE.itemsize)
+        assert c["fault_batch.ev"] == decode.BATCH_HEADER
+        assert c["fault_batch"] == (decode.BATCH_HEADER + decode_faults.FAULT_STAGE_EVENTS
+                                    * decode_faults.FAULT_DTYPE.itemsize)
+
+
+@NEEDS_GCC
+def test_a_wrong_mirror_is_caught(tmp_path: Path) -> None:
+    """The comparison fails on a mirror one field off (so the test above can fail)."""
+    good = MIRRORS["proc_start"]
+    fields = good.dtype.fields or {}
+    assert next(iter(fields)) == "fork_ns"  # a u64 made a u32: every later field moves
+    wrong = np.dtype([("fork_ns", "<u4"), *[(n, f[0]) for n, f in list(fields.items())[1:]]])
+    bad = Mirror(good.header, good.struct, wrong)
+    c = _c_layout(tmp_path, PROBES / good.header, [bad])
+    assert any("proc_start" in d for d in _disagreements(c, [bad]))
+
+
+def test_every_struct_dtype_is_a_registered_mirror() -> None:
+    """A numpy struct defined in gputrace/record/ mirrors a registered C struct: a layer
+    cannot add a record layout the header test does not see."""
+    registered = {id(m.dtype) for m in MIRRORS.values()}
+    for mod in MODULES:
+        for name, value in vars(mod).items():
+            if isinstance(value, np.dtype) and value.names:
+                assert id(value) in registered, (
+                    f"{mod.__name__}.{name} is a struct dtype with no mirror() registration")
+
+
+def test_every_layer_buffer_record_is_a_mirror() -> None:
+    """Each recorder layer's buffers decode records of a registered mirror (the driver's
+    own records, a raw unit with no fields, are the driver layer's: checked against the
+    driver's facts, not a header of ours)."""
+    from gputrace.record.layers import RECORDER_LAYERS
+
+    dtypes = [m.dtype for m in MIRRORS.values()]
+    for cls in RECORDER_LAYERS:
+        for kind, buf in cls.BUFFERS.items():
+            assert buf.dtype.names is None or any(buf.dtype is d for d in dtypes), (
+                cls.__name__, kind)
+    assert {m.struct for m in MIRRORS.values()} >= {
+        "ioctl_event", "mapping_event", "proc_event", "fd_event", "fault_event", "cuda_event",
+        "oom_event"}
+    assert decode_cuda.CUDA_DTYPE is MIRRORS["cuda_event"].dtype
 
 
 def test_valid_bits_match_header() -> None:

@@ -1,0 +1,93 @@
+"""Guards on the recorder's layers: each layer's buffers hand rows to a table the schema
+defines, of a trace layer that table belongs to; and each hook the recorder attaches is
+one `gputrace doctor` checks and names when the kernel lacks it. A toy layer whose
+buffer names a table that does not exist fails the guard."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gputrace import schema
+from gputrace.commands import doctor
+from gputrace.record import hooks
+from gputrace.record.layer import Buffer, Layer
+from gputrace.record.layers import RECORDER_LAYERS
+
+
+def layer_problems(layers: tuple[type[Layer], ...]) -> list[str]:
+    """What is wrong with these layers' declarations against the schema."""
+    out = []
+    for cls in layers:
+        if cls.name not in schema.LAYERS:
+            out.append(f"{cls.__name__}: trace layer {cls.name!r} is not in schema.LAYERS")
+        for kind, buf in cls.BUFFERS.items():
+            t = schema.TABLES.get(buf.table)
+            if t is None:
+                out.append(f"{cls.__name__}: buffer {kind} names table {buf.table!r}, "
+                           "which the schema does not define")
+            elif cls.name not in t.layers:
+                out.append(f"{cls.__name__}: buffer {kind} writes {buf.table}, a table of "
+                           f"layers {', '.join(t.layers)}, not {cls.name}")
+    return out
+
+
+def test_every_layer_writes_tables_the_schema_defines() -> None:
+    assert layer_problems(RECORDER_LAYERS) == []
+
+
+def _decoder(layer: Any, s: Any, kind: str, data: Any) -> tuple[None, int]:
+    return None, 0
+
+
+class ToyLayer(Layer):
+    """A layer whose buffer names a table that does not exist."""
+
+    name = "syscall"
+    BUFFERS: ClassVar[dict[str, Buffer]] = {
+        "toy_events": Buffer("toy_table", "toy_events", np.dtype([("x", "<u8")]), _decoder)}
+
+
+class ElsewhereLayer(Layer):
+    """A layer writing another layer's table."""
+
+    name = "api"
+    BUFFERS: ClassVar[dict[str, Buffer]] = {
+        "x": Buffer("ioctls", "x", np.dtype([("x", "<u8")]), _decoder)}
+
+
+def test_the_guard_refuses_a_missing_table_and_a_foreign_one() -> None:
+    assert layer_problems((ToyLayer,)) == [
+        "ToyLayer: buffer toy_events names table 'toy_table', which the schema does not "
+        "define"]
+    assert layer_problems((ElsewhereLayer,)) == [
+        "ElsewhereLayer: buffer x writes ioctls, a table of layers syscall, not api"]
+
+
+def _tracefs(root: Path, without: set[str]) -> doctor.Host:
+    """A SYNTHETIC host whose tracefs has every hook's format file but those `without`."""
+    (root / "proc").mkdir(parents=True)
+    (root / "proc/mounts").write_text("tracefs /sys/kernel/tracing tracefs rw 0 0\n")
+    events = root / "sys/kernel/tracing/events"
+    events.mkdir(parents=True)
+    for h in hooks.HOOKS:
+        if h.name not in without:
+            (events / h.category / h.event).mkdir(parents=True, exist_ok=True)
+            (events / h.category / h.event / "format").write_text("")
+    return doctor.Host(root=root)
+
+
+def test_doctor_checks_every_hook(tmp_path: Path) -> None:
+    """Each hook the recorder attaches (on this machine) is named by doctor when missing:
+    NO for a required one, WARN for an optional one; none missing is OK."""
+    assert doctor.check_hooks(_tracefs(tmp_path / "all", set())).state == doctor.OK
+    for i, h in enumerate(hooks.HOOKS):
+        if h.arch is not None and h.arch != platform.machine():
+            continue
+        c = doctor.check_hooks(_tracefs(tmp_path / str(i), {h.name}))
+        assert h.name in c.detail, h.name
+        assert c.state == (doctor.NO if h.required else doctor.WARN), h.name
+    assert doctor.check_hooks in doctor.CHECKS
