@@ -72,6 +72,15 @@ def parse_count(text: str, option: str, *, minimum: int = 0,
     return value
 
 
+TOP_HELP = ("At most N rows per list in the document, in every format (the JSON and HTML "
+            "as on the terminal).")
+"""`--top`: rows a document keeps per list (analyze: each report's, `ReportOptions.top`;
+fleet analyze: the fleet document's)."""
+ROWS_HELP = ("Rows each terminal table shows (default 20, or --top's N when given); the "
+             "rest are counted, and --format json or html has them.")
+"""`--rows`: rows a terminal table shows of a list (the report keeps them all)."""
+
+
 def parse_rows(text: str, option: str) -> int:
     """A row count such as `--top` or `--limit`: a whole number from 0 up to 64 bits.
 

@@ -13,6 +13,8 @@ from gputrace.analyses import registry
 from gputrace.analyses.report_spec import GROUPINGS, ReportOptions
 from gputrace.errors import GputraceError, UsageError
 from gputrace.options import (
+    ROWS_HELP,
+    TOP_HELP,
     parse_count,
     parse_duration_ns,
     parse_fraction,
@@ -89,7 +91,9 @@ def register(app: typer.Typer) -> None:
             "--min-size", metavar="BYTES", help="Leaks of at least BYTES only (4096, 2MiB).")
         ] = None,
         top: Annotated[str | None, typer.Option(
-            "--top", metavar="N", help="At most N rows per list.")] = None,
+            "--top", metavar="N", help=TOP_HELP + " Default: every row.")] = None,
+        rows: Annotated[str | None, typer.Option("--rows", metavar="N", help=ROWS_HELP)
+                        ] = None,
         window: Annotated[str, typer.Option(
             "--window", metavar="DURATION",
             help="Fault-rate window (seconds, or 500ms, 2s; at least 1ns).")] = "1",
@@ -130,6 +134,7 @@ def register(app: typer.Typer) -> None:
         if by is not None and by not in GROUPINGS:
             raise UsageError(f"--by must be pod or container, not {by[:40]!r}")
         top_n = parse_rows(top, "--top") if top is not None else None
+        rows_n = parse_rows(rows, "--rows") if rows is not None else top_n
         older_ns = parse_duration_ns(older, "--older", minimum_ns=0) if older is not None else 0
         opts = ReportOptions(
             older_ns=older_ns,
@@ -158,7 +163,7 @@ def register(app: typer.Typer) -> None:
 
             export_html(t, inp, doc, output, big and sys.stderr.isatty())
         elif fmt in ("terminal", "json"):
-            _emit(doc, fmt, output, top_n, by_layer)
+            _emit(doc, fmt, output, rows_n, by_layer)
         hits = gate_hits(doc, conds)
         if hits:
             raise FindingsTriggered("--fail-on: " + "; ".join(hits))
@@ -183,7 +188,7 @@ def _with_progress(inp: Inputs, names: list[str], opts: ReportOptions,
         return run_reports(inp, names, opts, step)
 
 
-def _emit(doc: dict[str, Any], fmt: str, output: str | None, top: int | None,
+def _emit(doc: dict[str, Any], fmt: str, output: str | None, rows: int | None,
           by_layer: bool = False) -> None:
     from gputrace.render.json_doc import render_json
     from gputrace.render.terminal import render_terminal
@@ -194,7 +199,7 @@ def _emit(doc: dict[str, Any], fmt: str, output: str | None, top: int | None,
                 if fmt == "json":
                     f.write(render_json(doc))
                 else:
-                    render_terminal(doc, f, color=False, top=top, by_layer=by_layer)
+                    render_terminal(doc, f, color=False, rows=rows, by_layer=by_layer)
         except OSError as e:
             raise GputraceError(f"cannot write {output}: {e.strerror or e}") from None
     elif fmt == "json":
@@ -203,5 +208,5 @@ def _emit(doc: dict[str, Any], fmt: str, output: str | None, top: int | None,
         import shutil
 
         tty = sys.stdout.isatty()
-        render_terminal(doc, sys.stdout, color=tty, top=top, by_layer=by_layer,
+        render_terminal(doc, sys.stdout, color=tty, rows=rows, by_layer=by_layer,
                         width=shutil.get_terminal_size().columns if tty else None)

@@ -10,7 +10,7 @@ import typer
 
 from gputrace.commands.export import STORAGE_HELP, parse_storage_options
 from gputrace.errors import GputraceError, UsageError
-from gputrace.options import parse_count, parse_duration_ns, parse_rows, parse_size
+from gputrace.options import TOP_HELP, parse_count, parse_duration_ns, parse_rows, parse_size
 
 FORMATS = ("terminal", "json", "html")
 DEFAULT_TOP = 20
@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
             "terminal"),
         output: Annotated[str | None, typer.Option("--output", "-o", help="Write to FILE.")
                           ] = None,
-        top: Annotated[str, typer.Option("--top", metavar="N", help="Rows per list.")] = str(
+        top: Annotated[str, typer.Option("--top", metavar="N", help=TOP_HELP)] = str(
             DEFAULT_TOP),
         per_trace: Annotated[bool, typer.Option(
             "--per-trace", help="Include each trace's full analyze report (JSON).")] = False,

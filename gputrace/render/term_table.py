@@ -76,4 +76,4 @@ def table(con: Console, title: str, rows: Sequence[dict[str, Any]], cols: Sequen
         con.print(Text(f"(too narrow for: {', '.join(left)}; --format json or html has them)",
                        style="dim"))
     if len(rows) > limit:
-        con.print(f"[dim]... {len(rows) - limit} more (use --top or --format json)[/dim]")
+        con.print(f"[dim]... {len(rows) - limit} more (use --rows or --format json)[/dim]")

@@ -69,15 +69,16 @@ def _warn(con: Console, text: str) -> None:
 
 
 def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True,
-                    top: int | None = None, by_layer: bool = False,
+                    rows: int | None = None, by_layer: bool = False,
                     width: int | None = None) -> None:
-    """Print every report in `document` (the JSON document's shape); `by_layer`: the
+    """Print every report in `document` (the JSON document's shape), at most `rows` rows
+    of each list (`analyze --rows`; the rest are counted); `by_layer`: the
     leak report's per-layer view (api, rm, uvm apart) instead of the joined one; `width`:
     the terminal's columns (WIDTH when not a terminal), tables leave out what won't fit."""
     con = Console(file=out, width=max(width or WIDTH, 40), force_terminal=color, no_color=not color,
                   highlight=False, soft_wrap=False, emoji=False)
     document = printable_tree(document)
-    limit = top if top is not None else ROWS
+    limit = rows if rows is not None else ROWS
     shown = set(document["warnings"])  # a set: reports repeat the trace's warnings
     for w in document["warnings"]:
         _warn(con, w)

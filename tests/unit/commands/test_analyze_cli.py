@@ -71,6 +71,25 @@ def test_leak_filters() -> None:
     assert json.loads(r.stdout)["leaks"]["total_bytes"] == 0
 
 
+def test_top_cuts_the_report_rows_cut_the_terminal(tmp_path: Path) -> None:
+    """--top: rows each report keeps per list (in the JSON too); --rows: rows each terminal
+    table shows, the report keeping all (the rest counted); --rows defaults to --top."""
+    whole = json.loads(cli("analyze", LEAK, "--only", "leaks", "-f", "json").stdout)["leaks"]
+    n = len(whole["allocations"])
+    assert n > 3
+    top = json.loads(cli("analyze", LEAK, "--only", "leaks", "-f", "json", "--top", "2",
+                         "--rows", "50").stdout)["leaks"]
+    assert len(top["allocations"]) == 2 and top["total_count"] == whole["total_count"]
+    r = cli("analyze", LEAK, "--only", "leaks", "--rows", "1", "-o", str(tmp_path / "r.txt"))
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "r.txt").read_text()
+    assert f"... {n - 1} more (use --rows or --format json)" in text
+    r = cli("analyze", LEAK, "--only", "leaks", "--top", "1", "-o", str(tmp_path / "t.txt"))
+    assert (tmp_path / "t.txt").read_text() != text  # the report itself holds 1 row
+    assert "more (use --rows" not in (tmp_path / "t.txt").read_text().split("Growth")[0]
+    assert_one_line_error(cli("analyze", LEAK, "--rows", "some"), "--rows")
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--only", "leaks,bogus"], "unknown report bogus"),
     (["--format", "svg"], "--format"),
