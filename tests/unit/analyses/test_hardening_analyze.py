@@ -237,7 +237,8 @@ def test_current_part_missing_a_nullable_column_is_refused(tmp_path: Path) -> No
     """A part of the current schema version without a nullable column was read as if
     the column held nulls, though docs/security.md says every column is checked present;
     now it is one line naming the part and the column. (A part of an older schema
-    version may still lack the columns added since: tests/test_goldens.py reads some.)"""
+    version may still lack the columns added since its version, `Column.since`:
+    tests/unit/schema/test_schema_versions.py.)"""
     trace = _small(tmp_path / "t", ("api",))
     part = _rewrite_part(trace, "cuda_calls", lambda t: t.drop_columns(["stack_id"]))
     r = cli("analyze", str(trace))
