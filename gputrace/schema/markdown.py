@@ -23,7 +23,10 @@ def render_markdown() -> str:
         "Timestamps are CLOCK_MONOTONIC nanoseconds; `manifest.clock.realtime_offset_ns` "
         "added to them gives Unix-epoch nanoseconds. Each Parquet part carries "
         "`gputrace.schema_version` in its key-value metadata. A table with no parts "
-        "scans as an empty frame of the types below.",
+        "scans as an empty frame of the types below. A column added after its table's "
+        "first version says since which schema version; a part of an older version "
+        "lacks it, and readers fill it with nulls. The schema version is the newest "
+        "column's (`Column.since` in gputrace/schema/).",
         "",
         "**Raw parts.** `gputrace record --raw` writes the `ioctls` table's events "
         "undecoded: `<table>/part-NNNNNN.gtraw`, numbered in the Parquet parts' sequence, "
@@ -47,6 +50,8 @@ def render_markdown() -> str:
         out += ["| column | type | unit | null | meaning |", "|---|---|---|---|---|"]
         for c in t.columns:
             null = "yes" if c.nullable else "no"
+            if c.since > 1:  # parts of older versions lack it: read as null
+                null += f" (since schema {c.since})"
             out.append(f"| `{c.name}` | {c.type} | {c.unit} | {null} | {c.doc} |")
         out.append("")
         for ps in t.part_sets:
