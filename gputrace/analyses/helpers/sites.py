@@ -51,7 +51,7 @@ _DISPATCH_FILE = (r"core/boxing|/Register|/Redispatch|/aten/src/|(^|/)c10/|"
 # torch's Python, installed packages, the standard library, system and CUDA libraries
 _LIBRARY_FILE = (r"(^|/)torch/|(^|/)lib(torch|c10)[\w.-]*\.so|/(site|dist)-packages/|"
                  r"(?i:/lib(64)?/python\d[\d.]*/)|^<frozen |^\?\?$|^$|"
-                 r"(?i:^[a-z]:/.*?/(python\d*|anaconda\d*|miniconda\d*|miniforge\d*)/"
+                 r"(?i:^[a-z]:/(.*/)?(python\d*|anaconda\d*|miniconda\d*|miniforge\d*)/"
                  r"(envs/[^/]+/)?lib/)|"
                  r"^/usr/lib|^/lib(64)?/|^/usr/local/cuda|/lib64/|"
                  r"(^|/)(ld-linux[\w.-]*|lib(c|m|dl|rt|pthread|stdc\+\+|gcc_s|cuda|cudart|"
@@ -132,21 +132,22 @@ def _classified(frames: pl.LazyFrame, site_filter: SiteFilter | None) -> pl.Lazy
         api=api.fill_null(False))
 
 
-def _sites(frames: pl.LazyFrame, keys: list[str],
-           site_filter: SiteFilter | None) -> pl.LazyFrame:
+def _sites(frames: pl.LazyFrame, keys: list[str], site_filter: SiteFilter | None,
+           full_paths: bool = False, site_frames: bool = False) -> pl.LazyFrame:
     """One row per stack (`keys`): `frames`, every frame innermost first joined by
     ' < ' (a run of static-runtime frames as one); `site`, its label, distinct per
-    site; `site_frames`, the stack without the unwinder, interpreter and dispatcher
-    frames (what a flame graph draws)."""
+    site; with `site_frames`, also the stack without the unwinder, interpreter and
+    dispatcher frames (what a flame graph draws)."""
     f = _classified(frames.sort([*keys, "depth"]), site_filter)
     # a run of hashed static-runtime frames reads as one frame
     repeat = ((pl.col("text") == STATIC_CUDART)
               & (pl.col("text").shift(1).over(keys) == STATIC_CUDART))
     f = f.filter(~repeat.fill_null(False))
     first_user = pl.col("depth").filter(pl.col("user")).min()
+    shown = pl.col("long" if full_paths else "text")
     per = f.group_by(keys, maintain_order=True).agg(
-        pl.col("text").str.join(" < ").alias("frames"),
-        pl.col("text").filter(~pl.col("plumbing")).str.join(" < ").alias("site_frames"),
+        shown.str.join(" < ").alias("frames"),
+        shown.filter(~pl.col("plumbing")).str.join(" < ").alias("site_frames"),
         u_text=pl.col("text").filter(pl.col("depth") == first_user).first(),
         u_long=pl.col("long").filter(pl.col("depth") == first_user).first(),
         u_ident=pl.col("ident").filter(pl.col("depth") == first_user).first(),
@@ -176,7 +177,8 @@ def _sites(frames: pl.LazyFrame, keys: list[str],
     clash2 = pl.col("sid").n_unique().over("label") > 1
     per = per.with_columns(site=pl.when(clash2).then(pl.format("{} #{}", pl.col("label"), rank))
                            .otherwise("label"))
-    return per.select(*keys, "frames", pl.col("site").fill_null(NO_STACK), "site_frames")
+    return per.select(*keys, "frames", pl.col("site").fill_null(NO_STACK),
+                      *(["site_frames"] if site_frames else []))
 
 
 _FRAME_COLUMNS = {"kind": pl.String, "function": pl.String, "filename": pl.String,
@@ -192,15 +194,17 @@ def _complete(frames: pl.LazyFrame, kind: str | None) -> pl.LazyFrame:
     return frames.with_columns(add) if add else frames
 
 
-def recorded_sites(stacks: pl.LazyFrame,
-                   site_filter: SiteFilter | None = None) -> pl.LazyFrame:
-    """(pid, stack_id, frames, site, site_frames) of the recorded `stacks` table."""
-    return _sites(_complete(stacks, None), ["pid", "stack_id"], site_filter)
+def recorded_sites(stacks: pl.LazyFrame, site_filter: SiteFilter | None = None,
+                   site_frames: bool = False) -> pl.LazyFrame:
+    """(pid, stack_id, frames, site[, site_frames]) of the recorded `stacks` table."""
+    return _sites(_complete(stacks, None), ["pid", "stack_id"], site_filter,
+                  site_frames=site_frames)
 
 
-def allocator_sites(frames: pl.LazyFrame,
-                    site_filter: SiteFilter | None = None) -> pl.LazyFrame:
-    """(stack_id, frames, site, site_frames) of a snapshot's `allocator_frames` table
-    (each frame `function (file:line)`, C++ frames included)."""
+def allocator_sites(frames: pl.LazyFrame, site_filter: SiteFilter | None = None,
+                    site_frames: bool = False) -> pl.LazyFrame:
+    """(stack_id, frames, site[, site_frames]) of a snapshot's `allocator_frames` table
+    (each frame `function (file:line)` with its full path in `frames`, C++ frames
+    included)."""
     return _sites(_complete(frames, "python").with_columns(kind=pl.lit("python")),
-                  ["stack_id"], site_filter)
+                  ["stack_id"], site_filter, full_paths=True, site_frames=site_frames)

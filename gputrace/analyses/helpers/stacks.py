@@ -18,12 +18,11 @@ from gputrace.analyses.helpers.sites import SiteFilter, recorded_sites
 
 def stack_frames(stacks: pl.LazyFrame,
                  site_filter: SiteFilter | None = None) -> pl.LazyFrame:
-    """(pid, stack_id, frames, site, site_frames): `frames` is every frame innermost
+    """(pid, stack_id, frames, site): `frames` is every frame innermost
     first, joined by ' < ' (a statically linked CUDA runtime's hashed frames as one
     `libcudart (static)`); `site`, the one line tables, legends and diffs show, is
     the first frame in the user's own code, after the CUDA call it made
-    (`cudaMalloc < main`), distinct per site (helpers/sites.py); `site_frames` is
-    the stack without the unwinder, interpreter and dispatcher frames."""
+    (`cudaMalloc < main`), distinct per site (helpers/sites.py)."""
     return recorded_sites(stacks, site_filter)
 
 
