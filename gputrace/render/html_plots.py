@@ -19,7 +19,7 @@ from gputrace.render.safe import PlotFigure, plot_figure
 Figure = PlotFigure
 
 HOVER_BYTES = "%{label}<br>%{value:,} bytes<extra></extra>"
-HOVER_SITE = "%{meta}<br>%{y:,} bytes live at %{x} s<extra></extra>"
+HOVER_SITE = "%{meta[0]}<br>%{y:,} bytes live at %{x} s<br>%{meta[1]}<extra></extra>"
 TEMPLATES = frozenset({HOVER_BYTES, HOVER_SITE})
 """The only strings of a figure that keep their markup (`plot_figure` refuses others)."""
 
@@ -130,16 +130,21 @@ def latency(s: dict[str, Any]) -> Figure | None:
         xaxis={"title": {"text": "latency (us, bucket lower edge)"}, "type": "log"}))
 
 
-def active_memory(s: dict[str, Any]) -> Figure | None:
-    """Live bytes stacked by allocation site; each band's hover names its stack."""
-    if not s["recorded"] or not s["bands"]:
+def active_memory(s: dict[str, Any], bands: list[dict[str, Any]] | None = None,
+                  where: str = "") -> Figure | None:
+    """Live bytes stacked by allocation site (`bands`: one device's, else `s["bands"]`);
+    the legend names each site, its hover the site and its full stack."""
+    bands = s["bands"] if bands is None else bands
+    if not s["recorded"] or not bands:
         return None
     data = [{"type": "scatter", "mode": "lines", "stackgroup": "sites", "x": s["t_s"],
-             "y": b["values"], "name": _short(b["site"]), "meta": b["site"],
+             "y": b["values"], "name": _short(b["site"]),
+             "meta": [b["site"], "stack: " + (b.get("frames") or b["site"])],
              "line": {"shape": "hv", "width": 0.5}, "hovertemplate": HOVER_SITE}
-            for b in s["bands"]]
-    return plot_figure(data, _layout(f"Active memory by allocation site ({s['source']} layer)",
-                                     _BYTES_AXIS), TEMPLATES)
+            for b in bands]
+    return plot_figure(data, _layout(
+        f"Active memory by allocation site{where} ({s['source']} layer)", _BYTES_AXIS),
+        TEMPLATES)
 
 
 def _short(site: str, width: int = 60) -> str:

@@ -13,7 +13,18 @@ from gputrace.analyses.report import REPORT_FIELDS
 from gputrace.analyses.report_spec import GROUPINGS, ReportSpec, resolve
 from gputrace.render import html_plots as plots
 from gputrace.render.cells import workload
-from gputrace.render.html import Page, esc, human_bytes, not_recorded, num, table, text
+from gputrace.render.html import (
+    Page,
+    bytes_per_min,
+    esc,
+    human_bytes,
+    not_recorded,
+    num,
+    table,
+    text,
+    yes_no,
+)
+from gputrace.render.terminal import not_recorded_line
 
 
 def _missing(rep: dict[str, Any] | None, what: str) -> str | None:
@@ -27,15 +38,33 @@ def _missing(rep: dict[str, Any] | None, what: str) -> str | None:
     return None
 
 
+OWN_SOURCE = frozenset({"active_memory"})
+"""Sections drawn from their own series, whatever their report found: the active-memory
+timeline draws the allocator layer (a snapshot) when the leak report's layers are absent."""
+
+
 def sections(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
-    """Every section of the analyze report: each report's, in registry order."""
+    """Every section of the analyze report: each report's, in registry order; the reports
+    whose layers the trace lacks are one line at the end, not a page of "no rows"."""
+    absent = []
     for spec in registry.REPORTS:
+        rep = doc.get(spec.key)
+        if rep is None:
+            continue  # left out with --only
+        if not rep.get("recorded", True):
+            absent.append(f"{spec.title} ({', '.join(rep.get('not_recorded_layers') or [])})")
+            for path in spec.html:
+                if path.rsplit(":", 1)[-1] in OWN_SOURCE:
+                    resolve(path)(page, doc, s)
+            continue
         if spec.html:
             for path in spec.html:
                 resolve(path)(page, doc, s)
         else:
-            generic_section(page, spec, doc.get(spec.key))
-        groups_section(page, spec, doc.get(spec.key))
+            generic_section(page, spec, rep)
+        groups_section(page, spec, rep)
+    if absent:
+        page.add(f'<p class="nr">{esc(not_recorded_line(absent))}</p>')
 
 
 def groups_section(page: Page, spec: ReportSpec, rep: dict[str, Any] | None) -> None:
@@ -82,22 +111,29 @@ def live_bytes(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                                ("live_end_bytes", "live at end", human_bytes)])
                  + "<h3>Growth fits</h3>"
                  + table(growth, [("layer", "layer", text), ("pid", "pid", num),
-                                  ("slope_bytes_per_min", "bytes/min", num),
+                                  ("slope_bytes_per_min", "slope", bytes_per_min),
                                   ("r2", "R²", num), ("rising_troughs", "rising troughs", num),
-                                  ("duration_s", "span s", num), ("flagged", "growing", text)]))
+                                  ("duration_s", "span s", num),
+                                  ("flagged", "growing", yes_no)]))
 
 
 def active_memory(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
-    """Live bytes over time stacked by allocation site (leaks report)."""
+    """Live bytes over time stacked by allocation site, one plot per device; each band's
+    hover holds the site's full stack (leaks report; a snapshot's allocator layer)."""
     a = s["active_memory"]
-    miss = _missing(doc.get("leaks"), "allocations") or (
-        not_recorded("allocation layers (allocator, api)") if not a["recorded"]
-        else '<p class="note">no allocations in this trace</p>')
-    rows = [{"site": b["site"], "peak": b["peak"], "end": b["values"][-1] if b["values"]
-             else 0} for b in a["bands"]]
-    page.section("Active memory by allocation site", plots.active_memory(a), miss,
-                 table(rows, [("site", "allocation site (innermost first)", text),
-                              ("peak", "peak", human_bytes), ("end", "at end", human_bytes)]))
+    if not a["recorded"]:
+        return  # the line of layers this trace lacks says so
+    devices = a.get("devices") or [{"device": None, "bands": a["bands"]}]
+    for d in devices:
+        where = "" if d["device"] is None else f" on device {d['device']}"
+        rows = [{"site": b["site"], "peak": b["peak"],
+                 "end": b["values"][-1] if b["values"] else 0} for b in d["bands"]]
+        page.section(f"Active memory by allocation site{where}",
+                     plots.active_memory(a, d["bands"], where),
+                     '<p class="note">no allocations in this trace</p>',
+                     table(rows, [("site", "allocation site (first frame of your code)", text),
+                                  ("peak", "peak", human_bytes),
+                                  ("end", "at end", human_bytes)]))
 
 
 def gpu_bytes(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
@@ -179,7 +215,8 @@ def leak_sites(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                  _missing(leaks, "leaks") or '<p class="note">nothing leaked</p>',
                  table(rows, [("layer", "layer", text), ("pid", "pid", num),
                               ("comm", "process", text), ("count", "allocations", num),
-                              ("bytes", "bytes", num), ("stack", "stack (outermost first)",
+                              ("bytes", "bytes", human_bytes),
+                              ("stack", "stack (outermost first)",
                                                         text)], limit=30))
 
 

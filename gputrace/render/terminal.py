@@ -82,23 +82,32 @@ def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True
     shown = set(document["warnings"])  # a set: reports repeat the trace's warnings
     for w in document["warnings"]:
         _warn(con, w)
+    absent: list[str] = []
     for spec in registry.REPORTS:
         key = spec.key
         rep = document.get(key)
         if rep is None:
+            continue
+        if not rep["recorded"]:
+            # a report of layers this trace lacks is one line at the end, not a section
+            absent.append(f"{spec.title} ({', '.join(rep['not_recorded_layers'])})")
             continue
         con.rule(f"[bold]{spec.title}[/bold]")
         con.print(Text(rep["question"], style="dim"))
         for w in rep["warnings"]:
             if w not in shown:
                 _warn(con, w)
-        if not rep["recorded"]:
-            con.print(Text("not recorded: layer(s) " + ", ".join(rep["not_recorded_layers"])
-                           + " missing from this trace"))
-            continue
         path = (spec.terminal_by_layer if by_layer else None) or spec.terminal
         (resolve(path) if path is not None else _generic)(con, rep, limit)
         groups_section(con, spec.title, rep, limit)
+    if absent:
+        con.rule()
+        con.print(Text(not_recorded_line(absent)))
+
+
+def not_recorded_line(absent: list[str]) -> str:
+    """The one line that stands for every report whose layers the trace lacks."""
+    return "not recorded in this trace (layers missing): " + "; ".join(absent)
 
 
 def groups_section(con: Console, title: str, rep: dict[str, Any], limit: int) -> None:

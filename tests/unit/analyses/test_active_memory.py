@@ -70,5 +70,5 @@ def test_figure_escapes_site_names() -> None:
     fig = figure(s)
     assert fig is not None
     trace = fig["data"][0]
-    assert "<" not in trace["name"] and "<" not in trace["meta"]
+    assert "<" not in trace["name"] and not any("<" in m for m in trace["meta"])
     assert figure({"recorded": True, "source": "api", "t_s": [], "bands": []}) is None
