@@ -217,6 +217,7 @@ REPORTS: list[ReportSpec] = [
         "Which tensors are still alive, and which Python lines allocated them?",
         ("allocator",), _tensors,
         terminal="gputrace.render.allocator_sections:tensors_section",
+        html=("gputrace.render.allocator_html:tensors_html",),
         fleet=_ONE_PROCESS),
     ReportSpec(
         "allocator-pool", "allocator_pool", "PyTorch allocator pool",
@@ -224,6 +225,7 @@ REPORTS: list[ReportSpec] = [
         "big is its largest free block?",
         ("allocator",), _allocator_pool,
         terminal="gputrace.render.allocator_sections:pool_section",
+        html=("gputrace.render.allocator_html:pool_html",),
         fleet=_ONE_PROCESS),
     ReportSpec(
         "allocator-growth", "allocator_growth", "PyTorch allocator growth",
@@ -231,6 +233,7 @@ REPORTS: list[ReportSpec] = [
         "lines keep what they allocate?",
         ("allocator",), _allocator_growth,
         terminal="gputrace.render.allocator_sections:growth_section",
+        html=("gputrace.render.allocator_html:growth_html",),
         fleet=_ONE_PROCESS),
 ]
 """Every report, in the order the CLI, JSON document, terminal, HTML page, diff and

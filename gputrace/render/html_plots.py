@@ -150,3 +150,53 @@ def active_memory(s: dict[str, Any], bands: list[dict[str, Any]] | None = None,
 def _short(site: str, width: int = 60) -> str:
     """A legend entry: the site's first `width` characters (the hover has it whole)."""
     return site if len(site) <= width else site[:width - 1] + "\N{HORIZONTAL ELLIPSIS}"
+
+
+def allocator_state(s: dict[str, Any]) -> Figure | None:
+    """One device's reserved and allocated bytes over time (the caching allocator's view),
+    with a marker at each out-of-memory entry."""
+    if not s.get("entries"):
+        return None
+    data: list[dict[str, Any]] = [
+        {"type": "scatter", "mode": "lines", "name": "reserved (segments)", "x": s["t_s"],
+         "y": s["reserved"], "line": {"shape": "hv"}},
+        {"type": "scatter", "mode": "lines", "name": "allocated (tensors, requested bytes)",
+         "x": s["t_s"], "y": s["allocated"], "line": {"shape": "hv"}, "fill": "tozeroy"}]
+    if s.get("oom_t_s"):
+        top = max((v for v in s["reserved"] if v is not None), default=0)
+        data.append({"type": "scatter", "mode": "markers", "name": "out of memory",
+                     "x": s["oom_t_s"], "y": [top] * len(s["oom_t_s"]),
+                     "marker": {"symbol": "x", "size": 10, "color": "#d62728"}})
+    return plot_figure(data, _layout(
+        f"PyTorch allocator on device {s['device']}: reserved and allocated", _BYTES_AXIS))
+
+
+_PIECE_COLOR = {"allocated": "#1f77b4", "internal free": "#ff7f0e", "free": "#dddddd"}
+
+
+def segment_map(m: dict[str, Any], labels: list[str]) -> Figure | None:
+    """One device's segments as bars (`labels`: each segment's name, in order), each
+    block a piece at its offset: allocated, internal free (rounding), free."""
+    if not m["segments"]:
+        return None
+    data = []
+    for kind, color in _PIECE_COLOR.items():
+        ys, xs, bases = [], [], []
+        for label, seg in zip(labels, m["segments"], strict=True):
+            for p in seg["pieces"]:
+                if p["kind"] == kind:
+                    ys.append(label)
+                    xs.append(p["bytes"])
+                    bases.append(p["offset"])
+        if ys:
+            data.append({"type": "bar", "orientation": "h", "name": kind, "y": ys, "x": xs,
+                         "base": bases, "marker": {"color": color,
+                                                   "line": {"color": "#fff", "width": 1}}})
+    layout = {"title": {"text": f"Segments on device {m['device']} at the end (where the "
+                                "free bytes are)"},
+              "barmode": "overlay", "height": 120 + 22 * len(labels),
+              "xaxis": dict(_BYTES_AXIS, title={"text": "offset in segment"}),
+              "yaxis": {"autorange": "reversed", "type": "category"},
+              "margin": {"l": 200, "r": 20, "t": 50, "b": 40},
+              "legend": {"orientation": "h", "y": -0.1}, "hovermode": "closest"}
+    return plot_figure(data, layout)

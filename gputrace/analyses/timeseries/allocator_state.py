@@ -1,0 +1,113 @@
+"""What did PyTorch's caching allocator hold over time, and where are its free bytes?
+
+From a snapshot's allocator layer. A snapshot is taken at the end, and its history
+keeps only the last entries, so the state over time is replayed backwards from the
+snapshot's own state: per device, reserved bytes at the end (its segments) minus
+what the later entries added (`segment_alloc` and `segment_map` add reserved bytes,
+`segment_free` and `segment_unmap` remove them), and allocated bytes the same way
+from the active blocks and the `alloc` / `free_completed` entries. Trace entries
+carry the size the program asked for, so the allocated line is in requested bytes
+(blocks' requested sizes at the end); the rounding is the allocator's internal free
+memory, which the segment map shows.
+
+The segment map is PyTorch's `segsum` drawn: each segment a bar, its blocks in
+address order, the bytes tensors asked for, the rounding inside their blocks
+(internal free) and the inactive blocks (free to reuse), so a user sees where the
+free bytes are. The largest MAP_SEGMENTS segments of each device are drawn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from gputrace.analyses.helpers.inputs import Inputs
+from gputrace.analyses.timeseries.downsample import seconds_since_start
+
+MAP_SEGMENTS = 40
+"""Segments drawn per device in the segment map (largest first); the rest are counted."""
+
+_RESERVED = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+_ALLOCATED = {"alloc": 1, "free_completed": -1}
+
+
+def allocator_state(inp: Inputs, buckets: int = 200) -> dict[str, Any]:
+    """`devices` (every device the snapshot names), `series` (per device: t_s, reserved
+    and allocated bytes at each bucket end, null before the kept history), `maps` (per
+    device: segments with their blocks, at the end) and `oom_t_s` (each OOM entry's
+    time, per device)."""
+    if not inp.has("allocator"):
+        return {"recorded": False, "devices": [], "series": [], "maps": []}
+    seg = inp.scan("allocator_segments").collect()
+    blocks = inp.scan("allocator_blocks").collect()
+    ev = inp.scan("allocator_events").select(
+        "ts_ns", "seq", "device", "action", pl.col("size_bytes").cast(pl.Int64).fill_null(0)
+    ).collect()
+    devices = sorted({int(d) for d in [*seg["device"], *blocks["device"], *ev["device"]]})
+    span = max(inp.end_ns - inp.start_ns, 1)
+    grid = [inp.start_ns + span * (i + 1) // buckets for i in range(buckets)]
+    t_s = seconds_since_start(inp, pl.Series(grid))
+    series = [_series(inp, d, seg, blocks, ev, grid, t_s) for d in devices]
+    maps = [_segment_map(d, seg, blocks) for d in devices]
+    return {"recorded": True, "devices": devices, "series": series, "maps": maps}
+
+
+def _series(inp: Inputs, device: int, seg: pl.DataFrame, blocks: pl.DataFrame, ev: pl.DataFrame,
+            grid: list[int], t_s: list[float]) -> dict[str, Any]:
+    """One device's reserved and allocated bytes, replayed backwards from its end state."""
+    reserved_end = int(seg.filter(pl.col("device") == device)["total_size_bytes"].sum())
+    allocated_end = int(blocks.filter((pl.col("device") == device)
+                                      & (pl.col("state") != "inactive"))
+                        ["requested_size_bytes"].sum())
+    e = ev.filter(pl.col("device") == device).sort("seq").with_columns(
+        r=pl.col("action").replace_strict(_RESERVED, default=0, return_dtype=pl.Int64)
+        * pl.col("size_bytes"),
+        a=pl.col("action").replace_strict(_ALLOCATED, default=0, return_dtype=pl.Int64)
+        * pl.col("size_bytes"))
+    # the level after each entry: the end state less what the later entries added
+    e = e.with_columns(
+        reserved=reserved_end - (pl.col("r").sum() - pl.col("r").cum_sum()),
+        allocated=allocated_end - (pl.col("a").sum() - pl.col("a").cum_sum()))
+    out: dict[str, Any] = {"device": device, "t_s": t_s, "entries": e.height,
+                           "end_reserved_bytes": reserved_end,
+                           "end_allocated_bytes": allocated_end}
+    if e.height == 0:
+        out.update(reserved=[reserved_end] * len(grid), allocated=[allocated_end] * len(grid),
+                   oom_t_s=[])
+        return out
+    sampled = (pl.DataFrame({"ts_ns": grid}).cast(pl.Int64)
+               .join_asof(e.select("ts_ns", "reserved", "allocated").sort("ts_ns"),
+                          on="ts_ns", strategy="backward", check_sortedness=False))
+    out["reserved"] = [None if v is None else int(v) for v in sampled["reserved"]]
+    out["allocated"] = [None if v is None else int(v) for v in sampled["allocated"]]
+    ooms = e.filter(pl.col("action") == "oom")["ts_ns"]
+    out["oom_t_s"] = seconds_since_start(inp, ooms) if ooms.len() else []
+    return out
+
+
+def _segment_map(device: int, seg: pl.DataFrame, blocks: pl.DataFrame) -> dict[str, Any]:
+    """One device's segments at the end, largest first, each with its blocks as pieces
+    (offset, bytes, kind: allocated | internal free | free)."""
+    s = (seg.filter(pl.col("device") == device)
+         .sort(["total_size_bytes", "address"], descending=[True, False]))
+    drawn = s.head(MAP_SEGMENTS)
+    b = blocks.filter(pl.col("device") == device).sort("address")
+    segments = []
+    for row in drawn.iter_rows(named=True):
+        pieces = []
+        for blk in b.filter(pl.col("segment_address") == row["address"]).iter_rows(named=True):
+            off = int(blk["address"]) - int(row["address"])
+            size = int(blk["size_bytes"])
+            if blk["state"] == "inactive":
+                pieces.append({"offset": off, "bytes": size, "kind": "free"})
+                continue
+            asked = min(int(blk["requested_size_bytes"] or size), size)
+            pieces.append({"offset": off, "bytes": asked, "kind": "allocated"})
+            if size > asked:
+                pieces.append({"offset": off + asked, "bytes": size - asked,
+                               "kind": "internal free"})
+        segments.append({"address": int(row["address"]), "pool": row["pool"],
+                         "pool_id": row["pool_id"], "stream": row["stream"],
+                         "total_bytes": int(row["total_size_bytes"]), "pieces": pieces})
+    return {"device": device, "segments": segments, "left_out": s.height - drawn.height}
