@@ -70,6 +70,11 @@ def num(v: Any) -> str:
     return "" if v is None else esc(cells.num(v))
 
 
+def pid(v: Any) -> str:
+    """A process id, as the terminal writes it (no thousands separator); '' for None."""
+    return "" if v is None else esc(cells.plain(v))
+
+
 def yes_no(v: Any) -> str:
     """A flag as the terminal writes it: yes, no, '' for None."""
     return "" if v is None else "yes" if v else "no"
@@ -222,5 +227,5 @@ def render_html(doc: dict[str, Any], series: dict[str, Any], info: dict[str, Any
     return page.html()
 
 
-__all__ = ["Page", "bytes_per_min", "esc", "header", "html_plots", "human_bytes", "num",
+__all__ = ["Page", "bytes_per_min", "esc", "header", "html_plots", "human_bytes", "num", "pid",
            "render_html", "table", "text", "yes_no"]

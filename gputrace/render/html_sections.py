@@ -12,6 +12,7 @@ from gputrace.analyses import registry
 from gputrace.analyses.report import REPORT_FIELDS
 from gputrace.analyses.report_spec import GROUPINGS, ReportSpec, resolve
 from gputrace.render import html_plots as plots
+from gputrace.render.allocator_html import stack_cell
 from gputrace.render.cells import workload
 from gputrace.render.html import (
     Page,
@@ -20,6 +21,7 @@ from gputrace.render.html import (
     human_bytes,
     not_recorded,
     num,
+    pid,
     table,
     text,
     yes_no,
@@ -105,12 +107,12 @@ def live_bytes(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
     procs = (summ or {}).get("processes") or []
     growth = (leaks or {}).get("growth") or []
     page.section("Live bytes over time, per process and layer", plots.live_bytes(live), miss,
-                 table(procs, [("layer", "layer", text), ("pid", "pid", num),
+                 table(procs, [("layer", "layer", text), ("pid", "pid", pid),
                                ("comm", "process", text), ("allocations", "allocations", num),
                                ("peak_bytes", "peak", human_bytes),
                                ("live_end_bytes", "live at end", human_bytes)])
                  + "<h3>Growth fits</h3>"
-                 + table(growth, [("layer", "layer", text), ("pid", "pid", num),
+                 + table(growth, [("layer", "layer", text), ("pid", "pid", pid),
                                   ("slope_bytes_per_min", "slope", bytes_per_min),
                                   ("r2", "R²", num), ("rising_troughs", "rising troughs", num),
                                   ("duration_s", "span s", num),
@@ -166,7 +168,7 @@ def fault_rate(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
     page.section("Fault rate over time", plots.fault_rates(f),
                  _missing(fr, "fault rate") or '<p class="note">no faults in this trace</p>',
                  notes + table((fr or {}).get("rates") or [],
-                               [("pid", "pid", num), ("gpu_index", "GPU", num),
+                               [("pid", "pid", pid), ("gpu_index", "GPU", num),
                                 ("source", "source", text), ("access_type", "access", text),
                                 ("faults", "faults", num), ("mean_per_s", "mean/s", num),
                                 ("peak_per_s", "peak/s", num)])
@@ -210,14 +212,15 @@ def fragmentation(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
 def leak_sites(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
     """Leaked bytes by call stack (leaks report)."""
     leaks = doc.get("leaks")
-    rows = [dict(r, stack="; ".join(r["frames"])) for r in s["leak_stacks"]]
+    rows = [dict(r, stack={"site": r.get("site"), "frames": r["frames"][::-1]})
+            for r in s["leak_stacks"]]
     page.section("Top leak sites: leaked bytes by call stack", plots.leak_icicle(s["leak_tree"]),
                  _missing(leaks, "leaks") or '<p class="note">nothing leaked</p>',
-                 table(rows, [("layer", "layer", text), ("pid", "pid", num),
+                 table(rows, [("layer", "layer", text), ("pid", "pid", pid),
                               ("comm", "process", text), ("count", "allocations", num),
                               ("bytes", "bytes", human_bytes),
-                              ("stack", "stack (outermost first)",
-                                                        text)], limit=30))
+                              ("stack", "site (click for the stack, innermost first)",
+                                                        stack_cell)], limit=30))
 
 
 def ioctl_latency(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
@@ -245,7 +248,7 @@ def oom(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
         g = inc["gpu"] or {}
         parts.append(
             f"<h3>Incident {n}: {esc(inc['verdict'])}</h3><p>{num(inc['t_s'])} s: pid "
-            f"{num(inc['pid'])} ({esc(inc['comm'])}) tid {num(inc['tid'])}"
+            f"{pid(inc['pid'])} ({esc(inc['comm'])}) tid {pid(inc['tid'])}"
             f"{esc(' in ' + where) if (where := workload(inc)) else ''}, "
             f"{esc(inc['call'])} ({esc(inc['layer'])}) of "
             f"{human_bytes(inc['requested_bytes'])} on GPU {num(inc['gpu_index'])}, "
@@ -258,14 +261,14 @@ def oom(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
             + f"<p>stack: {esc(inc['stack'] or '(none recorded)')}</p>"
             + table([dict(h, traced="yes" if h["traced"] else "not traced")
                      for h in inc["holders"]],
-                    [("pid", "pid", num), ("comm", "comm", text), ("traced", "traced", text),
+                    [("pid", "pid", pid), ("comm", "comm", text), ("traced", "traced", text),
                      ("driver_bytes", "driver", human_bytes), ("api_bytes", "api", human_bytes),
                      ("rm_bytes", "rm", human_bytes), ("uvm_bytes", "uvm", human_bytes),
                      ("grew_bytes", f"grew in {window} s", human_bytes),
                      ("allocator_reserved_bytes", "pool reserved", human_bytes),
                      ("allocator_allocated_bytes", "pool allocated", human_bytes)])
             + table([dict(x, pid=h["pid"]) for h in inc["holders"] for x in h["top_sites"]],
-                    [("pid", "pid", num), ("layer", "layer", text), ("what", "what", text),
+                    [("pid", "pid", pid), ("layer", "layer", text), ("what", "what", text),
                      ("bytes", "bytes", human_bytes), ("count", "count", num),
                      ("stack", "stack", text)]))
     body = "".join(parts) or ('<p class="note">no allocation failed for want of memory</p>'
