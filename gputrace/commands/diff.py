@@ -20,6 +20,9 @@ NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "leak_bytes": ("leaks", ()), "peak": ("summary", ()),
     "ioctl_p99": ("summary", ("syscall",)), "fault_rate": ("fault-rate", ())}
 """What each --fail-on metric reads: a report (CLI name) and the layers besides it needs."""
+LAYER_BOUND = ("leak_bytes", "peak")
+"""The --fail-on metrics that compare figures measured in the leak layers (api, syscall):
+refused when the two traces measured them in different layers."""
 
 
 def parse_fail_on(text: str | None) -> list[Cond]:
@@ -118,9 +121,15 @@ def diff_traces(before: str, after: str, conds: list[Cond] | None = None) -> dic
         raise UsageError("--fail-on cannot check " + "; ".join(blind)
                          + "; record that layer or drop the condition")
     out = diff(docs[0], docs[1], stacks[0], stacks[1])
+    mismatch = out["leak_layers"]["mismatch"]
+    refused = [c[0] for c in conds or [] if c[0] in LAYER_BOUND]
+    if mismatch and refused:
+        raise UsageError(f"--fail-on {', '.join(dict.fromkeys(refused))}: {mismatch}; "
+                         "record both runs with the same layers")
     out["before_trace"], out["after_trace"] = before, after
-    out["warnings"] = ([f"before: {w}" for w in docs[0]["warnings"]]
-                       + [f"after: {w}" for w in docs[1]["warnings"]])
+    out["warnings"] = ([mismatch] if mismatch else []) + (
+        [f"before: {w}" for w in docs[0]["warnings"]]
+        + [f"after: {w}" for w in docs[1]["warnings"]])
     return out
 
 

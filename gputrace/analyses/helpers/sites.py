@@ -136,7 +136,8 @@ def _sites(frames: pl.LazyFrame, keys: list[str], site_filter: SiteFilter | None
            full_paths: bool = False, site_frames: bool = False) -> pl.LazyFrame:
     """One row per stack (`keys`): `frames`, every frame innermost first joined by
     ' < ' (a run of static-runtime frames as one); `site`, its label, distinct per
-    site; with `site_frames`, also the stack without the unwinder, interpreter and
+    site; `site_id`, the site with full paths (the same whatever other sites a trace
+    holds: what two traces are matched by); with `site_frames`, also the stack without the unwinder, interpreter and
     dispatcher frames (what a flame graph draws)."""
     f = _classified(frames.sort([*keys, "depth"]), site_filter)
     # a run of hashed static-runtime frames reads as one frame
@@ -178,6 +179,7 @@ def _sites(frames: pl.LazyFrame, keys: list[str], site_filter: SiteFilter | None
     per = per.with_columns(site=pl.when(clash2).then(pl.format("{} #{}", pl.col("label"), rank))
                            .otherwise("label"))
     return per.select(*keys, "frames", pl.col("site").fill_null(NO_STACK),
+                      pl.col("longer").fill_null(NO_STACK).alias("site_id"),
                       *(["site_frames"] if site_frames else []))
 
 
@@ -196,14 +198,15 @@ def _complete(frames: pl.LazyFrame, kind: str | None) -> pl.LazyFrame:
 
 def recorded_sites(stacks: pl.LazyFrame, site_filter: SiteFilter | None = None,
                    site_frames: bool = False) -> pl.LazyFrame:
-    """(pid, stack_id, frames, site[, site_frames]) of the recorded `stacks` table."""
+    """(pid, stack_id, frames, site, site_id[, site_frames]) of the recorded `stacks`
+    table."""
     return _sites(_complete(stacks, None), ["pid", "stack_id"], site_filter,
                   site_frames=site_frames)
 
 
 def allocator_sites(frames: pl.LazyFrame, site_filter: SiteFilter | None = None,
                     site_frames: bool = False) -> pl.LazyFrame:
-    """(stack_id, frames, site[, site_frames]) of a snapshot's `allocator_frames` table
+    """(stack_id, frames, site, site_id[, site_frames]) of a snapshot's `allocator_frames` table
     (each frame `function (file:line)` with its full path in `frames`, C++ frames
     included)."""
     return _sites(_complete(frames, "python").with_columns(kind=pl.lit("python")),

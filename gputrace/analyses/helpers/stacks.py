@@ -23,12 +23,12 @@ def stack_frames(stacks: pl.LazyFrame,
     `libcudart (static)`); `site`, the one line tables, legends and diffs show, is
     the first frame in the user's own code, after the CUDA call it made
     (`cudaMalloc < main`), distinct per site (helpers/sites.py)."""
-    return recorded_sites(stacks, site_filter)
+    return recorded_sites(stacks, site_filter).select("pid", "stack_id", "frames", "site")
 
 
 def stack_sites(inp: Inputs) -> pl.LazyFrame:
     """stack_frames of a trace's recorded stacks, with its `--site-filter`."""
-    return recorded_sites(inp.scan("stacks"), inp.site_filter)
+    return stack_frames(inp.scan("stacks"), inp.site_filter)
 
 
 def python_sites(stacks: pl.LazyFrame) -> pl.LazyFrame:
