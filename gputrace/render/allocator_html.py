@@ -22,6 +22,9 @@ def stack_cell(v: Any) -> str:
     return f"<details><summary>{esc(v['site'])}</summary><small>{inner}</small></details>"
 
 
+stack_cell.left = True  # type: ignore[attr-defined]  # text: aligned left in tables
+
+
 def _sited(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [dict(r, _stack={"site": r.get("top_frame"), "frames": r.get("frames")})
             for r in rows]

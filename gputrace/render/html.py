@@ -99,7 +99,8 @@ def table(rows: Sequence[dict[str, Any]], cols: Sequence[Col], limit: int = 50) 
     body = []
     for r in rows[:limit]:
         cells = "".join(
-            f'<td class="t">{f(r.get(k))}</td>' if f is text else f"<td>{f(r.get(k))}</td>"
+            f'<td class="t">{f(r.get(k))}</td>' if f is text or getattr(f, "left", False)
+            else f"<td>{f(r.get(k))}</td>"
             for k, _, f in cols)
         body.append(f"<tr>{cells}</tr>")
     more = (f'<p class="note">{len(rows) - limit} more rows in --format json</p>'

@@ -116,7 +116,8 @@ def _classified(frames: pl.LazyFrame, site_filter: SiteFilter | None) -> pl.Lazy
     nat_long = pl.format("{} ({})", nat_text, base)
     plumbing = (name.str.contains(_UNWINDER) | name.str.contains(_INTERP_FN)
                 | path.str.contains(_INTERP_FILE)
-                | ((name == "main") & path.str.contains(_PYTHON_BINARY)) | name.str.contains(_DISPATCH_FN)
+                | ((name == "main") & path.str.contains(_PYTHON_BINARY))
+                | name.str.contains(_DISPATCH_FN)
                 | path.str.contains(_DISPATCH_FILE))
     api = ~source & name.str.contains(_API_FN)
     library = plumbing | api | static | path.str.contains(_LIBRARY_FILE)
@@ -137,8 +138,8 @@ def _sites(frames: pl.LazyFrame, keys: list[str], site_filter: SiteFilter | None
     """One row per stack (`keys`): `frames`, every frame innermost first joined by
     ' < ' (a run of static-runtime frames as one); `site`, its label, distinct per
     site; `site_id`, the site with full paths (the same whatever other sites a trace
-    holds: what two traces are matched by); with `site_frames`, also the stack without the unwinder, interpreter and
-    dispatcher frames (what a flame graph draws)."""
+    holds: what two traces are matched by); with `site_frames`, also the stack without
+    the unwinder, interpreter and dispatcher frames (what a flame graph draws)."""
     f = _classified(frames.sort([*keys, "depth"]), site_filter)
     # a run of hashed static-runtime frames reads as one frame
     repeat = ((pl.col("text") == STATIC_CUDART)
