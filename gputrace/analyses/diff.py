@@ -70,16 +70,18 @@ def _compare(names: tuple[str, ...], before: dict[Key, dict[str, Any]],
 
 
 LEAK_LAYERS = ("api", "syscall")
-"""The layers whose allocations the leak report counts: API bytes, or driver (RM) bytes."""
+"""The layers whose allocations the leak report counts, in the order it prefers them: API
+bytes where the API layer was recorded, else driver (RM) bytes from the syscall layer."""
 
 
 def leak_layers(doc: dict[str, Any]) -> list[str] | None:
-    """The layers a trace measured its leaks in (None: its leak report was not recorded)."""
+    """The layer a trace's leaked bytes were measured in, as a list (empty: neither);
+    None: its leak report was not recorded."""
     leaks = doc.get("leaks") or {}
     if not leaks.get("recorded"):
         return None
     layers = (doc.get("trace") or {}).get("layers") or []
-    return [x for x in LEAK_LAYERS if x in layers]
+    return [x for x in LEAK_LAYERS if x in layers][:1]
 
 
 def layer_mismatch(before: dict[str, Any], after: dict[str, Any]) -> str | None:

@@ -152,8 +152,9 @@ def gpu_bytes(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                                               ("end_bytes", "end", human_bytes),
                                               ("memory_bytes", "memory", human_bytes),
                                               ("peak_share", "peak share", num)])
-                 + f"<p>source: {text(gt.get('source'))}; imbalance (max/mean) at peak "
-                   f"{num(gt.get('imbalance_peak'))}, at end {num(gt.get('imbalance_end'))}</p>")
+                 + (f"<p>source: {text(gt.get('source'))}; imbalance (max/mean) at peak "
+                    f"{num(gt.get('imbalance_peak'))}, at end "
+                    f"{num(gt.get('imbalance_end'))}</p>" if gt.get("gpus") else ""))
 
 
 def fault_rate(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:

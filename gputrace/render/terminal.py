@@ -83,14 +83,18 @@ def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True
     for w in document["warnings"]:
         _warn(con, w)
     absent: list[str] = []
+    doubts: list[str] = []
     for spec in registry.REPORTS:
         key = spec.key
         rep = document.get(key)
         if rep is None:
             continue
         if not rep["recorded"]:
-            # a report of layers this trace lacks is one line at the end, not a section
+            # a report of layers this trace lacks is one line at the end, not a section;
+            # a doubt of its own (beyond "not recorded") is still said, there
             absent.append(f"{spec.title} ({', '.join(rep['not_recorded_layers'])})")
+            doubts += [w for w in rep["warnings"]
+                       if w not in shown and "nothing was measured" not in w]
             continue
         con.rule(f"[bold]{spec.title}[/bold]")
         con.print(Text(rep["question"], style="dim"))
@@ -102,6 +106,8 @@ def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True
         groups_section(con, spec.title, rep, limit)
     if absent:
         con.rule()
+        for w in dict.fromkeys(doubts):
+            _warn(con, w)
         con.print(Text(not_recorded_line(absent)))
 
 

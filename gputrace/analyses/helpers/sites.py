@@ -50,7 +50,7 @@ _DISPATCH_FILE = (r"core/boxing|/Register|/Redispatch|/aten/src/|(^|/)c10/|"
                   r"/torch/csrc/|/pybind11/")
 # torch's Python, installed packages, the standard library, system and CUDA libraries
 _LIBRARY_FILE = (r"(^|/)torch/|(^|/)lib(torch|c10)[\w.-]*\.so|/(site|dist)-packages/|"
-                 r"(?i:/lib(64)?/python\d[\d.]*/)|^<frozen |^\?\?$|^$|"
+                 r"(?i:/lib(64)?/python\d[\d.]*/)|^<frozen |"
                  r"(?i:^[a-z]:/(.*/)?(python\d*|anaconda\d*|miniconda\d*|miniforge\d*)/"
                  r"(envs/[^/]+/)?lib/)|"
                  r"^/usr/lib|^/lib(64)?/|^/usr/local/cuda|/lib64/|"
@@ -120,7 +120,10 @@ def _classified(frames: pl.LazyFrame, site_filter: SiteFilter | None) -> pl.Lazy
                 | name.str.contains(_DISPATCH_FN)
                 | path.str.contains(_DISPATCH_FILE))
     api = ~source & name.str.contains(_API_FN)
-    library = plumbing | api | static | path.str.contains(_LIBRARY_FILE)
+    # a frame of no known file or module (C++ `??`, an address nothing maps)
+    unknown = (path.str.contains(r"^(\?\?)?$")
+               & (source | pl.col("symbol").is_null()))
+    library = plumbing | api | static | unknown | path.str.contains(_LIBRARY_FILE)
     user = (path.str.contains(site_filter.regex()) & ~static & ~api
             if site_filter is not None else ~library)
     return frames.with_columns(
