@@ -87,9 +87,17 @@ SITES = list(STACKS)
 paths, since both would read `forward (model.py:42)`)."""
 
 
-def snapshot(sizes_mib: dict[str, int] | None = None) -> dict[str, Any]:
+OOM_MIB = 4096
+"""With `oom_then_free`: the request that failed (4 GiB), 1 GiB free on the device."""
+
+
+def snapshot(sizes_mib: dict[str, int] | None = None,
+             oom_then_free: str | None = None) -> dict[str, Any]:
     """The snapshot: one segment per stack on device 0 holding one active block, and
-    the history that allocated each (segment_alloc then alloc, 1 ms apart)."""
+    the history that allocated each (segment_alloc then alloc, 1 ms apart). With
+    `oom_then_free` (a site), an allocation of OOM_MIB fails after them, and then that
+    site's tensor is freed: at the failure its block was allocated, at the end it is
+    free."""
     sizes = sizes_mib or {site: i + 1 for i, site in enumerate(SITES)}
     segments, trace = [], []
     addr, t = 0x7F0000000000, 1_700_000_000_000_000
@@ -97,10 +105,13 @@ def snapshot(sizes_mib: dict[str, int] | None = None) -> dict[str, Any]:
         size = sizes.get(site, 0) * MiB
         if not size:
             continue
+        freed = site == oom_then_free
         block = {"address": addr, "size": size, "requested_size": size,
-                 "state": "active_allocated", "frames": frames}
+                 "state": "inactive" if freed else "active_allocated",
+                 "frames": [] if freed else frames}
+        held = 0 if freed else size
         segments.append({"device": 0, "address": addr, "total_size": size,
-                         "allocated_size": size, "active_size": size, "requested_size": size,
+                         "allocated_size": held, "active_size": held, "requested_size": held,
                          "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
                          "is_expandable": False, "frames": frames, "blocks": [block]})
         for action in ("segment_alloc", "alloc"):
@@ -109,13 +120,23 @@ def snapshot(sizes_mib: dict[str, int] | None = None) -> dict[str, Any]:
                           "frames": frames})
             t += 1000
         addr += size
+    if oom_then_free is not None:
+        gone = next(seg for seg in segments if seg["frames"] is STACKS[oom_then_free])
+        trace.append({"action": "oom", "size": OOM_MIB * MiB, "device_free": 1 << 30,
+                      "stream": 0, "time_us": t, "frames": STACKS[SITES[0]]})
+        for action in ("free_requested", "free_completed"):
+            t += 1000
+            trace.append({"action": action, "addr": gone["address"],
+                          "size": gone["total_size"], "stream": 0, "time_us": t,
+                          "frames": STACKS[oom_then_free]})
     return {"segments": segments, "device_traces": [trace],
             "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "expandable_segments": False,
                                    "max_split_size": -1},
             "external_annotations": []}
 
 
-def write(path: Path, sizes_mib: dict[str, int] | None = None) -> Path:
+def write(path: Path, sizes_mib: dict[str, int] | None = None,
+          oom_then_free: str | None = None) -> Path:
     """The snapshot pickled at `path`."""
-    path.write_bytes(pickle.dumps(snapshot(sizes_mib)))
+    path.write_bytes(pickle.dumps(snapshot(sizes_mib, oom_then_free)))
     return path

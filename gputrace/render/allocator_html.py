@@ -63,7 +63,10 @@ def pool_html(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                   for x in m["segments"]]
         more = (f'<p class="note">{num(m["left_out"])} smaller segments not drawn</p>'
                 if m["left_out"] else "")
-        page.section(f"Segment map, device {m['device']}", plots.segment_map(m, labels),
+        when = "" if m.get("oom_t_s") is None else (
+            f" at the out-of-memory at {num(m['oom_t_s'])} s (asked for "
+            f"{human_bytes(m['requested_bytes'])}; tensors in requested bytes)")
+        page.section(f"Segment map, device {m['device']}{when}", plots.segment_map(m, labels),
                      '<p class="note">no segments</p>', more)
     page.section("PyTorch allocator pool", None, None, (
         f"<p>reserved {human_bytes(d.get('reserved_bytes'))} in "

@@ -192,7 +192,9 @@ def segment_map(m: dict[str, Any], labels: list[str]) -> Figure | None:
             data.append({"type": "bar", "orientation": "h", "name": kind, "y": ys, "x": xs,
                          "base": bases, "marker": {"color": color,
                                                    "line": {"color": "#fff", "width": 1}}})
-    layout = {"title": {"text": f"Segments on device {m['device']} at the end (where the "
+    when = ("at the end" if m.get("oom_t_s") is None else
+            f"at the out-of-memory at {m['oom_t_s']:.3f} s")
+    layout = {"title": {"text": f"Segments on device {m['device']} {when} (where the "
                                 "free bytes are)"},
               "barmode": "overlay", "height": 120 + 22 * len(labels),
               "xaxis": dict(_BYTES_AXIS, title={"text": "offset in segment"}),

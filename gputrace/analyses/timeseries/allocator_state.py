@@ -27,6 +27,8 @@ from gputrace.analyses.timeseries.downsample import seconds_since_start
 
 MAP_SEGMENTS = 40
 """Segments drawn per device in the segment map (largest first); the rest are counted."""
+OOM_MAPS = 4
+"""Out-of-memory entries whose segment map is drawn (the first ones, by device)."""
 
 _RESERVED = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 _ALLOCATED = {"alloc": 1, "free_completed": -1}
@@ -42,14 +44,19 @@ def allocator_state(inp: Inputs, buckets: int = 200) -> dict[str, Any]:
     seg = inp.scan("allocator_segments").collect()
     blocks = inp.scan("allocator_blocks").collect()
     ev = inp.scan("allocator_events").select(
-        "ts_ns", "seq", "device", "action", pl.col("size_bytes").cast(pl.Int64).fill_null(0)
-    ).collect()
+        "ts_ns", "seq", "device", "action", "address",
+        pl.col("size_bytes").cast(pl.Int64).fill_null(0)).collect()
     devices = sorted({int(d) for d in [*seg["device"], *blocks["device"], *ev["device"]]})
     span = max(inp.end_ns - inp.start_ns, 1)
     grid = [inp.start_ns + span * (i + 1) // buckets for i in range(buckets)]
     t_s = seconds_since_start(inp, pl.Series(grid))
     series = [_series(inp, d, seg, blocks, ev, grid, t_s) for d in devices]
     maps = [_segment_map(d, seg, blocks) for d in devices]
+    ooms = ev.filter(pl.col("action") == "oom").sort("device", "seq").head(OOM_MAPS)
+    oom_t = seconds_since_start(inp, ooms["ts_ns"]) if ooms.height else []
+    for o, t in zip(ooms.iter_rows(named=True), oom_t, strict=True):
+        m = _map_at_entry(int(o["device"]), int(o["seq"]), seg, blocks, ev)
+        maps.append({**m, "oom_t_s": t, "requested_bytes": int(o["size_bytes"])})
     return {"recorded": True, "devices": devices, "series": series, "maps": maps}
 
 
@@ -111,3 +118,52 @@ def _segment_map(device: int, seg: pl.DataFrame, blocks: pl.DataFrame) -> dict[s
                          "pool_id": row["pool_id"], "stream": row["stream"],
                          "total_bytes": int(row["total_size_bytes"]), "pieces": pieces})
     return {"device": device, "segments": segments, "left_out": s.height - drawn.height}
+
+
+def _map_at_entry(device: int, seq: int, seg: pl.DataFrame, blocks: pl.DataFrame,
+                  ev: pl.DataFrame) -> dict[str, Any]:
+    """One device's segments at the instant of its trace entry `seq` (an OOM), replayed
+    backwards from the snapshot: the later entries undone (an `alloc` removes its block,
+    a `free_completed` brings it back, segment entries likewise). Trace entries carry
+    requested sizes and no block splits, so a segment's tensors are drawn in requested
+    bytes and the rest of it as free."""
+    segs = {int(r["address"]): int(r["total_size_bytes"]) for r in
+            seg.filter(pl.col("device") == device).iter_rows(named=True)}
+    pools = {int(r["address"]): r["pool"] for r in
+             seg.filter(pl.col("device") == device).iter_rows(named=True)}
+    live = {int(r["address"]): int(r["requested_size_bytes"] or r["size_bytes"]) for r in
+            blocks.filter((pl.col("device") == device) & (pl.col("state") != "inactive"))
+            .iter_rows(named=True)}
+    later = ev.filter((pl.col("device") == device) & (pl.col("seq") > seq)).sort(
+        "seq", descending=True)
+    for e in later.iter_rows(named=True):
+        addr, size, act = e["address"], int(e["size_bytes"]), e["action"]
+        if addr is None:
+            continue
+        if act == "alloc":
+            live.pop(int(addr), None)
+        elif act == "free_completed":
+            live[int(addr)] = size
+        elif act in ("segment_alloc", "segment_map"):
+            left = segs.get(int(addr), 0) - size
+            if left > 0:
+                segs[int(addr)] = left
+            else:
+                segs.pop(int(addr), None)
+        elif act in ("segment_free", "segment_unmap"):
+            segs[int(addr)] = segs.get(int(addr), 0) + size
+    order = sorted(segs.items(), key=lambda kv: (-kv[1], kv[0]))
+    starts = sorted(live)
+    segments = []
+    for addr, total in order[:MAP_SEGMENTS]:
+        pieces, at = [], addr
+        for b in (x for x in starts if addr <= x < addr + total):
+            if b > at:
+                pieces.append({"offset": at - addr, "bytes": b - at, "kind": "free"})
+            pieces.append({"offset": b - addr, "bytes": live[b], "kind": "allocated"})
+            at = max(at, b + live[b])
+        if at < addr + total:
+            pieces.append({"offset": at - addr, "bytes": addr + total - at, "kind": "free"})
+        segments.append({"address": addr, "pool": pools.get(addr, "?"), "pool_id": None,
+                         "stream": None, "total_bytes": total, "pieces": pieces})
+    return {"device": device, "segments": segments, "left_out": max(len(order) - MAP_SEGMENTS, 0)}
