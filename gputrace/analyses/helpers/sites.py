@@ -45,7 +45,9 @@ _INTERP_FILE = (r"(^|/)(Python|Objects|Modules|Include|Parser|Programs)/[^/]+\.[
 _PYTHON_BINARY = r"(^|/)python[\d.]*$"
 # PyTorch's dispatcher, ATen, c10 and bindings
 _DISPATCH_FN = (r"^([\w:<>*& ]+ )?(c10|at|torch|caffe2|pybind11|std|__gnu_cxx|c10d|"
-                r"THP\w*)::|^THP|^at_|^void (c10|at|torch)::")
+                r"THP\w*)::|^THP|^at_|^void (c10|at|torch)::|"
+                # the same names mangled, as symbol tables hold them (c10::, at::, std::)
+                r"^_ZN[KL]?(3c10|2at|5torch|8pybind11|6caffe2|4c10d|St)")
 _DISPATCH_FILE = (r"core/boxing|/Register|/Redispatch|/aten/src/|(^|/)c10/|"
                   r"/torch/csrc/|/pybind11/")
 # torch's Python, installed packages, the standard library, system and CUDA libraries

@@ -101,3 +101,15 @@ def test_two_sites_never_share_a_label() -> None:
     assert sites[1] == sites[3] != sites[2]
     assert {sites[1], sites[2]} == {"cuMemAlloc_v2 < main (app) #1",
                                     "cuMemAlloc_v2 < main (app) #2"}
+
+
+def test_mangled_cxx_frames_are_the_dispatchers() -> None:
+    """Symbol tables hold C++ names mangled (`_ZN3c10…`, `_ZNSt…`): they are PyTorch's and
+    the standard library's, never the user's, wherever the library lives."""
+    rows = _native(1, [("cudaMalloc", "/x/site-packages/nvidia/lib/libcudart.so.13"),
+                       ("_ZN3c104cuda20CUDACachingAllocator6Native22DeviceCachingAllocator"
+                        "6mallocEmP11CUstream_st", "/opt/app/libc10_cuda_custom.so"),
+                       ("_ZNSt8functionIFvvEEclEv", "/opt/app/libstuff.so"),
+                       ("run_model", "/opt/app/bin/serve")])
+    got = recorded_sites(pl.DataFrame(rows, schema=STACKS.polars_schema).lazy()).collect()
+    assert got["site"].to_list() == ["cudaMalloc < run_model"]
