@@ -106,3 +106,25 @@ def test_real_h200_cuda_page_reads_as_the_terminal(tmp_path: Path) -> None:
     assert not re.search(r"\d\.\d+e\+\d", body)
     assert re.search(r"<td>116\.5 GiB/min</td>", body)
     assert "? ()" not in body
+
+
+def test_header_shows_what_an_import_wrote_down() -> None:
+    """The facts an importer records beside the file (a snapshot's format, its allocator
+    settings) are in the header, numbers and flags as the terminal writes them; what the
+    trace lacks (host, GPUs) is left out."""
+    from gputrace.render.html import Page, header
+
+    page = Page("t")
+    info = {"path": "/t", "host": {}, "gpus": [{"index": 0}],
+            "imported": [{"kind": "torch-snapshot", "file": "s.pickle", "sha256": "ab",
+                          "format": "2.1 (no time_us)", "allocator_settings": {
+                              "expandable_segments": True, "max_split_size": -1,
+                              "garbage_collection_threshold": 0.8}}]}
+    header(page, info, {"trace": {"layers": ["allocator"], "duration_s": 1.5}}, [0, 1])
+    html = "".join(page.parts)
+    facts = dict(re.findall(r"<dt>(.*?)</dt><dd>(.*?)</dd>", html))
+    assert facts["format"] == "2.1 (no time_us)" and facts["devices"] == "0, 1"
+    assert facts["allocator settings"] == ("expandable_segments=yes, max_split_size=-1, "
+                                           "garbage_collection_threshold=0.8")
+    assert facts["GPUs"] == "0" and "host" not in facts and "sha256" not in facts
+    assert facts["duration"] == "1.5 s"
