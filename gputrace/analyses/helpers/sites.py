@@ -94,6 +94,21 @@ class SiteFilter:
         return "^" + body + "$"
 
 
+_FRAME_KEY = ["kind", "function", "filename", "line", "symbol", "module", "offset", "_ip"]
+
+
+def _hex_series(s: pl.Series) -> pl.Series:
+    """Each integer as `0x…` text, formatted once per distinct value (a stack table
+    repeats offsets: per row it would cost a Python call each)."""
+    values = s.drop_nulls().unique().to_list()
+    return s.replace_strict(values, [f"0x{v:x}" for v in values], default=None,
+                            return_dtype=pl.String)
+
+
+def _hex(column: str) -> pl.Expr:
+    return pl.col(column).map_batches(_hex_series, return_dtype=pl.String)
+
+
 def _classified(frames: pl.LazyFrame, site_filter: SiteFilter | None) -> pl.LazyFrame:
     """`frames` (depth, kind, function, filename, line, symbol, module, offset, ip)
     plus `text` (one frame as reports write it), `long` (the same with full path or
@@ -110,8 +125,7 @@ def _classified(frames: pl.LazyFrame, site_filter: SiteFilter | None) -> pl.Lazy
     py_text = pl.format("{} ({}:{})", func, base, line)
     py_long = pl.format("{} ({}:{})", func, pl.when(path == "").then(pl.lit("?"))
                         .otherwise(path), line)
-    off = pl.col("offset").map_elements(lambda v: f"0x{v:x}", return_dtype=pl.String)
-    ipx = pl.col("ip").map_elements(lambda v: f"0x{v:x}", return_dtype=pl.String)
+    off, ipx = _hex("offset"), _hex("_ip")
     unresolved = pl.coalesce(pl.format("{}+{}", base, off), ipx, pl.lit("?"))
     nat_text = (pl.when(static).then(pl.lit(STATIC_CUDART))
                 .otherwise(pl.coalesce(pl.col("symbol"), unresolved)))
@@ -128,7 +142,11 @@ def _classified(frames: pl.LazyFrame, site_filter: SiteFilter | None) -> pl.Lazy
     library = plumbing | api | static | unknown | path.str.contains(_LIBRARY_FILE)
     user = (path.str.contains(site_filter.regex()) & ~static & ~api
             if site_filter is not None else ~library)
-    return frames.with_columns(
+    # a stack table repeats its frames: each distinct one is read once, then joined back
+    # (the instruction address matters only to a frame with neither symbol nor module)
+    frames = frames.with_columns(_ip=pl.when(pl.col("symbol").is_null()
+                                             & pl.col("module").is_null()).then(pl.col("ip")))
+    distinct = frames.select(_FRAME_KEY).unique().with_columns(
         text=pl.when(source).then(py_text).otherwise(nat_text),
         long=pl.when(source).then(py_long).otherwise(nat_long),
         # a native frame's site is its function (no line to tell calls in it apart)
@@ -136,6 +154,8 @@ def _classified(frames: pl.LazyFrame, site_filter: SiteFilter | None) -> pl.Lazy
             pl.format("{}|{}", pl.coalesce(pl.col("symbol"), unresolved), path)),
         user=user.fill_null(False), plumbing=plumbing.fill_null(False),
         api=api.fill_null(False))
+    return frames.join(distinct, on=_FRAME_KEY, how="left", nulls_equal=True,
+                       maintain_order="left")
 
 
 def _sites(frames: pl.LazyFrame, keys: list[str], site_filter: SiteFilter | None,
