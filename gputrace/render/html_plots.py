@@ -154,7 +154,8 @@ def _short(site: str, width: int = 60) -> str:
 
 def allocator_state(s: dict[str, Any]) -> Figure | None:
     """One device's reserved and allocated bytes over time (the caching allocator's view),
-    with a marker at each out-of-memory entry."""
+    in all and per pool (reserved solid, allocated dotted), with a marker at each
+    out-of-memory entry."""
     if not s.get("entries"):
         return None
     data: list[dict[str, Any]] = [
@@ -162,6 +163,14 @@ def allocator_state(s: dict[str, Any]) -> Figure | None:
          "y": s["reserved"], "line": {"shape": "hv"}},
         {"type": "scatter", "mode": "lines", "name": "allocated (tensors, requested bytes)",
          "x": s["t_s"], "y": s["allocated"], "line": {"shape": "hv"}, "fill": "tozeroy"}]
+    pools = s.get("pools") or []
+    if len(pools) > 1:  # one pool: its lines are the totals
+        for p in pools:
+            data.append({"type": "scatter", "mode": "lines", "name": f"reserved: {p['pool']}",
+                         "x": s["t_s"], "y": p["reserved"], "line": {"shape": "hv", "width": 1}})
+            data.append({"type": "scatter", "mode": "lines", "name": f"allocated: {p['pool']}",
+                         "x": s["t_s"], "y": p["allocated"],
+                         "line": {"shape": "hv", "width": 1, "dash": "dot"}})
     if s.get("oom_t_s"):
         top = max((v for v in s["reserved"] if v is not None), default=0)
         data.append({"type": "scatter", "mode": "markers", "name": "out of memory",

@@ -36,7 +36,8 @@ _ALLOCATED = {"alloc": 1, "free_completed": -1}
 
 def allocator_state(inp: Inputs, buckets: int = 200) -> dict[str, Any]:
     """`devices` (every device the snapshot names), `series` (per device: t_s, reserved
-    and allocated bytes at each bucket end, null before the kept history), `maps` (per
+    and allocated bytes at each bucket end, null before the kept history, and `pools`,
+    the same per pool), `maps` (per
     device: segments with their blocks, at the end) and `oom_t_s` (each OOM entry's
     time, per device)."""
     if not inp.has("allocator"):
@@ -90,6 +91,64 @@ def _series(inp: Inputs, device: int, seg: pl.DataFrame, blocks: pl.DataFrame, e
     out["allocated"] = [None if v is None else int(v) for v in sampled["allocated"]]
     ooms = e.filter(pl.col("action") == "oom")["ts_ns"]
     out["oom_t_s"] = seconds_since_start(inp, ooms) if ooms.len() else []
+    out["pools"] = _pool_series(device, seg, blocks, e, grid)
+    return out
+
+
+FREED = "segments freed before the snapshot"
+"""The pool of an entry whose segment the snapshot no longer holds (its pool is not
+recorded); such segments hold nothing at the end, so their line ends at zero."""
+
+
+def _pool_label(pool: Any, pool_id: Any) -> str:
+    return f"{pool} (pool {pool_id})" if pool_id not in (None, "0,0") else str(pool)
+
+
+def _pool_series(device: int, seg: pl.DataFrame, blocks: pl.DataFrame, e: pl.DataFrame,
+                 grid: list[int]) -> list[dict[str, Any]]:
+    """The device's reserved and allocated bytes per pool (`large`, `small`, a private
+    pool by its id), replayed backwards like the totals: an entry belongs to the pool of
+    the snapshot's segment holding its address."""
+    segs = (seg.filter(pl.col("device") == device)
+            .select(pl.col("address").alias("s_addr"),
+                    (pl.col("address") + pl.col("total_size_bytes")).alias("s_end"),
+                    pl.struct("pool", "pool_id").map_elements(
+                        lambda r: _pool_label(r["pool"], r["pool_id"]),
+                        return_dtype=pl.String).alias("pool_label"),
+                    pl.col("total_size_bytes").alias("reserved_end"))
+            .sort("s_addr"))
+    if segs.height == 0:
+        return []
+    blk = (blocks.filter((pl.col("device") == device) & (pl.col("state") != "inactive"))
+           .join(segs, left_on="segment_address", right_on="s_addr", how="left")
+           .group_by("pool_label").agg(pl.col("requested_size_bytes").sum().alias("a_end")))
+    ends = (segs.group_by("pool_label").agg(pl.col("reserved_end").sum())
+            .join(blk, on="pool_label", how="left").with_columns(pl.col("a_end").fill_null(0)))
+    tagged = (e.filter(pl.col("address").is_not_null()).sort("address")
+              .join_asof(segs.select("s_addr", "s_end", "pool_label"), left_on="address",
+                         right_on="s_addr", strategy="backward", check_sortedness=False)
+              .with_columns(pool_label=pl.when(pl.col("address") < pl.col("s_end"))
+                            .then("pool_label").otherwise(pl.lit(FREED)))
+              .sort("seq"))
+    out = []
+    labels = sorted(set(ends["pool_label"]) | set(tagged["pool_label"]))
+    for label in labels:
+        end = ends.filter(pl.col("pool_label") == label)
+        r_end = int(end["reserved_end"].sum()) if end.height else 0
+        a_end = int(end["a_end"].sum()) if end.height else 0
+        p = tagged.filter(pl.col("pool_label") == label).with_columns(
+            reserved=r_end - (pl.col("r").sum() - pl.col("r").cum_sum()),
+            allocated=a_end - (pl.col("a").sum() - pl.col("a").cum_sum()))
+        vals: dict[str, list[int | None]]
+        if p.height == 0:
+            vals = {"reserved": [r_end] * len(grid), "allocated": [a_end] * len(grid)}
+        else:
+            sampled = (pl.DataFrame({"ts_ns": grid}).cast(pl.Int64)
+                       .join_asof(p.select("ts_ns", "reserved", "allocated").sort("ts_ns"),
+                                  on="ts_ns", strategy="backward", check_sortedness=False))
+            vals = {k: [None if v is None else int(v) for v in sampled[k]]
+                    for k in ("reserved", "allocated")}
+        out.append({"pool": label, **vals})
     return out
 
 

@@ -63,3 +63,23 @@ def test_html_draws_both_maps(trace: Path, tmp_path: Path) -> None:
     assert "<h2>Segment map, device 0</h2>" in page
     assert "Segment map, device 0 at the out-of-memory at" in page
     assert "asked for 4.0 GiB" in page and '"name":"out of memory"' in page
+
+
+def test_pools_add_up_to_the_device_on_the_real_snapshot(tmp_path: Path) -> None:
+    """The real H200 snapshot (fixtures/real-h200-torch): its large and small pools,
+    replayed apart, add up to the device's reserved and allocated bytes at every bucket,
+    and end at the pool report's figures (281,018,368 + 2,097,152 reserved)."""
+    from tests.conftest import ROOT
+
+    real = ROOT / "fixtures" / "real-h200-torch" / "torch-workload.snapshot.pickle.xz"
+    a = allocator_state(inputs_from_trace(open_trace(
+        write_alone(read_snapshot(real), tmp_path / "t"))), buckets=50)
+    (s,) = a["series"]
+    pools = {p["pool"]: p for p in s["pools"]}
+    assert set(pools) == {"large", "small"}
+    assert (pools["large"]["reserved"][-1], pools["small"]["reserved"][-1]) == (
+        281_018_368, 2_097_152)
+    for k in ("reserved", "allocated"):
+        for i, total in enumerate(s[k]):
+            parts = [p[k][i] for p in pools.values() if p[k][i] is not None]
+            assert total == sum(parts), (k, i)
