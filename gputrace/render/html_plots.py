@@ -207,7 +207,8 @@ def segment_map(m: dict[str, Any], labels: list[str]) -> Figure | None:
                                 "free bytes are)"},
               "barmode": "overlay", "height": 120 + 22 * len(labels),
               "xaxis": dict(_BYTES_AXIS, title={"text": "offset in segment"}),
-              "yaxis": {"autorange": "reversed", "type": "category"},
+              "yaxis": {"autorange": "reversed", "type": "category",
+                        "categoryorder": "array", "categoryarray": labels},
               "margin": {"l": 200, "r": 20, "t": 50, "b": 40},
               "legend": {"orientation": "h", "y": -0.1}, "hovermode": "closest"}
     return plot_figure(data, layout)

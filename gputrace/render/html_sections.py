@@ -248,9 +248,11 @@ def oom(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
     for n, inc in enumerate((rep or {}).get("incidents") or [], 1):
         g = inc["gpu"] or {}
         parts.append(
-            f"<h3>Incident {n}: {esc(inc['verdict'])}</h3><p>{num(inc['t_s'])} s: pid "
-            f"{pid(inc['pid'])} ({esc(inc['comm'])}) tid {pid(inc['tid'])}"
-            f"{esc(' in ' + where) if (where := workload(inc)) else ''}, "
+            f"<h3>Incident {n}: {esc(inc['verdict'])}</h3><p>{num(inc['t_s'])} s: "
+            + (f"pid {pid(inc['pid'])} ({esc(inc['comm'])}) tid {pid(inc['tid'])}"
+               f"{esc(' in ' + where) if (where := workload(inc)) else ''}, "
+               if inc["pid"] is not None else "")
+            +
             f"{esc(inc['call'])} ({esc(inc['layer'])}) of "
             f"{human_bytes(inc['requested_bytes'])} on GPU {num(inc['gpu_index'])}, "
             f"{num(inc['attempts'])} attempt(s)</p><p>{esc(inc['evidence'])}</p>"
@@ -259,7 +261,8 @@ def oom(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                           ("largest_free_bytes", "largest free", human_bytes),
                           ("sample_trigger", "sample", text),
                           ("sample_distance_ns", "sample distance ns", num)])
-            + f"<p>stack: {esc(inc['stack'] or '(none recorded)')}</p>"
+            + (f"<details><summary>call stack</summary><small>{esc(inc['stack'])}</small>"
+               "</details>" if inc["stack"] else "<p>stack: (none recorded)</p>")
             + table([dict(h, traced="yes" if h["traced"] else "not traced")
                      for h in inc["holders"]],
                     [("pid", "pid", pid), ("comm", "comm", text), ("traced", "traced", text),
@@ -268,10 +271,12 @@ def oom(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                      ("grew_bytes", f"grew in {window} s", human_bytes),
                      ("allocator_reserved_bytes", "pool reserved", human_bytes),
                      ("allocator_allocated_bytes", "pool allocated", human_bytes)])
-            + table([dict(x, pid=h["pid"]) for h in inc["holders"] for x in h["top_sites"]],
-                    [("pid", "pid", pid), ("layer", "layer", text), ("what", "what", text),
-                     ("bytes", "bytes", human_bytes), ("count", "count", num),
-                     ("stack", "stack", text)]))
+            + (table(sites, [
+                ("pid", "pid", pid), ("layer", "layer", text), ("what", "what", text),
+                ("bytes", "bytes", human_bytes), ("count", "count", num),
+                ("stack", "site", text)]) if (sites := [
+                    dict(x, pid=h["pid"]) for h in inc["holders"] for x in h["top_sites"]])
+               else ""))
     body = "".join(parts) or ('<p class="note">no allocation failed for want of memory</p>'
                               if rep and rep.get("recorded") else "")
     page.section("Out of memory", None, _missing(rep, "out of memory"), body)
