@@ -8,7 +8,10 @@ ioctl commands by (name, device, GPU). Which tables there are, and what each
 matches and compares, is each report's registry entry (`ReportSpec.diff`); a report
 that declares none is compared on its top-level figures, and one that declares `()` is
 listed in `not_compared`. Only what differs is listed: two traces of identical
-behaviour give `changed: false` and empty lists.
+behaviour give `changed: false` and empty lists. A row's status says which way its
+first figure moved: new, gone, grown, shrunk (or changed). Two traces whose leaks were
+measured in different layers (a syscall-only trace counts driver bytes, an API trace
+API bytes) are said to be so (`leak_layers.mismatch`).
 """
 
 from __future__ import annotations
@@ -53,14 +56,46 @@ def _compare(names: tuple[str, ...], before: dict[Key, dict[str, Any]],
     rows = []
     for k in sorted(set(before) | set(after), key=repr):
         b, a = before.get(k), after.get(k)
-        status = "new" if b is None else "gone" if a is None else "changed"
         diffs = {f: _delta((b or {}).get(f), (a or {}).get(f)) for f in fields}
-        if status == "changed" and all(d["delta"] in (0, None) and
+        first = diffs[fields[0]]["delta"] if fields else None
+        status = ("new" if b is None else "gone" if a is None
+                  else "grown" if isinstance(first, (int, float)) and first > 0
+                  else "shrunk" if isinstance(first, (int, float)) and first < 0 else "changed")
+        if status in ("changed", "grown", "shrunk") and all(d["delta"] in (0, None) and
                                        (b or {}).get(f) == (a or {}).get(f)
                                        for f, d in diffs.items()):
             continue
         rows.append({**dict(zip(names, k, strict=True)), "status": status, **diffs})
     return rows
+
+
+LEAK_LAYERS = ("api", "syscall")
+"""The layers whose allocations the leak report counts, in the order it prefers them: API
+bytes where the API layer was recorded, else driver (RM) bytes from the syscall layer."""
+
+
+def leak_layers(doc: dict[str, Any]) -> list[str] | None:
+    """The layer a trace's leaked bytes were measured in, as a list (empty: neither);
+    None: its leak report was not recorded."""
+    leaks = doc.get("leaks") or {}
+    if not leaks.get("recorded"):
+        return None
+    layers = (doc.get("trace") or {}).get("layers") or []
+    return [x for x in LEAK_LAYERS if x in layers][:1]
+
+
+def layer_mismatch(before: dict[str, Any], after: dict[str, Any]) -> str | None:
+    """Why the two traces' leaks do not compare (measured in different layers: API bytes
+    against driver bytes), or None when they do."""
+    b, a = leak_layers(before), leak_layers(after)
+    if b is None or a is None or b == a:
+        return None
+
+    def what(layers: list[str]) -> str:
+        return (f"{'+'.join(layers)} ("
+                + ("API allocation bytes" if "api" in layers else "driver (RM) bytes") + ")")
+    return (f"the traces measured leaks in different layers: before {what(b)}, after "
+            f"{what(a)}; leaked bytes, leak sites and peaks per layer do not compare")
 
 
 def _leak_total(doc: dict[str, Any]) -> int | None:
@@ -86,7 +121,9 @@ def _rows(spec: ReportSpec, t: DiffTable, doc: dict[str, Any],
           stacks: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
     """Table `t`'s rows of one trace, by key."""
     if t.path == ("@stacks",):
-        rows: Any = [dict(r, stack=" < ".join(r["frames"][::-1])) for r in stacks]
+        # matched by site (the first frame of the user's code): the same line is one row
+        rows: Any = [dict(r, stack=r.get("site") or " < ".join(r["frames"][::-1]))
+                     for r in stacks]
     else:
         rows = doc.get(spec.key) or {}
         if not t.path:  # the report's own figures, one row each
@@ -115,6 +152,8 @@ def diff(before: dict[str, Any], after: dict[str, Any], before_stacks: list[dict
     out["changed"] = bool(lb["delta"] or lb["before"] != lb["after"]
                           or any(out[n] for n in names))
     out["not_compared"] = not_compared()
+    out["leak_layers"] = {"before": leak_layers(before), "after": leak_layers(after),
+                          "mismatch": layer_mismatch(before, after)}
     return out
 
 

@@ -217,6 +217,11 @@ REPORTS: list[ReportSpec] = [
         "Which tensors are still alive, and which Python lines allocated them?",
         ("allocator",), _tensors,
         terminal="gputrace.render.allocator_sections:tensors_section",
+        html=("gputrace.render.allocator_html:tensors_html",),
+        diff=(DiffTable("tensors", "Tensors alive (PyTorch)", (), ("field",), ("value",)),
+              DiffTable("tensor_sites", "Tensors alive by site (new, gone, grown)",
+                        ("by_stack",), ("device", "site"), ("bytes", "count"),
+                        is_bytes=True)),
         fleet=_ONE_PROCESS),
     ReportSpec(
         "allocator-pool", "allocator_pool", "PyTorch allocator pool",
@@ -224,6 +229,14 @@ REPORTS: list[ReportSpec] = [
         "big is its largest free block?",
         ("allocator",), _allocator_pool,
         terminal="gputrace.render.allocator_sections:pool_section",
+        html=("gputrace.render.allocator_html:pool_html",),
+        diff=(DiffTable("allocator_pool", "PyTorch allocator pool", (), ("field",), ("value",)),
+              DiffTable("allocator_pools", "PyTorch allocator per device and pool", ("pools",),
+                        ("device", "pool"), ("reserved_bytes", "allocated_bytes",
+                                             "reserved_unallocated_bytes",
+                                             "largest_inactive_bytes", "segments"),
+                        shown=("reserved_bytes", "allocated_bytes", "largest_inactive_bytes"),
+                        is_bytes=True)),
         fleet=_ONE_PROCESS),
     ReportSpec(
         "allocator-growth", "allocator_growth", "PyTorch allocator growth",
@@ -231,6 +244,7 @@ REPORTS: list[ReportSpec] = [
         "lines keep what they allocate?",
         ("allocator",), _allocator_growth,
         terminal="gputrace.render.allocator_sections:growth_section",
+        html=("gputrace.render.allocator_html:growth_html",),
         fleet=_ONE_PROCESS),
 ]
 """Every report, in the order the CLI, JSON document, terminal, HTML page, diff and

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from gputrace.analyses import registry
+from gputrace.analyses.helpers.sites import SiteFilter
 from gputrace.analyses.report_spec import GROUPINGS, ReportOptions
 from gputrace.errors import GputraceError, UsageError
 from gputrace.options import (
@@ -68,6 +70,16 @@ def parse_fail_on(text: str | None) -> Conditions:
     return out
 
 
+def parse_site_filter(text: str | None) -> SiteFilter | None:
+    """`--site-filter`, checked (helpers/sites.py); a one-line usage error if not a path."""
+    if text is None:
+        return None
+    try:
+        return SiteFilter.parse(text)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def analyze(
@@ -113,6 +125,10 @@ def register(app: typer.Typer) -> None:
             "--by", metavar="pod|container",
             help="Leaks, summary and fault rate also per Kubernetes pod or per container "
                  "(from the processes' cgroups; docs/containers.md).")] = None,
+        site_filter: Annotated[str | None, typer.Option(
+            "--site-filter", metavar="PATH|PATTERN",
+            help="Your own code, when it is a package: frames whose file starts with PATH "
+                 "or matches PATTERN (* and ?) name the allocation sites.")] = None,
     ) -> None:
         """The reports of the registry (see --only) over a saved trace."""
         from gputrace.analyses.helpers.common import NS_PER_S
@@ -143,8 +159,9 @@ def register(app: typer.Typer) -> None:
             window_s=parse_duration_ns(window, "--window") / NS_PER_S,
             thrash_min=parse_count(thrash_min, "--thrash-min", minimum=1), by=by,
             oom_window_s=parse_duration_ns(oom_window, "--oom-window") / NS_PER_S)
+        sites = parse_site_filter(site_filter)
         t = open_trace(trace)
-        inp = inputs_from_trace(t)
+        inp = replace(inputs_from_trace(t), site_filter=sites)
         big = sum(t.rows(n) for n in ("ioctls", "cuda_calls", "faults", "chunks",
                                       "migrations", "mappings")) >= PROGRESS_ROWS
         if fmt in ("perfetto", "folded"):

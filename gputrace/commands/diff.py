@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import replace
 from typing import Annotated, Any
 
 import typer
 
-from gputrace.commands.analyze import FindingsTriggered
+from gputrace.analyses.helpers.sites import SiteFilter
+from gputrace.commands.analyze import FindingsTriggered, parse_site_filter
 from gputrace.errors import UsageError
 from gputrace.options import parse_size
 
@@ -20,6 +22,9 @@ NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "leak_bytes": ("leaks", ()), "peak": ("summary", ()),
     "ioctl_p99": ("summary", ("syscall",)), "fault_rate": ("fault-rate", ())}
 """What each --fail-on metric reads: a report (CLI name) and the layers besides it needs."""
+LAYER_BOUND = ("leak_bytes", "peak")
+"""The --fail-on metrics that compare figures measured in the leak layers (api, syscall):
+refused when the two traces measured them in different layers."""
 
 
 def parse_fail_on(text: str | None) -> list[Cond]:
@@ -99,9 +104,11 @@ def unmeasured(docs: dict[str, dict[str, Any]], conds: list[Cond]) -> list[str]:
     return out
 
 
-def diff_traces(before: str, after: str, conds: list[Cond] | None = None) -> dict[str, Any]:
-    """Both traces analyzed with default options, then compared; UsageError when a
-    --fail-on condition of `conds` cannot be measured in either."""
+def diff_traces(before: str, after: str, conds: list[Cond] | None = None,
+                site_filter: SiteFilter | None = None) -> dict[str, Any]:
+    """Both traces analyzed with default options (and `site_filter`), then compared;
+    UsageError when a --fail-on condition of `conds` cannot be measured in either, or
+    compares leaks measured in different layers."""
     from gputrace.analyses.diff import diff
     from gputrace.analyses.helpers.inputs import inputs_from_trace
     from gputrace.analyses.run import run_reports
@@ -110,7 +117,7 @@ def diff_traces(before: str, after: str, conds: list[Cond] | None = None) -> dic
 
     docs, stacks = [], []
     for path in (before, after):
-        inp = inputs_from_trace(open_trace(path))
+        inp = replace(inputs_from_trace(open_trace(path)), site_filter=site_filter)
         docs.append(run_reports(inp))
         stacks.append(folded_stacks(inp))
     blind = unmeasured({"before": docs[0], "after": docs[1]}, conds or [])
@@ -118,9 +125,15 @@ def diff_traces(before: str, after: str, conds: list[Cond] | None = None) -> dic
         raise UsageError("--fail-on cannot check " + "; ".join(blind)
                          + "; record that layer or drop the condition")
     out = diff(docs[0], docs[1], stacks[0], stacks[1])
+    mismatch = out["leak_layers"]["mismatch"]
+    refused = [c[0] for c in conds or [] if c[0] in LAYER_BOUND]
+    if mismatch and refused:
+        raise UsageError(f"--fail-on {', '.join(dict.fromkeys(refused))}: {mismatch}; "
+                         "record both runs with the same layers")
     out["before_trace"], out["after_trace"] = before, after
-    out["warnings"] = ([f"before: {w}" for w in docs[0]["warnings"]]
-                       + [f"after: {w}" for w in docs[1]["warnings"]])
+    out["warnings"] = ([mismatch] if mismatch else []) + (
+        [f"before: {w}" for w in docs[0]["warnings"]]
+        + [f"after: {w}" for w in docs[1]["warnings"]])
     return out
 
 
@@ -136,6 +149,9 @@ def register(app: typer.Typer) -> None:
         fail_on: Annotated[str | None, typer.Option(
             "--fail-on", help="Exit 3 when e.g. leak_bytes>+10%, peak>+1GiB, ioctl_p99>+20%, "
                               "fault_rate>+50%.")] = None,
+        site_filter: Annotated[str | None, typer.Option(
+            "--site-filter", metavar="PATH|PATTERN",
+            help="Your own code, when it is a package (as for analyze).")] = None,
     ) -> None:
         """What changed between two traces: leaks, peaks, fault rates, ioctl latency."""
         from gputrace.commands.analyze_files import opened
@@ -145,7 +161,7 @@ def register(app: typer.Typer) -> None:
         if fmt not in FORMATS:
             raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
         conds = parse_fail_on(fail_on)
-        d = diff_traces(before, after, conds)
+        d = diff_traces(before, after, conds, parse_site_filter(site_filter))
         with opened(output, False) as f:
             if fmt == "json":
                 f.write(render_json(d))

@@ -12,9 +12,10 @@ from gputrace.render.cells import hexa, human_bytes, num, plain
 from gputrace.render.term_table import table
 
 
-def _stack(frames: Any) -> str:
-    """A stack innermost first, as the leak report writes one: `f (file:1) < g (file:2)`."""
-    return " < ".join(frames) if frames else "(no stack recorded)"
+def _site(site: Any) -> str:
+    """A stack's site: the first frame of the user's own code (the full stack is in the
+    JSON and HTML reports)."""
+    return "(no stack recorded)" if site is None else str(site)
 
 
 def _pid(v: Any) -> str:
@@ -28,7 +29,7 @@ def tensors_section(con: Console, d: dict[str, Any], limit: int) -> None:
                    f"from {num(d['stacks'])} stacks{pending}"))
     table(con, "Tensors alive by allocating stack", d["by_stack"], [
         ("bytes", "bytes", human_bytes), ("count", "tensors", num), ("device", "dev", num),
-        ("pid", "pid", _pid), ("frames", "allocated at", _stack)], limit)
+        ("pid", "pid", _pid), ("top_frame", "allocated at", _site)], limit)
 
 
 def pool_section(con: Console, d: dict[str, Any], limit: int) -> None:
@@ -67,4 +68,4 @@ def growth_section(con: Console, d: dict[str, Any], limit: int) -> None:
     table(con, "Retained (allocated in the history, not freed) by stack", d["by_stack"], [
               ("retained_bytes", "retained", human_bytes), ("retained_count", "kept", num),
               ("allocs", "allocs", num), ("retained_bytes_per_alloc", "per alloc", human_bytes),
-              ("frames", "allocated at", _stack)], limit)
+              ("top_frame", "allocated at", _site)], limit)

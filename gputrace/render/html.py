@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gputrace.render import html_plots, safe
+from gputrace.render import cells, html_plots, safe
 from gputrace.render.safe import PlotFigure
 from gputrace.units import format_bytes
 
@@ -65,9 +65,26 @@ def human_bytes(n: Any) -> str:
 
 
 def num(v: Any) -> str:
+    """A number as the terminal writes it (`render.cells.num`: 1,234, 0.474, yes/no);
+    '' for None."""
+    return "" if v is None else esc(cells.num(v))
+
+
+def pid(v: Any) -> str:
+    """A process id, as the terminal writes it (no thousands separator); '' for None."""
+    return "" if v is None else esc(cells.plain(v))
+
+
+def yes_no(v: Any) -> str:
+    """A flag as the terminal writes it: yes, no, '' for None."""
+    return "" if v is None else "yes" if v else "no"
+
+
+def bytes_per_min(v: Any) -> str:
+    """A rate in bytes per minute, as the terminal writes one (`1.2 GiB/min`)."""
     if v is None:
         return ""
-    return f"{v:,}" if isinstance(v, int) else f"{v:,.6g}" if isinstance(v, float) else esc(v)
+    return ("-" if v < 0 else "") + format_bytes(abs(int(v))) + "/min"
 
 
 def text(v: Any) -> str:
@@ -82,7 +99,8 @@ def table(rows: Sequence[dict[str, Any]], cols: Sequence[Col], limit: int = 50) 
     body = []
     for r in rows[:limit]:
         cells = "".join(
-            f'<td class="t">{f(r.get(k))}</td>' if f is text else f"<td>{f(r.get(k))}</td>"
+            f'<td class="t">{f(r.get(k))}</td>' if f is text or getattr(f, "left", False)
+            else f"<td>{f(r.get(k))}</td>"
             for k, _, f in cols)
         body.append(f"<tr>{cells}</tr>")
     more = (f'<p class="note">{len(rows) - limit} more rows in --format json</p>'
@@ -133,21 +151,60 @@ class Page:
                 + "".join(self.parts) + f"<script>{boot}</script></body></html>\n")
 
 
-def header(page: Page, info: dict[str, Any], doc: dict[str, Any]) -> None:
-    """The trace's identity: host, driver, GPUs, layers, status, drops, warnings."""
+def _gpu(g: dict[str, Any]) -> str:
+    """One GPU as the header lists it: `0: NVIDIA H200 (139.8 GiB)`, leaving out what the
+    trace does not know."""
+    name, mem = g.get("name"), g.get("memory_bytes")
+    return (f"{g.get('index')}" + (f": {name}" if name else "")
+            + (f" ({human_bytes(mem)})" if mem else ""))
+
+
+IMPORT_BOOKKEEPING = frozenset({"kind", "file", "bytes", "compression", "sha256", "unix_s",
+                                "gputrace_version", "joined", "layer"})
+"""Keys of a manifest's `imported` entry that say how the file was read, not what it holds."""
+
+
+def _imported(entry: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The facts an imported file gives (a snapshot: its format, allocator settings,
+    devices), each as it was written down."""
+    facts: list[tuple[str, Any]] = [("imported", f"{entry.get('kind')} {entry.get('file')}"
+                                     + (" (joined)" if entry.get("joined") else ""))]
+    for k, v in entry.items():
+        if k in IMPORT_BOOKKEEPING or v in (None, "", [], {}):
+            continue
+        if isinstance(v, dict):
+            v = ", ".join(f"{a}={cells.num(b)}" for a, b in v.items()
+                          if not isinstance(b, (dict, list)))
+        elif isinstance(v, list):
+            v = ", ".join(cells.num(x) for x in v)
+        else:
+            v = cells.num(v)
+        facts.append((k.replace("_", " "), v))
+    return facts
+
+
+def header(page: Page, info: dict[str, Any], doc: dict[str, Any],
+           devices: Sequence[int] = ()) -> None:
+    """The trace's identity: what it gives (host, kernel, driver, GPUs for a recording;
+    the imported file's facts and devices for a snapshot), layers, status, drops,
+    warnings. A fact the trace lacks is left out, not written blank."""
     tr = doc.get("trace") or {}
     host = info.get("host") or {}
-    gpus = ", ".join(f"{g.get('index')}: {g.get('name') or '?'} "
-                     f"({human_bytes(g.get('memory_bytes'))})"
-                     for g in info.get("gpus") or []) or "none recorded"
-    facts = [("trace", info.get("path")), ("host", host.get("hostname")),
-             ("kernel", host.get("kernel")), ("driver", info.get("driver_version")),
-             ("GPUs", gpus), ("layers", ", ".join(tr.get("layers") or info.get("layers") or [])),
-             ("status", tr.get("status")), ("started", info.get("start_wall")),
-             ("duration", f"{tr.get('duration_s', 0):.3f} s"),
-             ("gputrace", info.get("gputrace_version"))]
+    duration = tr.get("duration_s", info.get("duration_s"))
+    facts: list[tuple[str, Any]] = [
+        ("trace", info.get("path")), ("host", host.get("hostname")),
+        ("kernel", host.get("kernel")), ("driver", info.get("driver_version")),
+        ("GPUs", ", ".join(_gpu(g) for g in info.get("gpus") or [])),
+        ("devices", ", ".join(str(d) for d in devices)),
+        ("layers", ", ".join(tr.get("layers") or info.get("layers") or [])),
+        ("status", tr.get("status")), ("started", info.get("start_wall")),
+        ("duration", None if duration is None else f"{cells.num(float(duration))} s")]
+    for entry in info.get("imported") or []:
+        facts += _imported(entry)
+    facts.append(("gputrace", info.get("gputrace_version")))
     page.add(f"<h1>{esc(page.title)}</h1><dl>"
-             + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in facts) + "</dl>")
+             + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in facts
+                       if v not in (None, "", "?")) + "</dl>")
     if tr.get("synthetic"):
         page.add('<p class="warn">This trace is SYNTHETIC (made by a script, not recorded).</p>')
     drops = {k: v for k, v in (tr.get("drops") or {}).items() if v}
@@ -166,10 +223,10 @@ def render_html(doc: dict[str, Any], series: dict[str, Any], info: dict[str, Any
     from gputrace.render.html_sections import sections
 
     page = Page(f"gputrace report: {info.get('path') or 'trace'}")
-    header(page, info, doc)
+    header(page, info, doc, (series.get("allocator_state") or {}).get("devices") or ())
     sections(page, doc, series)
     return page.html()
 
 
-__all__ = ["Page", "esc", "header", "html_plots", "human_bytes", "num", "render_html", "table",
-           "text"]
+__all__ = ["Page", "bytes_per_min", "esc", "header", "html_plots", "human_bytes", "num", "pid",
+           "render_html", "table", "text", "yes_no"]

@@ -19,7 +19,7 @@ from gputrace.render.safe import PlotFigure, plot_figure
 Figure = PlotFigure
 
 HOVER_BYTES = "%{label}<br>%{value:,} bytes<extra></extra>"
-HOVER_SITE = "%{meta}<br>%{y:,} bytes live at %{x} s<extra></extra>"
+HOVER_SITE = "%{meta[0]}<br>%{y:,} bytes live at %{x} s<br>%{meta[1]}<extra></extra>"
 TEMPLATES = frozenset({HOVER_BYTES, HOVER_SITE})
 """The only strings of a figure that keep their markup (`plot_figure` refuses others)."""
 
@@ -130,18 +130,85 @@ def latency(s: dict[str, Any]) -> Figure | None:
         xaxis={"title": {"text": "latency (us, bucket lower edge)"}, "type": "log"}))
 
 
-def active_memory(s: dict[str, Any]) -> Figure | None:
-    """Live bytes stacked by allocation site; each band's hover names its stack."""
-    if not s["recorded"] or not s["bands"]:
+def active_memory(s: dict[str, Any], bands: list[dict[str, Any]] | None = None,
+                  where: str = "") -> Figure | None:
+    """Live bytes stacked by allocation site (`bands`: one device's, else `s["bands"]`);
+    the legend names each site, its hover the site and its full stack."""
+    bands = s["bands"] if bands is None else bands
+    if not s["recorded"] or not bands:
         return None
     data = [{"type": "scatter", "mode": "lines", "stackgroup": "sites", "x": s["t_s"],
-             "y": b["values"], "name": _short(b["site"]), "meta": b["site"],
+             "y": b["values"], "name": _short(b["site"]),
+             "meta": [b["site"], "stack: " + (b.get("frames") or b["site"])],
              "line": {"shape": "hv", "width": 0.5}, "hovertemplate": HOVER_SITE}
-            for b in s["bands"]]
-    return plot_figure(data, _layout(f"Active memory by allocation site ({s['source']} layer)",
-                                     _BYTES_AXIS), TEMPLATES)
+            for b in bands]
+    return plot_figure(data, _layout(
+        f"Active memory by allocation site{where} ({s['source']} layer)", _BYTES_AXIS),
+        TEMPLATES)
 
 
 def _short(site: str, width: int = 60) -> str:
     """A legend entry: the site's first `width` characters (the hover has it whole)."""
     return site if len(site) <= width else site[:width - 1] + "\N{HORIZONTAL ELLIPSIS}"
+
+
+def allocator_state(s: dict[str, Any]) -> Figure | None:
+    """One device's reserved and allocated bytes over time (the caching allocator's view),
+    in all and per pool (reserved solid, allocated dotted), with a marker at each
+    out-of-memory entry."""
+    if not s.get("entries"):
+        return None
+    data: list[dict[str, Any]] = [
+        {"type": "scatter", "mode": "lines", "name": "reserved (segments)", "x": s["t_s"],
+         "y": s["reserved"], "line": {"shape": "hv"}},
+        {"type": "scatter", "mode": "lines", "name": "allocated (tensors, requested bytes)",
+         "x": s["t_s"], "y": s["allocated"], "line": {"shape": "hv"}, "fill": "tozeroy"}]
+    pools = s.get("pools") or []
+    if len(pools) > 1:  # one pool: its lines are the totals
+        for p in pools:
+            data.append({"type": "scatter", "mode": "lines", "name": f"reserved: {p['pool']}",
+                         "x": s["t_s"], "y": p["reserved"], "line": {"shape": "hv", "width": 1}})
+            data.append({"type": "scatter", "mode": "lines", "name": f"allocated: {p['pool']}",
+                         "x": s["t_s"], "y": p["allocated"],
+                         "line": {"shape": "hv", "width": 1, "dash": "dot"}})
+    if s.get("oom_t_s"):
+        top = max((v for v in s["reserved"] if v is not None), default=0)
+        data.append({"type": "scatter", "mode": "markers", "name": "out of memory",
+                     "x": s["oom_t_s"], "y": [top] * len(s["oom_t_s"]),
+                     "marker": {"symbol": "x", "size": 10, "color": "#d62728"}})
+    return plot_figure(data, _layout(
+        f"PyTorch allocator on device {s['device']}: reserved and allocated", _BYTES_AXIS))
+
+
+_PIECE_COLOR = {"allocated": "#1f77b4", "internal free": "#ff7f0e", "free": "#dddddd"}
+
+
+def segment_map(m: dict[str, Any], labels: list[str]) -> Figure | None:
+    """One device's segments as bars (`labels`: each segment's name, in order), each
+    block a piece at its offset: allocated, internal free (rounding), free."""
+    if not m["segments"]:
+        return None
+    data = []
+    for kind, color in _PIECE_COLOR.items():
+        ys, xs, bases = [], [], []
+        for label, seg in zip(labels, m["segments"], strict=True):
+            for p in seg["pieces"]:
+                if p["kind"] == kind:
+                    ys.append(label)
+                    xs.append(p["bytes"])
+                    bases.append(p["offset"])
+        if ys:
+            data.append({"type": "bar", "orientation": "h", "name": kind, "y": ys, "x": xs,
+                         "base": bases, "marker": {"color": color,
+                                                   "line": {"color": "#fff", "width": 1}}})
+    when = ("at the end" if m.get("oom_t_s") is None else
+            f"at the out-of-memory at {m['oom_t_s']:.3f} s")
+    layout = {"title": {"text": f"Segments on device {m['device']} {when} (where the "
+                                "free bytes are)"},
+              "barmode": "overlay", "height": 120 + 22 * len(labels),
+              "xaxis": dict(_BYTES_AXIS, title={"text": "offset in segment"}),
+              "yaxis": {"autorange": "reversed", "type": "category",
+                        "categoryorder": "array", "categoryarray": labels},
+              "margin": {"l": 200, "r": 20, "t": 50, "b": 40},
+              "legend": {"orientation": "h", "y": -0.1}, "hovermode": "closest"}
+    return plot_figure(data, layout)

@@ -12,8 +12,21 @@ from gputrace.analyses import registry
 from gputrace.analyses.report import REPORT_FIELDS
 from gputrace.analyses.report_spec import GROUPINGS, ReportSpec, resolve
 from gputrace.render import html_plots as plots
+from gputrace.render.allocator_html import stack_cell
 from gputrace.render.cells import workload
-from gputrace.render.html import Page, esc, human_bytes, not_recorded, num, table, text
+from gputrace.render.html import (
+    Page,
+    bytes_per_min,
+    esc,
+    human_bytes,
+    not_recorded,
+    num,
+    pid,
+    table,
+    text,
+    yes_no,
+)
+from gputrace.render.terminal import not_recorded_line
 
 
 def _missing(rep: dict[str, Any] | None, what: str) -> str | None:
@@ -27,15 +40,33 @@ def _missing(rep: dict[str, Any] | None, what: str) -> str | None:
     return None
 
 
+OWN_SOURCE = frozenset({"active_memory"})
+"""Sections drawn from their own series, whatever their report found: the active-memory
+timeline draws the allocator layer (a snapshot) when the leak report's layers are absent."""
+
+
 def sections(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
-    """Every section of the analyze report: each report's, in registry order."""
+    """Every section of the analyze report: each report's, in registry order; the reports
+    whose layers the trace lacks are one line at the end, not a page of "no rows"."""
+    absent = []
     for spec in registry.REPORTS:
+        rep = doc.get(spec.key)
+        if rep is None:
+            continue  # left out with --only
+        if not rep.get("recorded", True):
+            absent.append(f"{spec.title} ({', '.join(rep.get('not_recorded_layers') or [])})")
+            for path in spec.html:
+                if path.rsplit(":", 1)[-1] in OWN_SOURCE:
+                    resolve(path)(page, doc, s)
+            continue
         if spec.html:
             for path in spec.html:
                 resolve(path)(page, doc, s)
         else:
-            generic_section(page, spec, doc.get(spec.key))
-        groups_section(page, spec, doc.get(spec.key))
+            generic_section(page, spec, rep)
+        groups_section(page, spec, rep)
+    if absent:
+        page.add(f'<p class="nr">{esc(not_recorded_line(absent))}</p>')
 
 
 def groups_section(page: Page, spec: ReportSpec, rep: dict[str, Any] | None) -> None:
@@ -75,28 +106,35 @@ def live_bytes(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
     procs = (summ or {}).get("processes") or []
     growth = (leaks or {}).get("growth") or []
     page.section("Live bytes over time, per process and layer", plots.live_bytes(live), miss,
-                 table(procs, [("layer", "layer", text), ("pid", "pid", num),
+                 table(procs, [("layer", "layer", text), ("pid", "pid", pid),
                                ("comm", "process", text), ("allocations", "allocations", num),
                                ("peak_bytes", "peak", human_bytes),
                                ("live_end_bytes", "live at end", human_bytes)])
                  + "<h3>Growth fits</h3>"
-                 + table(growth, [("layer", "layer", text), ("pid", "pid", num),
-                                  ("slope_bytes_per_min", "bytes/min", num),
+                 + table(growth, [("layer", "layer", text), ("pid", "pid", pid),
+                                  ("slope_bytes_per_min", "slope", bytes_per_min),
                                   ("r2", "R²", num), ("rising_troughs", "rising troughs", num),
-                                  ("duration_s", "span s", num), ("flagged", "growing", text)]))
+                                  ("duration_s", "span s", num),
+                                  ("flagged", "growing", yes_no)]))
 
 
 def active_memory(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
-    """Live bytes over time stacked by allocation site (leaks report)."""
+    """Live bytes over time stacked by allocation site, one plot per device; each band's
+    hover holds the site's full stack (leaks report; a snapshot's allocator layer)."""
     a = s["active_memory"]
-    miss = _missing(doc.get("leaks"), "allocations") or (
-        not_recorded("allocation layers (allocator, api)") if not a["recorded"]
-        else '<p class="note">no allocations in this trace</p>')
-    rows = [{"site": b["site"], "peak": b["peak"], "end": b["values"][-1] if b["values"]
-             else 0} for b in a["bands"]]
-    page.section("Active memory by allocation site", plots.active_memory(a), miss,
-                 table(rows, [("site", "allocation site (innermost first)", text),
-                              ("peak", "peak", human_bytes), ("end", "at end", human_bytes)]))
+    if not a["recorded"]:
+        return  # the line of layers this trace lacks says so
+    devices = a.get("devices") or [{"device": None, "bands": a["bands"]}]
+    for d in devices:
+        where = "" if d["device"] is None else f" on device {d['device']}"
+        rows = [{"site": b["site"], "peak": b["peak"],
+                 "end": b["values"][-1] if b["values"] else 0} for b in d["bands"]]
+        page.section(f"Active memory by allocation site{where}",
+                     plots.active_memory(a, d["bands"], where),
+                     '<p class="note">no allocations in this trace</p>',
+                     table(rows, [("site", "allocation site (first frame of your code)", text),
+                                  ("peak", "peak", human_bytes),
+                                  ("end", "at end", human_bytes)]))
 
 
 def gpu_bytes(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
@@ -113,8 +151,9 @@ def gpu_bytes(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                                               ("end_bytes", "end", human_bytes),
                                               ("memory_bytes", "memory", human_bytes),
                                               ("peak_share", "peak share", num)])
-                 + f"<p>source: {text(gt.get('source'))}; imbalance (max/mean) at peak "
-                   f"{num(gt.get('imbalance_peak'))}, at end {num(gt.get('imbalance_end'))}</p>")
+                 + (f"<p>source: {text(gt.get('source'))}; imbalance (max/mean) at peak "
+                    f"{num(gt.get('imbalance_peak'))}, at end "
+                    f"{num(gt.get('imbalance_end'))}</p>" if gt.get("gpus") else ""))
 
 
 def fault_rate(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
@@ -129,7 +168,7 @@ def fault_rate(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
     page.section("Fault rate over time", plots.fault_rates(f),
                  _missing(fr, "fault rate") or '<p class="note">no faults in this trace</p>',
                  notes + table((fr or {}).get("rates") or [],
-                               [("pid", "pid", num), ("gpu_index", "GPU", num),
+                               [("pid", "pid", pid), ("gpu_index", "GPU", num),
                                 ("source", "source", text), ("access_type", "access", text),
                                 ("faults", "faults", num), ("mean_per_s", "mean/s", num),
                                 ("peak_per_s", "peak/s", num)])
@@ -173,13 +212,15 @@ def fragmentation(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
 def leak_sites(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
     """Leaked bytes by call stack (leaks report)."""
     leaks = doc.get("leaks")
-    rows = [dict(r, stack="; ".join(r["frames"])) for r in s["leak_stacks"]]
+    rows = [dict(r, stack={"site": r.get("site"), "frames": r["frames"][::-1]})
+            for r in s["leak_stacks"]]
     page.section("Top leak sites: leaked bytes by call stack", plots.leak_icicle(s["leak_tree"]),
                  _missing(leaks, "leaks") or '<p class="note">nothing leaked</p>',
-                 table(rows, [("layer", "layer", text), ("pid", "pid", num),
+                 table(rows, [("layer", "layer", text), ("pid", "pid", pid),
                               ("comm", "process", text), ("count", "allocations", num),
-                              ("bytes", "bytes", num), ("stack", "stack (outermost first)",
-                                                        text)], limit=30))
+                              ("bytes", "bytes", human_bytes),
+                              ("stack", "site (click for the stack, innermost first)",
+                                                        stack_cell)], limit=30))
 
 
 def ioctl_latency(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
@@ -206,9 +247,11 @@ def oom(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
     for n, inc in enumerate((rep or {}).get("incidents") or [], 1):
         g = inc["gpu"] or {}
         parts.append(
-            f"<h3>Incident {n}: {esc(inc['verdict'])}</h3><p>{num(inc['t_s'])} s: pid "
-            f"{num(inc['pid'])} ({esc(inc['comm'])}) tid {num(inc['tid'])}"
-            f"{esc(' in ' + where) if (where := workload(inc)) else ''}, "
+            f"<h3>Incident {n}: {esc(inc['verdict'])}</h3><p>{num(inc['t_s'])} s: "
+            + (f"pid {pid(inc['pid'])} ({esc(inc['comm'])}) tid {pid(inc['tid'])}"
+               f"{esc(' in ' + where) if (where := workload(inc)) else ''}, "
+               if inc["pid"] is not None else "")
+            +
             f"{esc(inc['call'])} ({esc(inc['layer'])}) of "
             f"{human_bytes(inc['requested_bytes'])} on GPU {num(inc['gpu_index'])}, "
             f"{num(inc['attempts'])} attempt(s)</p><p>{esc(inc['evidence'])}</p>"
@@ -217,19 +260,22 @@ def oom(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                           ("largest_free_bytes", "largest free", human_bytes),
                           ("sample_trigger", "sample", text),
                           ("sample_distance_ns", "sample distance ns", num)])
-            + f"<p>stack: {esc(inc['stack'] or '(none recorded)')}</p>"
+            + (f"<details><summary>call stack</summary><small>{esc(inc['stack'])}</small>"
+               "</details>" if inc["stack"] else "<p>stack: (none recorded)</p>")
             + table([dict(h, traced="yes" if h["traced"] else "not traced")
                      for h in inc["holders"]],
-                    [("pid", "pid", num), ("comm", "comm", text), ("traced", "traced", text),
+                    [("pid", "pid", pid), ("comm", "comm", text), ("traced", "traced", text),
                      ("driver_bytes", "driver", human_bytes), ("api_bytes", "api", human_bytes),
                      ("rm_bytes", "rm", human_bytes), ("uvm_bytes", "uvm", human_bytes),
                      ("grew_bytes", f"grew in {window} s", human_bytes),
                      ("allocator_reserved_bytes", "pool reserved", human_bytes),
                      ("allocator_allocated_bytes", "pool allocated", human_bytes)])
-            + table([dict(x, pid=h["pid"]) for h in inc["holders"] for x in h["top_sites"]],
-                    [("pid", "pid", num), ("layer", "layer", text), ("what", "what", text),
-                     ("bytes", "bytes", human_bytes), ("count", "count", num),
-                     ("stack", "stack", text)]))
+            + (table(sites, [
+                ("pid", "pid", pid), ("layer", "layer", text), ("what", "what", text),
+                ("bytes", "bytes", human_bytes), ("count", "count", num),
+                ("stack", "site", text)]) if (sites := [
+                    dict(x, pid=h["pid"]) for h in inc["holders"] for x in h["top_sites"]])
+               else ""))
     body = "".join(parts) or ('<p class="note">no allocation failed for want of memory</p>'
                               if rep and rep.get("recorded") else "")
     page.section("Out of memory", None, _missing(rep, "out of memory"), body)

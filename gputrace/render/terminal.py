@@ -82,26 +82,41 @@ def render_terminal(document: dict[str, Any], out: TextIO, *, color: bool = True
     shown = set(document["warnings"])  # a set: reports repeat the trace's warnings
     for w in document["warnings"]:
         _warn(con, w)
+    absent: list[str] = []
+    doubts: list[str] = []
     for spec in registry.REPORTS:
         key = spec.key
         rep = document.get(key)
         if rep is None:
+            continue
+        if not rep["recorded"]:
+            # a report of layers this trace lacks is one line at the end, not a section;
+            # a doubt of its own (beyond "not recorded") is still said, there
+            absent.append(f"{spec.title} ({', '.join(rep['not_recorded_layers'])})")
+            doubts += [w for w in rep["warnings"]
+                       if w not in shown and "nothing was measured" not in w]
             continue
         con.rule(f"[bold]{spec.title}[/bold]")
         con.print(Text(rep["question"], style="dim"))
         for w in rep["warnings"]:
             if w not in shown:
                 _warn(con, w)
-        if not rep["recorded"]:
-            con.print(Text("not recorded: layer(s) " + ", ".join(rep["not_recorded_layers"])
-                           + " missing from this trace"))
-            continue
         path = (spec.terminal_by_layer if by_layer else None) or spec.terminal
         if path is not None:
             resolve(path)(con, rep, limit)
         else:
             generic_section(con, spec, rep, limit)
         groups_section(con, spec, rep, limit)
+    if absent:
+        con.rule()
+        for w in dict.fromkeys(doubts):
+            _warn(con, w)
+        con.print(Text(not_recorded_line(absent)))
+
+
+def not_recorded_line(absent: list[str]) -> str:
+    """The one line that stands for every report whose layers the trace lacks."""
+    return "not recorded in this trace (layers missing): " + "; ".join(absent)
 
 
 def groups_section(con: Console, spec: ReportSpec, rep: dict[str, Any], limit: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import polars as pl
 
 from gputrace.analyses.helpers.inputs import Inputs
+from gputrace.analyses.helpers.sites import allocator_sites
 
 
 def frame_label() -> pl.Expr:
@@ -16,10 +17,15 @@ def frame_label() -> pl.Expr:
 
 
 def stack_labels(inp: Inputs) -> pl.LazyFrame:
-    """One row per stack_id: `top_frame` (innermost) and `frames` (innermost first)."""
+    """One row per stack_id: `top_frame` (the site: the first frame of the user's own
+    code, helpers/sites.py), `site` (the same with its full path, the same in every
+    trace: what `diff` matches) and `frames` (innermost first)."""
     return (inp.scan("allocator_frames").sort("stack_id", "depth")
             .group_by("stack_id", maintain_order=True)
-            .agg(frame_label().first().alias("top_frame"), frame_label().alias("frames")))
+            .agg(frame_label().alias("frames"))
+            .join(allocator_sites(inp.scan("allocator_frames"), inp.site_filter)
+                  .select("stack_id", pl.col("site").alias("top_frame"),
+                          pl.col("site_id").alias("site")), on="stack_id"))
 
 
 def with_labels(inp: Inputs, rows: pl.LazyFrame) -> pl.LazyFrame:

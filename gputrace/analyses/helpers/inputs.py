@@ -18,6 +18,7 @@ from typing import Any
 import polars as pl
 
 from gputrace import schema
+from gputrace.analyses.helpers.sites import SiteFilter
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class Inputs:
     """The distinct (device_code, nr, device, name) of the ioctls, from the parts'
     footers (`schema.IOCTL_COMMANDS`) when every part holds them; None: unknown. A
     superset of the rows' commands when `tables` were filtered."""
+    site_filter: SiteFilter | None = None
+    """The user's own code when it is a package (`--site-filter`; helpers/sites.py);
+    None: every frame outside libraries, torch and the interpreter is the user's."""
 
     def scan(self, name: str) -> pl.LazyFrame:
         if name in self.tables:

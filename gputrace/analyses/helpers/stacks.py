@@ -12,20 +12,23 @@ from __future__ import annotations
 
 import polars as pl
 
+from gputrace.analyses.helpers.inputs import Inputs
+from gputrace.analyses.helpers.sites import SiteFilter, recorded_sites
 
-def stack_frames(stacks: pl.LazyFrame) -> pl.LazyFrame:
-    """(pid, stack_id, frames, site): `frames` is every frame innermost first, joined
-    by ' < '; `site`, the one line terminal tables show, is the same from the
-    innermost Python frame outward when the stack has one (the native frames inside
-    it, ctypes' and libffi's, would fill the column before the program's line),
-    else `frames`."""
-    text = frame_text()
-    first_py = pl.col("depth").filter(pl.col("kind") == "python").min()
-    from_py = pl.col("depth") >= pl.coalesce(first_py, pl.lit(0))
-    return (stacks.sort("pid", "stack_id", "depth")
-            .group_by("pid", "stack_id", maintain_order=True)
-            .agg(text.str.join(" < ").alias("frames"),
-                 text.filter(from_py).str.join(" < ").alias("site")))
+
+def stack_frames(stacks: pl.LazyFrame,
+                 site_filter: SiteFilter | None = None) -> pl.LazyFrame:
+    """(pid, stack_id, frames, site): `frames` is every frame innermost
+    first, joined by ' < ' (a statically linked CUDA runtime's hashed frames as one
+    `libcudart (static)`); `site`, the one line tables, legends and diffs show, is
+    the first frame in the user's own code, after the CUDA call it made
+    (`cudaMalloc < main`), distinct per site (helpers/sites.py)."""
+    return recorded_sites(stacks, site_filter).select("pid", "stack_id", "frames", "site")
+
+
+def stack_sites(inp: Inputs) -> pl.LazyFrame:
+    """stack_frames of a trace's recorded stacks, with its `--site-filter`."""
+    return stack_frames(inp.scan("stacks"), inp.site_filter)
 
 
 def python_sites(stacks: pl.LazyFrame) -> pl.LazyFrame:

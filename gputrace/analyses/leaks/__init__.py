@@ -23,7 +23,7 @@ from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS, recorded_layers
 from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.rm_objects import VIRTUAL_LAYER
-from gputrace.analyses.helpers.stacks import stack_frames
+from gputrace.analyses.helpers.stacks import stack_sites
 from gputrace.analyses.leaks.allocation_rows import leak_kind, with_exits
 from gputrace.analyses.leaks.allocator_growth import allocator_growth
 from gputrace.analyses.leaks.growth import growth
@@ -71,7 +71,7 @@ def leak_part(sl: Slice, opts: LeakOptions | None = None) -> dict[str, pl.DataFr
     by_stack = (leaked.filter(pl.col("stack_id").is_not_null())
                 .group_by("layer", "pid", "stack_id")
                 .agg(pl.len().alias("count"), pl.col("size_bytes").sum().alias("bytes"))
-                .join(stack_frames(inp.scan("stacks")), on=["pid", "stack_id"], how="left"))
+                .join(stack_sites(inp), on=["pid", "stack_id"], how="left"))
     virt = classify(every.filter(pl.col("layer") == VIRTUAL_LAYER), inp.scan("processes"),
                     inp.end_ns)
     # Memory the program never freed but the driver tore down when the control fd

@@ -18,7 +18,7 @@ import polars as pl
 from gputrace.analyses.helpers.allocators import ALLOCATORS, CACHED, PROGRAM, stack_allocators
 from gputrace.analyses.helpers.common import records
 from gputrace.analyses.helpers.partition import Slice
-from gputrace.analyses.helpers.stacks import stack_frames
+from gputrace.analyses.helpers.stacks import stack_sites
 from gputrace.analyses.helpers.uvm_ranges import UVM_VIRTUAL_LAYER
 from gputrace.analyses.leaks.allocation_rows import leak_kind, with_exits
 from gputrace.analyses.leaks.allocations import COUNTED
@@ -44,7 +44,7 @@ def joined_part(sl: Slice, older_ns: int, min_size: int) -> dict[str, pl.DataFra
     end = pl.coalesce("exit_ts_ns", pl.lit(inp.end_ns))
     ids = (r.filter((pl.col("layer") == "api") & pl.col("kind").is_not_null())
            .sort("_row").group_by("piece").agg(pl.col("id").alias("api_ids")))
-    frames = stack_frames(inp.scan("stacks")).collect()
+    frames = stack_sites(inp).collect()
     owners = stack_allocators(inp.scan("stacks")).select(
         "pid", "stack_id", "allocator").collect()
     leaked = (pieces.filter((pl.col(COUNTED) > 0) & pl.col("kind").is_not_null())

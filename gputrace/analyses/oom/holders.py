@@ -61,7 +61,8 @@ class Recorded:
         key = (pid, stack_id)
         if key not in self._stacks:
             f = stack_frames(self.inp.scan("stacks").filter(
-                (pl.col("pid") == pid) & (pl.col("stack_id") == stack_id))).collect()
+                (pl.col("pid") == pid) & (pl.col("stack_id") == stack_id)),
+                self.inp.site_filter).collect()
             self._stacks[key] = ((str(f["frames"][0]), str(f["site"][0])) if f.height
                                  else None)  # fmt: skip
         got = self._stacks[key]

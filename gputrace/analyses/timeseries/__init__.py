@@ -15,6 +15,7 @@ import polars as pl
 
 from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.timeseries.active_memory import active_memory
+from gputrace.analyses.timeseries.allocator_state import allocator_state
 from gputrace.analyses.timeseries.downsample import BUCKETS
 from gputrace.analyses.timeseries.latency import latency_histograms
 from gputrace.analyses.timeseries.memory_over_time import gpu_bytes, live_bytes
@@ -32,7 +33,8 @@ def plot_series(inp: Inputs, doc: dict[str, Any], buckets: int = BUCKETS) -> dic
             "gpu_bytes": gpu_bytes(inp, buckets),
             "fault_rates": fault_rates(inp, rate_cuts(inp, fr.get("window_s"), buckets)),
             "latency": latency_histograms(inp), "leak_stacks": rows[:200],
-            "leak_tree": icicle(rows), "active_memory": active_memory(inp)}
+            "leak_tree": icicle(rows), "active_memory": active_memory(inp),
+            "allocator_state": allocator_state(inp, buckets)}
 
 
 TIMELINE_BUCKETS = 2_000

@@ -13,7 +13,7 @@ import polars as pl
 from gputrace.analyses.helpers.allocators import CACHED, PROGRAM, stack_allocators
 from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.helpers.partition import Slice, per_slice
-from gputrace.analyses.helpers.stacks import stack_frames
+from gputrace.analyses.helpers.sites import recorded_sites
 from gputrace.analyses.leaks.allocations import COUNTED
 
 
@@ -54,12 +54,16 @@ def folded_stacks(inp: Inputs, allocated: bool = False) -> list[dict[str, Any]]:
     """Bytes by call stack from the joined allocations model (each piece of memory told
     once): leaked bytes as the leak headline counts them (their sum is
     `leaks.total_bytes`) or, with `allocated`, every allocation. One row per (layer,
-    pid, stack): frames outermost first; driver memory has `[no stack]` and its kind."""
+    pid, stack): frames outermost first (without the unwinder, interpreter and
+    dispatcher frames) and its site; driver memory has `[no stack]` and its kind."""
     parts = per_slice(inp, {"s": lambda sl: _slice_stacks(sl, allocated)})["s"]
     agg = (pl.concat(parts, how="vertical_relaxed").filter(pl.col("bytes") > 0)
            .with_columns(pl.col("stack_id").cast(pl.Int64)))
-    frames = (stack_frames(inp.scan("stacks")).collect() if inp.has("api") else
-              pl.DataFrame(schema={"pid": pl.Int32, "stack_id": pl.Int64,
+    # a flame graph of the stacks without the unwinder, interpreter and dispatcher
+    frames = (recorded_sites(inp.scan("stacks"), inp.site_filter, site_frames=True)
+              .select("pid", "stack_id", "site", pl.col("site_frames").alias("frames"))
+              .collect() if inp.has("api") else
+              pl.DataFrame(schema={"pid": pl.Int32, "stack_id": pl.Int64, "site": pl.String,
                                    "frames": pl.String}))
     df = (agg.join(frames.with_columns(pl.col("stack_id").cast(pl.Int64)),
                    on=["pid", "stack_id"], how="left")
@@ -72,6 +76,7 @@ def folded_stacks(inp: Inputs, allocated: bool = False) -> list[dict[str, Any]]:
             inner_first.insert(0, str(r["what"]))
         out.append({"layer": r["layer"], "pid": r["pid"], "comm": r["comm"] or "?",
                     "stack_id": r["stack_id"], "frames": inner_first[::-1],
+                    "site": r["site"] or str(r["what"] or "[no stack]"),
                     "bytes": int(r["bytes"]), "count": int(r["count"])})
     return out
 

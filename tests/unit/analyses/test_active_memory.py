@@ -26,14 +26,19 @@ def test_api_layer_sites_exact() -> None:
     a = active_memory(inputs_from_trace(open_trace(SCENARIO_DIR / "torch_caching")),
                       buckets=11)
     assert a["source"] == "api" and a["t_s"] == [float(i) for i in range(1, 12)]
-    got = {b["site"].split(" < ")[1]: (b["peak"], b["values"]) for b in a["bands"]}
-    seg = "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"
-    assert [b["site"].split(" < ")[1] for b in a["bands"]] == [seg, "keep_tensor",
-                                                                "cublasLtMatmul"]
+    got = {b["site"]: (b["peak"], b["values"]) for b in a["bands"]}
+    # sites in the user's terms: the program's own line, else the CUDA call the
+    # libraries made (PyTorch's allocator calls cudaMalloc, cuBLAS cublasLtMatmul)
+    seg, keep, blas = ("pid 3000: cudaMalloc", "pid 3000: cudaMalloc < keep_tensor",
+                       "pid 3000: cublasLtMatmul")
+    assert [b["site"] for b in a["bands"]] == [seg, keep, blas]
     assert got[seg] == (270 * MiB, [30 * MiB * min(i, 9) for i in range(1, 12)])
-    assert got["keep_tensor"] == (160 * MiB, [16 * MiB * min(i, 10) for i in range(1, 12)])
-    assert got["cublasLtMatmul"] == (64 * MiB, [64 * MiB] * 11)
-    assert a["bands"][0]["site"].startswith("pid 3000: cudaMalloc < ")
+    assert got[keep] == (160 * MiB, [16 * MiB * min(i, 10) for i in range(1, 12)])
+    assert got[blas] == (64 * MiB, [64 * MiB] * 11)
+    # the hover holds the full stack
+    assert a["bands"][0]["frames"].startswith(
+        "cudaMalloc < c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc")
+    assert [d["device"] for d in a["devices"]] == [None]
 
 
 def test_top_sites_and_other() -> None:
@@ -52,7 +57,10 @@ def test_real_snapshot_timeline(tmp_path: Path) -> None:
     assert a["source"] == "allocator"
     assert sum(b["values"][-1] for b in a["bands"]) == 201_326_592
     top = max(a["bands"], key=lambda b: b["values"][-1])
-    assert top["site"].startswith(LINE64) and top["values"][-1] == 160 * MiB
+    # the site is the user's line, file by its base name; the hover has the full path
+    assert top["site"] == "main (torch_workload.py:64)" and top["values"][-1] == 160 * MiB
+    assert top["frames"].startswith(LINE64)
+    assert [d["device"] for d in a["devices"]] == [0]
 
 
 def test_figure_escapes_site_names() -> None:
@@ -62,5 +70,5 @@ def test_figure_escapes_site_names() -> None:
     fig = figure(s)
     assert fig is not None
     trace = fig["data"][0]
-    assert "<" not in trace["name"] and "<" not in trace["meta"]
+    assert "<" not in trace["name"] and not any("<" in m for m in trace["meta"])
     assert figure({"recorded": True, "source": "api", "t_s": [], "bands": []}) is None

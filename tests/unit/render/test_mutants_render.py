@@ -74,7 +74,7 @@ def test_diff_terminal_cells_are_literal_and_numbers_right_aligned() -> None:
     "1000 B -> 2.0 KiB" is padded on the left, "5 B" too)."""
     lines = _terminal(_diff_doc())
     x = _cells(lines, "[b]x[/b]")
-    assert [c.strip() for c in x] == ["api", "[b]x[/b]", "changed",
+    assert [c.strip() for c in x] == ["api", "[b]x[/b]", "grown",
                                      "1.0 MiB -> 3.0 MiB (+200.0%)", "5 B"]
     y = _cells(lines, "y")
     assert y[3].strip() == "1000 B -> 2.0 KiB (+100.0%)"
@@ -91,8 +91,9 @@ def test_diff_html_leaked_bytes_in_binary_units() -> None:
 
 # ------------------------------------------------------------------------ terminal
 def test_terminal_report_warnings_under_their_section_once() -> None:
-    """render_terminal: a trace-level warning is printed once at the top; a report's own
-    warning (an RM sample that failed) under that report's title, after its question."""
+    """render_terminal: a trace-level warning is printed once at the top; a report of
+    layers the trace lacks is one line at the end, its own warning (an RM sample that
+    failed) just before it."""
     doc = {"warnings": ["trace-level w"],
            "fragmentation": {"question": "q?", "warnings": ["trace-level w", "GPU 0 failed"],
                              "recorded": False, "not_recorded_layers": ["driver", "rm_query"]}}
@@ -100,9 +101,9 @@ def test_terminal_report_warnings_under_their_section_once() -> None:
     render_terminal(doc, buf, color=False)
     lines = buf.getvalue().splitlines()
     assert lines[0] == "warning: trace-level w"
-    assert "Fragmentation" in lines[1]
-    assert lines[2:] == ["q?", "warning: GPU 0 failed",
-                         "not recorded: layer(s) driver, rm_query missing from this trace"]
+    assert set(lines[1]) == {"─"}
+    assert lines[2:] == ["warning: GPU 0 failed", "not recorded in this trace (layers "
+                         "missing): Fragmentation (driver, rm_query)"]
 
 
 # --------------------------------------------------------------------------- cells
@@ -151,9 +152,11 @@ def test_html_growth_fit_table_has_the_growing_process() -> None:
     (20 leaks) over a span of 19.4 s (first event 0.5 s, last 19.9 s)."""
     head, rows = _html_table(_sections_html("training_leak", ["leaks", "summary"]),
                              "<h3>Growth fits</h3>")
-    assert head == ["layer", "pid", "bytes/min", "R²", "rising troughs", "span s", "growing"]
-    ((layer, pid, _, _, troughs, span, growing),) = rows
-    assert (layer, pid, troughs, span, growing) == ("api", "1,000", "19", "19.4", "True")
+    assert head == ["layer", "pid", "slope", "R²", "rising troughs", "span s", "growing"]
+    ((layer, pid, slope, _, troughs, span, growing),) = rows
+    # written as the terminal writes them: pid plain, the slope in bytes, yes/no
+    assert (layer, pid, troughs, span, growing) == ("api", "1000", "19", "19.4", "yes")
+    assert slope.endswith(" MiB/min")
 
 
 def test_html_fault_batches_and_migrations_tables() -> None:
