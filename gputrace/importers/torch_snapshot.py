@@ -66,9 +66,9 @@ def _settings(v: Any) -> dict[str, Any] | None:
     for k, x in list(v.items())[:MAX_SETTINGS]:
         if not isinstance(k, str):
             continue
-        if isinstance(x, bool) or (isinstance(x, int) and abs(x) < 1 << 62):
-            out[text(k)[:100]] = x
-        elif isinstance(x, float) and x == x and abs(x) < 1e300:
+        plain_int = isinstance(x, int) and abs(x) < 1 << 62
+        finite = isinstance(x, float) and x == x and abs(x) < 1e300
+        if plain_int or finite:
             out[text(k)[:100]] = x
         elif isinstance(x, str):
             out[text(k)[:100]] = text(x)[:200]
