@@ -27,7 +27,7 @@ import os
 import pickle
 import stat
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from gputrace.errors import GputraceError
 
@@ -200,14 +200,17 @@ def load_plain(path: str | os.PathLike[str]) -> Loaded:
         head = buffered.peek(6)[:6]
         stream: IO[bytes] = buffered
         kind = "none"
+        inner: IO[bytes] | None = None
         if head.startswith(XZ_MAGIC):
             kind = "xz"
-            stream = io.BufferedReader(_Bounded(files.enter_context(lzma.open(buffered)),
-                                                limit, why), 1 << 20)
+            inner = files.enter_context(lzma.open(buffered))
         elif head.startswith(GZIP_MAGIC):
             kind = "gzip"
-            stream = io.BufferedReader(_Bounded(files.enter_context(gzip.open(buffered)),
-                                                limit, why), 1 << 20)
+            gz = gzip.GzipFile(fileobj=buffered)
+            files.callback(gz.close)
+            inner = cast("IO[bytes]", gz)
+        if inner is not None:
+            stream = io.BufferedReader(_Bounded(inner, limit, why), 1 << 20)
         try:
             value = PlainUnpickler(stream).load()
             # read the container to its end: its check (CRC) and a cut-off end show
