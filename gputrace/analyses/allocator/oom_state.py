@@ -72,7 +72,8 @@ class _Memory:
                 a = addrs[k]
                 best = max(best, a - cur)
                 cur = max(cur, a + self.blocks[a])
-                best = max(best, e - cur)
+                k += 1
+            best = max(best, e - cur)
         return best
 
     def _expandable_end(self, at: int) -> bool:
