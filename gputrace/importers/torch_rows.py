@@ -377,7 +377,7 @@ def segment_rows(rows: AllocatorRows, segments: list[Any]) -> None:
         cols["stream"].append(None if stream is None else stream & U64_MAX)
         pool_id = _pool_id(seg.get("segment_pool_id"), w)
         if "segment_pool_id" not in seg:
-            rows.note("segments without pool ids (PyTorch 2.0): pool_id is null")
+            rows.note("segments without pool ids (PyTorch 2.1 and older): pool_id is null")
         cols["pool"].append(pool)
         cols["pool_id"].append(pool_id)
         cols["is_expandable"].append(expandable if isinstance(expandable, bool) else None)
