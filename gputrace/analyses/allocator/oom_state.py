@@ -13,8 +13,9 @@ cache's free bytes as the allocator pool.
 The largest free block is found block by block: the snapshot's segments (and mapped
 ranges of expandable segments) and its live blocks, rolled back entry by entry (an
 `alloc` after the failure was not there yet; a block freed after it still was, at its
-request rounded up to 512 bytes). A snapshot without history but taken at the failure
-(an out-of-memory observer's dump, `import --at-oom`) is that state itself.
+request rounded up to 512 bytes). A snapshot without history taken at the failure (an
+out-of-memory observer's dump) holds no `oom` entry: its end state, which
+allocator-pool reports per device and pool, is the allocator at the failure.
 """
 
 from __future__ import annotations
