@@ -9,8 +9,8 @@ child process) of each, one row per tool.
 `_memory_viz.py` is PyTorch's file, run as it is (it imports only the standard
 library); it is not part of this repository. The snapshot: one device, 64 segments of
 64 MiB made at the start, then allocations of 1 MiB blocks (requests 1 MiB minus up
-to 4095 bytes) from 10 stacks of 20 frames (frame dicts shared, as PyTorch shares
-them), each freed (free_requested, free_completed) except every 1000th, kept to the
+to 4095 bytes) from 10 stacks of 20 frames (a frames list per entry, its frame dicts
+shared, as PyTorch writes them), each freed (free_requested, free_completed) except every 1000th, kept to the
 end; `time_us` increasing.
 """
 
@@ -51,15 +51,15 @@ def snapshot(n: int) -> dict[str, Any]:
         t += 3
         addr = free_slots.pop()
         req = MiB - (i * 7919) % 4096
-        fr = stacks[i % 10]
+        fr = stacks[i % 10]  # a list per entry, its frame dicts shared, as PyTorch writes
         trace.append({"action": "alloc", "addr": addr, "size": req, "stream": 0,
-                      "time_us": t, "frames": fr})
+                      "time_us": t, "frames": list(fr)})
         if i % 1000 == 999:
             kept[addr] = req
         else:
             for a in ("free_requested", "free_completed"):
                 trace.append({"action": a, "addr": addr, "size": req, "stream": 0,
-                              "time_us": t + 1, "frames": fr})
+                              "time_us": t + 1, "frames": list(fr)})
             free_slots.append(addr)
         i += 1
     segments = []

@@ -286,7 +286,10 @@ def stack_of(rows: AllocatorRows, frames: Any, where: str) -> int | None:
     if len(frames) == 2 and frames[0] is _FRAME:
         got: int | None = frames[1]
         return got
-    key = tuple(_frame(f, f"{where}[{i}]") for i, f in enumerate(frames))
+    try:  # frames PyTorch shares were converted when first seen
+        key = tuple([f[_FRAME] for f in frames])
+    except (KeyError, TypeError, IndexError):
+        key = tuple(_frame(f, f"{where}[{i}]") for i, f in enumerate(frames))
     sid = rows.stack_id(key)
     frames[:] = [_FRAME, sid]
     return sid
@@ -409,8 +412,9 @@ def trace_rows(rows: AllocatorRows, traces: list[Any]) -> None:
         if dev >= 1 << 15:
             raise SnapshotError(f"{wt}: more devices than CUDA numbers")
         for seq, e in enumerate(trace):
-            w = _where("device_traces", dev, seq)
-            _entry(rows, _dict(e, w), w, dev, seq)
+            if not (type(e) is dict and _fast_entry(rows, e, dev, seq)):
+                w = _where("device_traces", dev, seq)
+                _entry(rows, _dict(e, w), w, dev, seq)
             _consume(e)
             trace[seq] = None  # the entry's memory goes now
             rows.event_count += 1
@@ -422,6 +426,48 @@ def trace_rows(rows: AllocatorRows, traces: list[Any]) -> None:
     rows.flush_events()
     if rows.event_count > MAX_ROWS:
         raise SnapshotError(f"refused: more than {MAX_ROWS:,} trace entries")
+
+
+_FAST_ACTIONS = {a: c for a, c in _ACTIONS.items() if a not in ("oom", "snapshot",
+                                                                   "user_defined")}
+_FAST_TIME_MAX = I64_MAX // 1000
+
+
+def _fast_entry(rows: AllocatorRows, e: dict[Any, Any], dev: int, seq: int) -> bool:
+    """Append the common entry (an allocation or segment action with plain fields, a
+    time stamp and no metadata) without building its path for error messages; False
+    (nothing appended) for anything else, which `_entry` checks field by field."""
+    if _SEEN in e:
+        return False
+    action = e.get("action")
+    code = _FAST_ACTIONS.get(action) if type(action) is str else None
+    addr, size, t, stream = e.get("addr"), e.get("size"), e.get("time_us"), e.get("stream")
+    if (code is None or type(addr) is not int or type(size) is not int
+            or type(t) is not int or type(stream) is not int
+            or not (0 <= addr <= U64_MAX and 0 <= size <= SIZE_LIMIT
+                    and 0 <= t <= _FAST_TIME_MAX and -(1 << 63) <= stream <= U64_MAX)
+            or e.get("compile_context") not in (None, "N/A", "")
+            or e.get("user_metadata") not in (None, "")):
+        return False
+    frames = e.get("frames")
+    if type(frames) is list and len(frames) == 2 and frames[0] is _FRAME:
+        stack = frames[1]
+    else:
+        stack = stack_of(rows, frames, f"{_where('device_traces', dev, seq)}.frames")
+    cols = rows.events
+    cols["time_us"].append(t)
+    cols["seq"].append(seq)
+    cols["device"].append(dev)
+    cols["action_code"].append(code)
+    cols["action"].append(action)
+    cols["address"].append(addr)
+    cols["device_free_bytes"].append(None)
+    cols["size_bytes"].append(size)
+    cols["stream"].append(stream)
+    cols["stack_id"].append(stack)
+    cols["compile_context"].append(e.get("compile_context"))
+    cols["user_metadata"].append(e.get("user_metadata"))
+    return True
 
 
 def _entry(rows: AllocatorRows, e: dict[Any, Any], w: str, dev: int, seq: int) -> None:
