@@ -10,8 +10,8 @@ child process) of each, one row per tool.
 library); it is not part of this repository. The snapshot: one device, 64 segments of
 64 MiB made at the start, then allocations of 1 MiB blocks (requests 1 MiB minus up
 to 4095 bytes) from 10 stacks of 20 frames (a frames list per entry, its frame dicts
-shared, as PyTorch writes them), each freed (free_requested, free_completed) except every 1000th, kept to the
-end; `time_us` increasing.
+shared, as PyTorch writes them), each freed (free_requested, free_completed) except
+every 1000th, kept to the end; `time_us` increasing.
 """
 
 from __future__ import annotations
