@@ -28,13 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from gputrace.importers.safe_pickle import Loaded, load_plain
-from gputrace.importers.torch_rows import (
-    AllocatorRows,
-    SnapshotError,
-    segment_rows,
-    text,
-    trace_rows,
-)
+from gputrace.importers.torch_entries import trace_rows
+from gputrace.importers.torch_rows import AllocatorRows, SnapshotError, segment_rows, text
 
 __all__ = ["KIND", "AllocatorRows", "SnapshotError", "TorchSnapshot", "check_top",
            "import_record", "read_snapshot", "snapshot_rows", "write_alone"]
