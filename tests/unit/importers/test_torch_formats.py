@@ -273,3 +273,21 @@ def test_history_less_dumps_are_the_end_state(tmp_path: Path) -> None:
         assert doc["allocator_growth"]["start_active_bytes"] is None  # unknown, not 0
         notes = open_trace(out).manifest["imported"][0]["notes"]
         assert any("no trace entries" in n for n in notes), notes
+
+
+def test_oom_without_times(tmp_path: Path) -> None:
+    """PyTorch 2.1 entries have no time: the OOM is still found, in allocator terms,
+    and the reports that need a time say nothing rather than fail."""
+    v = raw(FILES["torch-current"])
+    for trace in v["device_traces"]:
+        for e in trace:
+            e.pop("time_us", None)
+    f = tmp_path / "s.pickle"
+    f.write_bytes(pickle.dumps(v))
+    out = write_alone(read_snapshot(f), tmp_path / "t")
+    doc = analyze(out)
+    (inc,) = doc["oom"]["incidents"]
+    assert inc["t_s"] is None and inc["holders"] == []
+    s = inc["allocator_state"]
+    assert (s["device"], s["reserved_bytes"], s["cache_free_bytes"]) == (1, 40 * MiB, 10 * MiB)
+    assert all(p["t_s"] is None for p in doc["allocator_growth"]["series"])
