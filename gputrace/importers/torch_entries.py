@@ -76,7 +76,10 @@ def _fast_entry(rows: AllocatorRows, e: dict[Any, Any], dev: int, seq: int) -> b
     if type(frames) is list and len(frames) == 2 and frames[0] is _FRAME:
         stack = frames[1]
     else:
-        stack = stack_of(rows, frames, f"{_where('device_traces', dev, seq)}.frames")
+        try:  # the path is built only when a frame is wrong: the slow path says it
+            stack = stack_of(rows, frames, "")
+        except SnapshotError:
+            return False
     cols = rows.events
     cols["time_us"].append(t)
     cols["seq"].append(seq)

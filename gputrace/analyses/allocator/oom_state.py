@@ -124,6 +124,10 @@ def oom_states(inp: Inputs) -> list[dict[str, Any]]:
     """Per `oom` entry (device, then history order): the allocator at the failure."""
     if not inp.has("allocator"):
         return []
+    n = (inp.scan("allocator_events").filter(pl.col("action") == "oom").select(pl.len())
+         .collect().item())
+    if not n:  # the replay is not built for nothing
+        return []
     rep = entries(inp).collect()
     out: list[dict[str, Any]] = []
     for (device,), dev in rep.group_by(["device"], maintain_order=True):
