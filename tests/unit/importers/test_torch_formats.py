@@ -291,3 +291,15 @@ def test_oom_without_times(tmp_path: Path) -> None:
     s = inc["allocator_state"]
     assert (s["device"], s["reserved_bytes"], s["cache_free_bytes"]) == (1, 40 * MiB, 10 * MiB)
     assert all(p["t_s"] is None for p in doc["allocator_growth"]["series"])
+
+
+def test_info_says_what_the_format_lacks_once(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from gputrace import cli
+
+    assert cli.main(["import", "torch-snapshot", str(FILES["torch-2.0"]), "-o",
+                     str(tmp_path / "t")]) == 0
+    assert capsys.readouterr().out.count("without time_us") == 1
+    assert cli.main(["info", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("without time_us") == 1 and "note     blocks without addresses" in out
