@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import lzma
 import pickle
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,9 @@ FILES = {
     "torch-segments-list": FIX / "torch-segments-list" / "snapshot.pickle",
     "torch-oom-observer": FIX / "torch-oom-observer" / "oom_snapshot.pickle",
     "torch-expandable": FIX / "torch-expandable" / "snapshot.pickle.gz",
+    # real snapshots recorded by others (MIT; fixtures/README.md)
+    "torch-real-cs336-magma27": FIX / "torch-real-cs336-magma27" / "memory_snapshot.pickle.xz",
+    "torch-real-cs336-bcrafton": FIX / "torch-real-cs336-bcrafton" / "memory_snapshot.pickle.xz",
 }
 
 
@@ -44,6 +48,8 @@ def raw(path: Path) -> Any:
     data = path.read_bytes()
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
+    elif data[:6] == b"\xfd7zXZ\x00":
+        data = lzma.decompress(data)
     return _Plain(io.BytesIO(data)).load()
 
 
