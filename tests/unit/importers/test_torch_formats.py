@@ -309,3 +309,20 @@ def test_info_says_what_the_format_lacks_once(tmp_path: Path,
     assert cli.main(["info", str(tmp_path / "t")]) == 0
     out = capsys.readouterr().out
     assert out.count("without time_us") == 1 and "note     blocks without addresses" in out
+
+
+def test_synthetic_fixtures_match_their_script() -> None:
+    """fixtures/torch-* are what fixtures/make_torch_snapshots.py writes, byte for byte."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_torch", FIX / "make_torch_snapshots.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    made = mod.variants()
+    assert set(made) == {k for k in FILES if "real" not in k}
+    for folder, (name, value) in made.items():
+        data = pickle.dumps(value, protocol=4)
+        if name.endswith(".gz"):
+            data = gzip.compress(data, mtime=0)
+        assert (FIX / folder / name).read_bytes() == data, folder
