@@ -179,7 +179,9 @@ def load_plain(path: str | os.PathLike[str]) -> Loaded:
     naming a global, a truncated or damaged file, a file that is not a pickle."""
     with contextlib.ExitStack() as files:
         try:
-            f = files.enter_context(open(path, "rb"))
+            # non-blocking: a FIFO named like a snapshot must not hang the open
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            f = files.enter_context(os.fdopen(fd, "rb"))
         except OSError as e:
             raise PickleRefused(f"{path}: cannot read ({e.strerror or e})") from None
         st = os.fstat(f.fileno())

@@ -227,3 +227,12 @@ def test_honest_snapshot_still_written(tmp_path: Path) -> None:
     f.write_bytes(lzma.compress(pickle.dumps({"segments": [], "device_traces": [e]})))
     out = write_alone(read_snapshot(f), tmp_path / "t")
     assert open_trace(out).scan("allocator_events").collect().height == 10
+
+
+def test_fifo_is_refused_not_waited_on(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "s.pickle"
+    os.mkfifo(f)
+    t0 = time.monotonic()
+    rc, _, err = _import(capsys, f, tmp_path / "t")
+    assert rc == 1 and "not a regular file" in err and time.monotonic() - t0 < 2, err
