@@ -31,17 +31,22 @@ def register(app: typer.Typer) -> None:
         refused, nothing in it runs.
         """
         from gputrace.importers.torch_snapshot import read_snapshot, write_alone
+        from gputrace.render.safe import printable
 
         snap = read_snapshot(snapshot)
         r = snap.rows
         what = (f"{len(r.segments['address'])} segments, {len(r.blocks['address'])} blocks, "
-                f"{len(r.events['time_us'])} trace entries, {len(r.stacks)} stacks")
+                f"{r.event_count} trace entries, {len(r.stacks)} stacks")
+        name = printable(snap.name)
         if into is None:
             path = write_alone(snap, output, force=force)
-            typer.echo(f"{path}: {what} from {snap.name}")
-            return
-        from gputrace.importers.torch_join import write_joined
+            typer.echo(printable(path) + f": {what} from {name}")
+        else:
+            from gputrace.importers.torch_join import write_joined
 
-        path, join = write_joined(snap, into, output, force=force)
-        typer.echo(f"{path}: {into} plus {what} from {snap.name}; pid {join.pid}, "
-                   f"{len(join.api_ts)} of {join.segments} segments matched cuMemAlloc calls")
+            path, join = write_joined(snap, into, output, force=force)
+            typer.echo(f"{printable(path)}: {printable(into)} plus {what} from {name}; pid "
+                       f"{join.pid}, {len(join.api_ts)} of {join.segments} segments matched "
+                       "cuMemAlloc calls")
+        for note in r.notes:
+            typer.echo(f"  note: {note}")

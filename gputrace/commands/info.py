@@ -151,6 +151,9 @@ def render_info(info: dict[str, Any], fmt: str = "text") -> str:
             how = "joined to this recording" if imp.get("joined") else "on its own"
             lines.append(f"imported   {imp.get('kind')} {imp.get('file')} ({how}; "
                          f"sha256 {str(imp.get('sha256'))[:16]}...)")
+            notes = imp.get("notes")
+            for note in notes if isinstance(notes, list) else []:
+                lines.append(f"  note     {note}")
     lines += _window_lines(info.get("window"), info.get("incidents"))
     lines.append("rows")
     width = max([14, *(len(n) for n in info["rows"])])

@@ -8,5 +8,7 @@ line naming what is wrong.
 - `safe_pickle`: reading a pickle without running it (a restricted unpickler) and
   without holding the file twice (streamed decompression);
 - `torch_snapshot`: PyTorch CUDA caching-allocator memory snapshots -> the
-  `allocator` layer; `torch_join` joins one to a recording of the same process.
+  `allocator` layer (every format PyTorch has written: `torch_rows` for segments and
+  blocks, `torch_entries` for the trace entries); `torch_join` joins one to a
+  recording of the same process.
 """

@@ -10,7 +10,10 @@ NEWOBJ then have nothing callable to apply: a plain container is not callable.
 
 Files are read as a stream: xz or gzip is decompressed while the unpickler reads
 (never the whole file, then the whole decompressed bytes), and the file's sha256 is
-taken from the same bytes as they pass.
+taken from the same bytes as they pass. What decompression may produce is bounded
+(`MAX_EXPANSION` times the file, and `MAX_PICKLE_BYTES`): an xz file whose index
+declares more is refused before anything is decompressed, and any stream is cut off
+at the bound as it is read (docs/security.md).
 """
 
 from __future__ import annotations
@@ -22,13 +25,25 @@ import io
 import lzma
 import os
 import pickle
+import stat
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from gputrace.errors import GputraceError
 
 XZ_MAGIC = b"\xfd7zXZ\x00"
 GZIP_MAGIC = b"\x1f\x8b"
+
+MAX_EXPANSION = 1000
+"""Most decompressed bytes per byte of an xz or gzip file. Snapshots compress 9x (the
+real H200 one) to about 60x (long histories of one repeated stack, measured on the
+synthetic benchmark snapshots); xz itself stops near 7000x on constant input, so a
+file past this bound is built to blow up, not a snapshot."""
+
+MAX_PICKLE_BYTES = 16 << 30
+"""Most decompressed pickle bytes read at all (16 GiB): a 10^7-entry history with
+stacks is about 2 GiB of pickle; unpickled, the bound is already several times the
+memory of a large host."""
 
 
 class PickleRefused(GputraceError):
@@ -73,6 +88,80 @@ class _Hashing(io.RawIOBase):
             pass
 
 
+class _Bounded(io.RawIOBase):
+    """The decompressed stream `f`, refused once more than `limit` bytes come out."""
+
+    def __init__(self, f: IO[bytes], limit: int, why: str) -> None:
+        self._f, self.limit, self.why, self.bytes = f, limit, why, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        data = self._f.read(min(len(view), self.limit + 1 - self.bytes) or 1)
+        n = len(data)
+        self.bytes += n
+        if self.bytes > self.limit:
+            raise PickleRefused(f"refused: the file decompresses to more than "
+                                f"{self.limit:,} bytes ({self.why})")
+        view[:n] = data
+        return n
+
+
+def xz_declared_size(f: IO[bytes]) -> int | None:
+    """The uncompressed size the xz file `f` declares in its last stream's index (the
+    sum of its blocks' uncompressed sizes); None when the footer or index cannot be
+    read (the stream is then bounded as it is read)."""
+    try:
+        end = f.seek(0, os.SEEK_END)
+        if end < 32:
+            return None
+        f.seek(end - 12)
+        footer = f.read(12)
+        if footer[10:12] != b"YZ":
+            return None
+        backward = (int.from_bytes(footer[4:8], "little") + 1) * 4
+        if backward > min(end - 24, 1 << 24):
+            return None
+        f.seek(end - 12 - backward)
+        index = f.read(backward)
+        if not index or index[0] != 0:
+            return None
+        pos = 1
+        values: list[int] = []
+
+        def varint() -> int:
+            nonlocal pos
+            v, shift = 0, 0
+            while pos < len(index) and shift < 63:
+                byte = index[pos]
+                pos += 1
+                v |= (byte & 0x7F) << shift
+                if not byte & 0x80:
+                    return v
+                shift += 7
+            raise ValueError("bad varint")
+
+        records = varint()
+        if records > len(index):
+            return None
+        for _ in range(records):
+            varint()  # unpadded size
+            values.append(varint())
+        return sum(values)
+    except (OSError, ValueError):
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            f.seek(0)
+
+
+def expansion_bound(file_bytes: int) -> int:
+    """Most decompressed bytes a compressed file of `file_bytes` may produce."""
+    return min(MAX_PICKLE_BYTES, max(1 << 20, file_bytes * MAX_EXPANSION))
+
+
 @dataclass(frozen=True)
 class Loaded:
     """A pickle's value and facts about its file."""
@@ -90,18 +179,40 @@ def load_plain(path: str | os.PathLike[str]) -> Loaded:
     naming a global, a truncated or damaged file, a file that is not a pickle."""
     with contextlib.ExitStack() as files:
         try:
-            f = files.enter_context(open(path, "rb"))
+            # non-blocking: a FIFO named like a snapshot must not hang the open
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            f = files.enter_context(os.fdopen(fd, "rb"))
         except OSError as e:
             raise PickleRefused(f"{path}: cannot read ({e.strerror or e})") from None
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise PickleRefused(f"{path}: not a regular file")
+        size = st.st_size
+        limit = expansion_bound(size)
+        why = (f"{MAX_EXPANSION}x its {size:,} bytes, at most {MAX_PICKLE_BYTES:,}: "
+               "a decompression bomb, not a snapshot")
+        if f.read(6).startswith(XZ_MAGIC):
+            declared = xz_declared_size(f)
+            if declared is not None and declared > limit:
+                raise PickleRefused(f"refused: the xz file declares {declared:,} "
+                                    f"decompressed bytes, more than {limit:,} ({why})")
+        f.seek(0)
         raw = _Hashing(f)
         buffered = io.BufferedReader(raw, 1 << 20)
         head = buffered.peek(6)[:6]
-        stream: io.BufferedIOBase = buffered
+        stream: IO[bytes] = buffered
         kind = "none"
+        inner: IO[bytes] | None = None
         if head.startswith(XZ_MAGIC):
-            kind, stream = "xz", files.enter_context(lzma.open(buffered))
+            kind = "xz"
+            inner = files.enter_context(lzma.open(buffered))
         elif head.startswith(GZIP_MAGIC):
-            kind, stream = "gzip", files.enter_context(gzip.open(buffered))
+            kind = "gzip"
+            gz = gzip.GzipFile(fileobj=buffered)
+            files.callback(gz.close)
+            inner = cast("IO[bytes]", gz)
+        if inner is not None:
+            stream = io.BufferedReader(_Bounded(inner, limit, why), 1 << 20)
         try:
             value = PlainUnpickler(stream).load()
             # read the container to its end: its check (CRC) and a cut-off end show

@@ -19,7 +19,9 @@ part, plus the allocator tables; the recording itself is never touched.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -96,7 +98,7 @@ def line_up(snap: TorchSnapshot, trace: Any) -> Join:
             f"refused: none of the snapshot's {len(seg_addr)} segment addresses was returned "
             f"by a cuMemAlloc call in {where}; not a recording of the snapshot's process")
     pid = pids.most_common(1)[0][0]
-    span = snap.rows.time_us_span()
+    span = snap.rows.time_us_span
     if span is not None:
         lo, hi = span[0] * 1000 - offset, span[1] * 1000 - offset
         if lo < start - SLACK_NS or hi > end + SLACK_NS:
@@ -111,6 +113,22 @@ def line_up(snap: TorchSnapshot, trace: Any) -> Join:
         if mine:
             api_ts[ptr] = mine[-1]
     return Join(pid, offset, api_ts, len(seg_addr))
+
+
+def _read_part(part: Path) -> Any:
+    """A part of the recording, opened without following a link: run as root on
+    another user's trace, a part that is a symbolic link to a root-only file would
+    otherwise copy that file's rows into the joined trace."""
+    try:
+        fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        why = "a symbolic link" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise JoinRefused(f"refused: {part} is {why}; a part is read only as a "
+                          "regular file") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise JoinRefused(f"refused: {part} is not a regular file")
+        return pq.read_table(f)
 
 
 def write_joined(snap: TorchSnapshot, recording: str | os.PathLike[str],
@@ -135,7 +153,7 @@ def write_joined(snap: TorchSnapshot, recording: str | os.PathLike[str],
     try:
         for name in schema.TABLES:
             for part in trace.parts(name):  # one part in, one part out: bounded memory
-                w.append(name, pq.read_table(part))
+                w.append(name, _read_part(part))
                 w.rotate()
         for name, table in rows.tables().items():
             w.append(name, table)

@@ -40,8 +40,9 @@ ALLOCATOR_SEGMENTS = Table(
         Column("active_size_bytes", U64, "bytes",
                "bytes in active blocks (allocated or pending free)", False),
         Column("requested_size_bytes", U64, "bytes",
-               "bytes the program asked for in its active blocks (before rounding)", False),
-        Column("stream", U64, "", "CUDA stream the segment is cached for", False),
+               "bytes the program asked for in its active blocks (before rounding); null "
+               "when the snapshot's format lacks it (PyTorch 2.0)"),
+        Column("stream", U64, "", "CUDA stream the segment is cached for"),
         Column("pool", STR, "",
                "`large` or `small` (blocks up to 1 MiB come from 2 MiB small segments)", False),
         Column("pool_id", STR, "",
@@ -67,7 +68,8 @@ ALLOCATOR_BLOCKS = Table(
         Column("address", U64, "address", "device address of the block", False),
         Column("size_bytes", U64, "bytes", "block size (rounded by the allocator)", False),
         Column("requested_size_bytes", U64, "bytes",
-               "bytes the program asked for (the last request, for an inactive block)", False),
+               "bytes the program asked for (the last request, for an inactive block); "
+               "null when the snapshot's format lacks it"),
         *enum_columns("state", BLOCK_STATES, "block state"),
         _STACK,
     ),
@@ -81,8 +83,10 @@ ALLOCATOR_EVENTS = Table(
     (
         Column("ts_ns", I64, "ns",
                "time of the entry: CLOCK_MONOTONIC of the recording it was joined to, else "
-               "Unix-epoch ns (manifest `clock`); docs/importers.md", False),
-        Column("time_us", I64, "us", "the entry's own time stamp, as in the snapshot", False),
+               "Unix-epoch ns (manifest `clock`); docs/importers.md; null when the "
+               "snapshot has no times (PyTorch 2.1 and older)"),
+        Column("time_us", I64, "us", "the entry's own time stamp, as in the snapshot; null "
+               "when its format has none"),
         Column("seq", U32, "", "position in the device's trace, 0 = oldest", False),
         _PID,
         _DEVICE,

@@ -136,6 +136,7 @@ ALLOCATOR_ACTIONS: dict[int, str] = {
     6: "segment_unmap",
     7: "snapshot",
     8: "oom",
+    9: "user_defined",
 }
 """Trace entry actions of a PyTorch memory snapshot (`TraceEntry::Action`, by the
 names the snapshot spells them)."""

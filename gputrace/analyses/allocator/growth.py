@@ -1,14 +1,12 @@
 """Does memory held by tensors grow over the allocator's history, and which Python
 lines hold on to what they allocated?
 
-Replays the caching allocator's trace entries (allocator_events) in order: `alloc`
-adds a block's bytes to the active bytes and `free_completed` removes them (a
-`free_requested` block stays active until its streams are done with it, as PyTorch
-counts it); `segment_alloc`/`segment_map` add to the reserved bytes and
-`segment_free`/`segment_unmap` remove them. A snapshot keeps only its last entries,
-so the series is anchored at its end: the bytes active (reserved) in the snapshot's
-segments, minus the changes replayed, is what was active (reserved) when the kept
-history begins.
+The state at every entry comes from the replay (allocator/replay.py): each device's
+history replayed backwards from the snapshot's own state, reserved, active (rounded)
+and requested bytes kept apart, every figure per device: the headline is one device
+(the one whose reserved bytes peaked highest), and `devices` lists each. Trace
+entries carry requested sizes, so the series' `active_bytes` are the blocks' rounded
+sizes and `requested_bytes` the program's.
 
 By stack: each `alloc` is paired with the next `free_completed` of the same device
 and address; what is not freed by the end of the history is retained. A stack that
@@ -18,11 +16,12 @@ call: the planted leak of the real H200 snapshot, 16 MiB per iteration.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import polars as pl
 
 from gputrace.analyses.allocator.frames import with_labels
+from gputrace.analyses.allocator.replay import entries, per_device
 from gputrace.analyses.helpers.common import NS_PER_S
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.registry import spec, unrecorded
@@ -33,33 +32,13 @@ QUESTION = SPEC.question
 
 
 MAX_POINTS = 400
-"""Points of the active-bytes series; a longer history keeps every k-th entry plus the
-entry at its peak and the last one."""
-
-_ACTIVE = {"alloc": 1, "free_completed": -1}
-_RESERVED = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
-
-
-def _sign(table: dict[str, int]) -> pl.Expr:
-    return pl.col("action").replace_strict(table, default=0, return_dtype=pl.Int64)
+"""Points of the active-bytes series per device; a longer history keeps every k-th
+entry plus the entry at its peak and the last one."""
 
 
 def replay(inp: Inputs) -> pl.LazyFrame:
-    """Every trace entry in order (`i`), with active and reserved bytes after it."""
-    ev = (inp.scan("allocator_events").sort("ts_ns", "device", "seq")
-          .with_row_index("i")
-          .with_columns(size=pl.col("size_bytes").cast(pl.Int64).fill_null(0))
-          .with_columns(d_active=_sign(_ACTIVE) * pl.col("size"),
-                        d_reserved=_sign(_RESERVED) * pl.col("size")))
-    end = inp.scan("allocator_segments").select(
-        pl.col("active_size_bytes").cast(pl.Int64).sum().alias("end_active"),
-        pl.col("total_size_bytes").cast(pl.Int64).sum().alias("end_reserved"))
-    return (ev.join(end, how="cross")
-            .with_columns(
-                active_bytes=pl.col("end_active") - pl.col("d_active").sum()
-                + pl.col("d_active").cum_sum(),
-                reserved_bytes=pl.col("end_reserved") - pl.col("d_reserved").sum()
-                + pl.col("d_reserved").cum_sum()))
+    """Every trace entry in each device's order (`i`), with the state after it."""
+    return entries(inp)
 
 
 def retained_by_stack(inp: Inputs, events: pl.LazyFrame) -> pl.LazyFrame:
@@ -82,7 +61,8 @@ def retained_by_stack(inp: Inputs, events: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def _series(df: pl.DataFrame) -> pl.DataFrame:
-    """At most about MAX_POINTS rows of the replay, keeping the peak and the last one."""
+    """At most about MAX_POINTS rows of one device's replay, keeping the peak and the
+    last one."""
     n = df.height
     if n <= MAX_POINTS:
         return df
@@ -99,40 +79,45 @@ def growth(inp: Inputs, top: int | None = None) -> Report:
         return absent
     events = replay(inp)
     stacks, rep = pl.collect_all([retained_by_stack(inp, events), events.select(
-        "i", "ts_ns", "seq", "device", "action", "size", "active_bytes", "reserved_bytes")])
+        "i", "ts_ns", "seq", "device", "action", "size", "reserved_bytes", "active_bytes",
+        "requested_bytes", "cache_free_bytes", "d_reserved", "d_active", "d_requested")])
     data: dict[str, Any] = {"entries": rep.height, "by_stack": [], "series": [],
+                            "devices": [], "device": None,
                             "start_active_bytes": None, "end_active_bytes": None,
                             "peak_active_bytes": None, "growth_bytes": None,
                             "growth_bytes_per_s": None, "span_s": None,
-                            "start_reserved_bytes": None, "end_reserved_bytes": None}
+                            "start_reserved_bytes": None, "end_reserved_bytes": None,
+                            "peak_reserved_bytes": None, "start_requested_bytes": None,
+                            "end_requested_bytes": None, "peak_requested_bytes": None}
     if rep.height == 0:
         warnings.append("allocator-growth: the snapshot holds no trace entries (history not "
                         "recorded: torch.cuda.memory._record_memory_history() before the run)")
         return Report("allocator-growth", QUESTION, True, data, [], warnings)
-    first, last = rep.row(0, named=True), rep.row(-1, named=True)
-    start_active = first["active_bytes"] - _delta(first, _ACTIVE)
-    start_reserved = first["reserved_bytes"] - _delta(first, _RESERVED)
-    if start_active < 0 or start_reserved < 0:
-        warnings.append("allocator-growth: the trace entries do not add up to the "
-                        "snapshot's segments (entries lost or a damaged snapshot); the "
-                        "series is anchored at the snapshot and may be off")
-    span_s = (last["ts_ns"] - first["ts_ns"]) / NS_PER_S
-    grown = last["active_bytes"] - start_active
+    devices = per_device(rep)
+    for d in devices:
+        if min(d["start_active_bytes"], d["start_reserved_bytes"],
+               d["start_requested_bytes"]) < 0:
+            warnings.append(f"allocator-growth: device {d['device']}'s trace entries do not "
+                            "add up to the snapshot's segments (entries lost or a damaged "
+                            "snapshot); its series is anchored at the snapshot and may be off")
+    head = max(devices, key=lambda d: (d["peak_reserved_bytes"], d["peak_active_bytes"]))
+    if len(devices) > 1:
+        warnings.append(f"allocator-growth: {len(devices)} devices; every figure is one "
+                        f"device's (`devices`), the headline device {head['device']}'s, whose "
+                        "reserved bytes peaked highest")
+    first_ts, last_ts = head["first_ts_ns"], head["last_ts_ns"]
+    span_s = (last_ts - first_ts) / NS_PER_S if first_ts is not None else None
+    grown = int(head["end_active_bytes"]) - int(head["start_active_bytes"])
     rows: list[dict[str, Any]] = stacks.to_dicts()
-    pts = _series(rep)
+    pts = pl.concat([_series(d) for _, d in rep.group_by(["device"], maintain_order=True)])
     data.update(
-        start_active_bytes=start_active, end_active_bytes=last["active_bytes"],
-        peak_active_bytes=max(int(cast(int, rep["active_bytes"].max())), start_active),
-        growth_bytes=grown, span_s=span_s,
-        growth_bytes_per_s=grown / span_s if span_s > 0 else None,
-        start_reserved_bytes=start_reserved, end_reserved_bytes=last["reserved_bytes"],
+        {k: head[k] for k in head if k.endswith("_bytes")},
+        device=head["device"], devices=devices, growth_bytes=grown, span_s=span_s,
+        growth_bytes_per_s=grown / span_s if span_s else None,
         by_stack=rows[:top] if top is not None else rows,
-        series=[{"t_s": (r["ts_ns"] - inp.start_ns) / NS_PER_S, "entry": r["i"],
+        series=[{"t_s": None if r["ts_ns"] is None else (r["ts_ns"] - inp.start_ns) / NS_PER_S,
+                 "entry": r["i"], "device": r["device"], "seq": r["seq"],
                  "action": r["action"], "active_bytes": r["active_bytes"],
+                 "requested_bytes": r["requested_bytes"],
                  "reserved_bytes": r["reserved_bytes"]} for r in pts.iter_rows(named=True)])
     return Report("allocator-growth", QUESTION, True, data, [], warnings)
-
-
-def _delta(row: dict[str, Any], table: dict[str, int]) -> int:
-    """The change the entry `row` made to the bytes counted by `table`."""
-    return table.get(row["action"], 0) * int(row["size"])

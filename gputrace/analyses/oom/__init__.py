@@ -16,6 +16,7 @@ from collections import Counter
 from typing import Any
 
 from gputrace import oom_rules
+from gputrace.analyses.allocator.oom_state import oom_states
 from gputrace.analyses.helpers.common import NS_PER_S
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.oom import failures, gpu_state, identity
@@ -43,22 +44,30 @@ def _stack(inp: Inputs, rec: Recorded, f: dict[str, Any]) -> str | None:
 
 
 def _incident(inp: Inputs, rec: Recorded, samples: Any, f: dict[str, Any], window_ns: int,
-              top: int | None) -> dict[str, Any]:
-    at, gpu = int(f["end_ns"]), f["gpu_index"]
-    state = gpu_state.gpu_at(samples, gpu, at) if gpu is not None else None
+              top: int | None, states: dict[tuple[Any, Any], list[dict[str, Any]]]
+              ) -> dict[str, Any]:
+    at, gpu = f["end_ns"], f["gpu_index"]
+    entry = f if f["layer"] == "allocator" else f["allocator_entry"]
+    mine = states.get((gpu, entry["ts_ns"])) if entry is not None else None
+    allocator_state = mine.pop(0) if mine else None
+    timed = gpu is not None and at is not None  # a PyTorch 2.1 entry has no time
+    state = gpu_state.gpu_at(samples, gpu, at) if timed else None
     if state is None:  # the allocator's own entry says what CUDA reported free
         said = f if f["layer"] == "allocator" else f["allocator_entry"] or {}
         state = gpu_state.allocator_said(said.get("device_free_bytes"))
     missing = None if state is not None else gpu_state.why_no_sample(inp, samples, gpu)
     alloc = gpu_state.allocator_at(inp, gpu, at) if gpu is not None else None
     pool = None if alloc is None else sum(r - a for r, a in alloc.values())
+    if allocator_state is not None:  # the failing allocator's own cache, at its entry
+        pool = allocator_state["cache_free_bytes"]
     v = oom_rules.judge(f["size_bytes"], (state or {}).get("free_bytes"),
                         (state or {}).get("largest_free_bytes"), pool, missing)
-    driver_at, driver = (gpu_state.driver_round(inp, gpu, at) if gpu is not None
-                         else (None, {}))
+    driver_at, driver = (gpu_state.driver_round(inp, gpu, at) if timed else (None, {}))
     entry = f["allocator_entry"]
     return {
-        "ts_ns": f["ts_ns"], "t_s": (f["ts_ns"] - inp.start_ns) / NS_PER_S,
+        "allocator_state": allocator_state,
+        "ts_ns": f["ts_ns"],
+        "t_s": None if f["ts_ns"] is None else (f["ts_ns"] - inp.start_ns) / NS_PER_S,
         "pid": f["pid"], "tid": f["tid"], "comm": f["comm"] or rec.comm.get(f["pid"]),
         "layer": f["layer"], "call": f["call"], "status": f["status"],
         "gpu_index": gpu, "gpu_from": f.get("gpu_from"),
@@ -73,7 +82,7 @@ def _incident(inp: Inputs, rec: Recorded, samples: Any, f: dict[str, Any], windo
         "verdict": v.name, "evidence": v.evidence,
         "driver_accounting": driver_at,
         "holders": (holders(rec, gpu, at, window_ns, driver, alloc, top)
-                    if gpu is not None else []),
+                    if timed else []),
     }
 
 
@@ -90,7 +99,10 @@ def oom(inp: Inputs, window_s: float = 30.0, top: int | None = None,
         rec = Recorded(inp)
         samples = gpu_state.memory_samples(inp)
         window_ns = round(window_s * NS_PER_S)
-        incidents = [_incident(inp, rec, samples, f, window_ns, top) for f in found]
+        states: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+        for st in oom_states(inp):
+            states.setdefault((st["device"], st["ts_ns"]), []).append(st)
+        incidents = [_incident(inp, rec, samples, f, window_ns, top, states) for f in found]
         identity.name_them(inp, incidents)
     per_verdict = Counter(i["verdict"] for i in incidents)
     data: dict[str, Any] = {

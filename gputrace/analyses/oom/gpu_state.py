@@ -24,8 +24,6 @@ INCIDENT_MAX_NS = 1_000_000_000
 ROUND_NS = 50_000_000
 """Per-process rows of one query round are this close in time."""
 
-_GROW = ("segment_alloc", "segment_map")
-_SHRINK = ("segment_free", "segment_unmap")
 
 
 def _pick(rows: pl.DataFrame, at_ns: int) -> dict[str, Any] | None:
@@ -102,26 +100,13 @@ def driver_round(inp: Inputs, gpu: int, at_ns: int) -> tuple[dict[str, Any] | No
     return {"ts_ns": t0, "trigger": trig, "distance_ns": t0 - at_ns}, by_pid
 
 
-def allocator_at(inp: Inputs, gpu: int, at_ns: int) -> dict[int, tuple[int, int]] | None:
-    """Per pid, (reserved, allocated) bytes of its caching allocator on `gpu` at
-    `at_ns`; None without the allocator layer."""
+def allocator_at(inp: Inputs, gpu: int, at_ns: int | None) -> dict[int, tuple[int, int]] | None:
+    """Per pid, (reserved, active) bytes of its caching allocator on `gpu` at `at_ns`
+    (the allocator replay: the snapshot's state with the entries after `at_ns`
+    undone); None without the allocator layer. Reserved minus active is what the
+    cache held free."""
     if not inp.has("allocator"):
         return None
-    dev = pl.col("device") == gpu
-    end = (inp.scan("allocator_segments").filter(dev).group_by("pid")
-           .agg(pl.col("total_size_bytes").sum().cast(pl.Int64).alias("reserved"),
-                pl.col("allocated_size_bytes").sum().cast(pl.Int64).alias("allocated")))
-    size = pl.col("size_bytes").cast(pl.Int64).fill_null(0)
-    act = pl.col("action")
-    later = (inp.scan("allocator_events").filter(dev & (pl.col("ts_ns") > at_ns))
-             .group_by("pid")
-             .agg((size * act.is_in(_GROW) - size * act.is_in(_SHRINK)).sum()
-                  .alias("d_reserved"),
-                  (size * (act == "alloc") - size * (act == "free_completed")).sum()
-                  .alias("d_allocated")))
-    df = end.join(later, on="pid", how="full", coalesce=True).fill_null(0).collect()
-    out: dict[int, tuple[int, int]] = {}
-    for r in df.iter_rows(named=True):
-        out[int(r["pid"])] = (max(0, r["reserved"] - r["d_reserved"]),
-                              max(0, r["allocated"] - r["d_allocated"]))
-    return out
+    from gputrace.analyses.allocator.replay import state_by_pid
+
+    return state_by_pid(inp, gpu, at_ns)

@@ -1,0 +1,151 @@
+"""Importing a long PyTorch memory history: gputrace (import + the allocator reports)
+beside PyTorch's own `_memory_viz.py` (`trace` and `stats`, the `segsum` text), on the
+same SYNTHETIC snapshot of N trace entries. Wall time and peak memory (max RSS of the
+child process) of each, one row per tool.
+
+    python3 benchmarks/torch_snapshot/run.py --entries 100000 1000000 \\
+        --memory-viz /path/to/torch/cuda/_memory_viz.py
+
+`_memory_viz.py` is PyTorch's file, run as it is (it imports only the standard
+library); it is not part of this repository. The snapshot: one device, 64 segments of
+64 MiB made at the start, then allocations of 1 MiB blocks (requests 1 MiB minus up
+to 4095 bytes) from 10 stacks of 20 frames (a frames list per entry, its frame dicts
+shared, as PyTorch writes them), each freed (free_requested, free_completed) except
+every 1000th, kept to the end; `time_us` increasing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
+SEGS, SEG_SIZE, SLOTS = 64, 64 * MiB, 64
+T0 = 1_767_225_600_000_000
+
+
+def snapshot(n: int) -> dict[str, Any]:
+    """A snapshot of about `n` trace entries (see the module's docstring)."""
+    base = 0x7F00_0000_0000
+    stacks = [[{"name": f"fn{s}_{d}", "filename": f"/home/u/proj/mod{d}.py", "line": 10 + d}
+               for d in range(20)] for s in range(10)]
+    trace: list[dict[str, Any]] = []
+    t = T0
+    for k in range(SEGS):
+        trace.append({"action": "segment_alloc", "addr": base + k * SEG_SIZE,
+                      "size": SEG_SIZE, "stream": 0, "time_us": t, "frames": stacks[0]})
+    free_slots = [base + k * SEG_SIZE + j * MiB for k in range(SEGS) for j in range(SLOTS)]
+    free_slots.reverse()
+    kept: dict[int, int] = {}
+    i = 0
+    while len(trace) < n and free_slots:
+        t += 3
+        addr = free_slots.pop()
+        req = MiB - (i * 7919) % 4096
+        fr = stacks[i % 10]  # a list per entry, its frame dicts shared, as PyTorch writes
+        trace.append({"action": "alloc", "addr": addr, "size": req, "stream": 0,
+                      "time_us": t, "frames": list(fr)})
+        if i % 1000 == 999:
+            kept[addr] = req
+        else:
+            for a in ("free_requested", "free_completed"):
+                trace.append({"action": a, "addr": addr, "size": req, "stream": 0,
+                              "time_us": t + 1, "frames": list(fr)})
+            free_slots.append(addr)
+        i += 1
+    segments = []
+    for k in range(SEGS):
+        s = base + k * SEG_SIZE
+        blocks = []
+        for j in range(SLOTS):
+            a = s + j * MiB
+            if a in kept:
+                blocks.append({"address": a, "size": MiB, "requested_size": kept[a],
+                               "state": "active_allocated", "frames": stacks[0]})
+            else:
+                blocks.append({"address": a, "size": MiB, "requested_size": 0,
+                               "state": "inactive", "frames": []})
+        alloc = sum(b["size"] for b in blocks if b["state"] != "inactive")
+        segments.append({"device": 0, "address": s, "total_size": SEG_SIZE,
+                         "allocated_size": alloc, "active_size": alloc,
+                         "requested_size": sum(kept.get(b["address"], 0) for b in blocks),
+                         "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+                         "is_expandable": False, "frames": [], "blocks": blocks})
+    return {"segments": segments, "device_traces": [trace], "allocator_settings": {}}
+
+
+_MEASURE = """
+import resource, subprocess, sys, time
+t = time.monotonic()
+p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+wall = time.monotonic() - t
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(f"{wall:.3f} {ru.ru_maxrss / 1024:.1f} {p.returncode} {ru.ru_utime + ru.ru_stime:.3f}")
+sys.stderr.write(p.stderr.decode()[-2000:])
+"""
+
+
+def measure(cmd: list[str]) -> tuple[float, float, int, float]:
+    """(wall s, peak MiB, exit status, CPU s) of `cmd` in a fresh process."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], capture_output=True,
+                         text=True, env=env, check=False)
+    wall, rss, rc, cpu = out.stdout.split()
+    if int(rc):
+        print(out.stderr, file=sys.stderr)
+    return float(wall), float(rss), int(rc), float(cpu)
+
+
+GPUTRACE = """
+import sys
+from gputrace import cli
+out = sys.argv[2]
+rc = cli.main(["import", "torch-snapshot", sys.argv[1], "-o", out])
+rc = rc or cli.main(["analyze", out, "--only", "tensors,allocator-pool,allocator-growth,oom",
+                     "--format", "json"])
+sys.exit(rc)
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--entries", type=int, nargs="+", default=[100_000, 1_000_000])
+    ap.add_argument("--memory-viz", required=True, help="PyTorch's torch/cuda/_memory_viz.py")
+    args = ap.parse_args()
+    rows = []
+    for n in args.entries:
+        with tempfile.TemporaryDirectory() as tmp:
+            f = Path(tmp) / "snapshot.pickle"
+            t = time.monotonic()
+            snap = snapshot(n)
+            entries = len(snap["device_traces"][0])
+            with open(f, "wb") as out:
+                pickle.dump(snap, out, protocol=4)
+            del snap
+            made = time.monotonic() - t
+            size = f.stat().st_size
+            for tool, cmd in (
+                ("gputrace import + allocator reports",
+                 [sys.executable, "-c", GPUTRACE, str(f), str(Path(tmp) / "t")]),
+                ("_memory_viz.py trace", [sys.executable, args.memory_viz, "trace", str(f)]),
+                ("_memory_viz.py stats (segsum)",
+                 [sys.executable, args.memory_viz, "stats", str(f)]),
+            ):
+                wall, rss, rc, cpu = measure(cmd)
+                rows.append({"entries": entries, "pickle_bytes": size, "tool": tool,
+                             "wall_s": wall, "cpu_s": cpu, "peak_mib": rss, "rc": rc})
+                print(json.dumps(rows[-1]), flush=True)
+            print(f"# made in {made:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

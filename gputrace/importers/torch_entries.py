@@ -1,0 +1,125 @@
+"""The rows of `device_traces`: each device's trace entries, in order, as Arrow chunks
+(torch_rows holds the checks, the consumed-container marks and the rows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gputrace.importers.torch_rows import (
+    _ACTIONS,
+    _FRAME,
+    _SEEN,
+    EVENT_CHUNK,
+    I64_MAX,
+    MAX_ROWS,
+    U64_MAX,
+    AllocatorRows,
+    SnapshotError,
+    _consume,
+    _dict,
+    _int,
+    _list,
+    _size,
+    _str,
+    _where,
+    stack_of,
+)
+from gputrace.trace.reader import SIZE_LIMIT
+
+
+def trace_rows(rows: AllocatorRows, traces: list[Any]) -> None:
+    """The rows of `device_traces`, one device at a time, each list consumed."""
+    for dev, trace in enumerate(traces):
+        wt = _where("device_traces", dev)
+        trace = _list(trace, wt)
+        if dev >= 1 << 15:
+            raise SnapshotError(f"{wt}: more devices than CUDA numbers")
+        for seq, e in enumerate(trace):
+            if not (type(e) is dict and _fast_entry(rows, e, dev, seq)):
+                w = _where("device_traces", dev, seq)
+                _entry(rows, _dict(e, w), w, dev, seq)
+            _consume(e)
+            trace[seq] = None  # the entry's memory goes now
+            rows.event_count += 1
+            if len(rows.events["seq"]) >= EVENT_CHUNK:
+                rows.flush_events()
+                if rows.event_count > MAX_ROWS:
+                    raise SnapshotError(f"refused: more than {MAX_ROWS:,} trace entries")
+        _consume(trace)
+    rows.flush_events()
+    if rows.event_count > MAX_ROWS:
+        raise SnapshotError(f"refused: more than {MAX_ROWS:,} trace entries")
+
+
+_FAST_ACTIONS = {a: c for a, c in _ACTIONS.items() if a not in ("oom", "snapshot",
+                                                                   "user_defined")}
+_FAST_TIME_MAX = I64_MAX // 1000
+
+
+def _fast_entry(rows: AllocatorRows, e: dict[Any, Any], dev: int, seq: int) -> bool:
+    """Append the common entry (an allocation or segment action with plain fields, a
+    time stamp and no metadata) without building its path for error messages; False
+    (nothing appended) for anything else, which `_entry` checks field by field."""
+    if _SEEN in e:
+        return False
+    action = e.get("action")
+    code = _FAST_ACTIONS.get(action) if type(action) is str else None
+    addr, size, t, stream = e.get("addr"), e.get("size"), e.get("time_us"), e.get("stream")
+    if (code is None or type(addr) is not int or type(size) is not int
+            or type(t) is not int or type(stream) is not int
+            or not (0 <= addr <= U64_MAX and 0 <= size <= SIZE_LIMIT
+                    and 0 <= t <= _FAST_TIME_MAX and -(1 << 63) <= stream <= U64_MAX)
+            or e.get("compile_context") not in (None, "N/A", "")
+            or e.get("user_metadata") not in (None, "")):
+        return False
+    frames = e.get("frames")
+    if type(frames) is list and len(frames) == 2 and frames[0] is _FRAME:
+        stack = frames[1]
+    else:
+        try:  # the path is built only when a frame is wrong: the slow path says it
+            stack = stack_of(rows, frames, "")
+        except SnapshotError:
+            return False
+    cols = rows.events
+    cols["time_us"].append(t)
+    cols["seq"].append(seq)
+    cols["device"].append(dev)
+    cols["action_code"].append(code)
+    cols["action"].append(action)
+    cols["address"].append(addr)
+    cols["device_free_bytes"].append(None)
+    cols["size_bytes"].append(size)
+    cols["stream"].append(stream)
+    cols["stack_id"].append(stack)
+    cols["compile_context"].append(e.get("compile_context"))
+    cols["user_metadata"].append(e.get("user_metadata"))
+    return True
+
+
+def _entry(rows: AllocatorRows, e: dict[Any, Any], w: str, dev: int, seq: int) -> None:
+    cols = rows.events
+    action = _str(e, "action", w)
+    if action not in _ACTIONS:
+        raise SnapshotError(f"{w}.action is {action!r}, not a trace entry action")
+    oom = action == "oom"
+    t = _int(e, "time_us", w, hi=I64_MAX // 1000, required=False)
+    if t is None:
+        rows.note("trace entries without time_us (PyTorch 2.1 and older): their order "
+                  "is kept, their times are null")
+    cols["time_us"].append(t)
+    cols["seq"].append(seq)
+    cols["device"].append(dev)
+    cols["action_code"].append(_ACTIONS[action])
+    cols["action"].append(action)
+    cols["address"].append(None if oom else _int(e, "addr", w, required=action not in (
+        "snapshot", "user_defined")))
+    cols["device_free_bytes"].append(_int(e, "device_free", w, required=False) if oom
+                                     else None)
+    cols["size_bytes"].append(_size(e, "size", w, required=False))
+    cols["stream"].append(_int(e, "stream", w, lo=-(1 << 63), required=False))
+    cols["stack_id"].append(stack_of(rows, e.get("frames"), f"{w}.frames"))
+    ctx, meta = _str(e, "compile_context", w), _str(e, "user_metadata", w)
+    if ctx or meta:
+        rows.count_text(len(ctx or "") + len(meta or ""))
+    cols["compile_context"].append(ctx)
+    cols["user_metadata"].append(meta)
