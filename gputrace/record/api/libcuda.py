@@ -34,7 +34,7 @@ from gputrace.record.unwind import tables as unwind
 MAIN = "cuda.bpf.c"
 BUFFER = "cuda_events"
 CUDA_RB_PAGES = 1024  # 4 MiB: ~40k calls between polls
-PAUSE_LOAD, PAUSE_FIRST = 1, 2
+PAUSE_LOAD, PAUSE_FIRST, PAUSE_PY = 1, 2, 4
 STACK_DEPTH = 127  # frames per allocation stack (`record --stack-depth`); the kernel's most
 # what sees libcuda loads (the manifest's api.library_loads)
 LOADS_TP_BTF = "tp_btf sys_enter/sys_exit (syscall layer)"
@@ -148,6 +148,7 @@ class LibcudaProbes:
         self.stacks_done: set[tuple[int, int]] = set()
         self.stack_errors = 0
         self.pauses = 0
+        self.py_pauses = 0  # stops for a new Python stack (PAUSE_PY)
         self.changed = True
         self.guard: watchdog.Watchdog | None = None  # set before pausing is turned on
         self.filtered = False  # `-p`/CMD: only cuda_targets are served (configure)
@@ -231,12 +232,15 @@ class LibcudaProbes:
         return len(self.attached)
 
     # -- pauses
-    def service_pauses(self) -> None:
+    def service_pauses(self) -> list[tuple[int, int, int]]:
         """Handle processes the probes flagged: attach to the libcuda they opened,
-        read maps at their first call, then let stopped ones continue."""
+        read maps at their first call. Returns (pid, stopped, stop_boot_ns) of each
+        one to let go once the drain has read the stacks of their calls (a new
+        Python stack's code objects are read while the process is still stopped)."""
         tbl = self.bpf["cuda_paused"]
         items = [(k.value, v.kinds, v.fd, v.stopped, v.stop_boot_ns) for k, v in tbl.items()]
         targets = self.bpf["cuda_targets"]
+        held: list[tuple[int, int, int]] = []
         for pid, kinds, fd, stopped, boot in items:
             if self.filtered and ctypes.c_uint(pid) not in targets:
                 # not (or no longer) a target: nothing of it is read or attached
@@ -256,6 +260,14 @@ class LibcudaProbes:
             self.py.register(pid)  # stopped (filter mode): its threads are read as they are
             if stopped:
                 self.pauses += 1
+                self.py_pauses += bool(kinds & PAUSE_PY)
+            held.append((pid, stopped, boot))
+        return held
+
+    def release(self, held: list[tuple[int, int, int]]) -> None:
+        """Let go the processes `service_pauses` returned."""
+        tbl = self.bpf["cuda_paused"]
+        for pid, stopped, boot in held:
             self._release(tbl, pid, stopped, boot)
 
     def _refresh(self, pid: int, wait_s: float = 0.0) -> None:
@@ -303,18 +315,23 @@ class LibcudaProbes:
     # -- data
     def drain(self) -> list[tuple[str, Any]]:
         """Work items for the writer: raw events, stack rows, manifest facts."""
-        self.service_pauses()
-        if self.unwind.poll():
-            self.changed = True  # the manifest lists the tables
-        self.bpf.ring_buffer_consume()
+        held = self.service_pauses()
         items: list[tuple[str, Any]] = []
-        if self.raw:
-            data = b"".join(self.raw)
-            self.raw.clear()
-            items.append(("api:cuda_calls", data))
-            rows = self._stacks(decode.records(data, decode_cuda.CUDA_DTYPE)[0])
-            if rows:
-                items.append(("api:stacks", rows))
+        try:
+            if self.unwind.poll():
+                self.changed = True  # the manifest lists the tables
+            # after the paused map was read: the calls that stopped a process are in
+            # the ring already (each is submitted before its stop)
+            self.bpf.ring_buffer_consume()
+            if self.raw:
+                data = b"".join(self.raw)
+                self.raw.clear()
+                items.append(("api:cuda_calls", data))
+                rows = self._stacks(decode.records(data, decode_cuda.CUDA_DTYPE)[0])
+                if rows:
+                    items.append(("api:stacks", rows))
+        finally:
+            self.release(held)
         if self.changed or items:
             self.changed = False
             items.append(("api:manifest", self.manifest()))
@@ -367,6 +384,8 @@ class LibcudaProbes:
             "stack_depth": self.stack_depth,
             "python": {"versions": self.py.versions(), "frames": self.py.frames,
                        "unknown_frames": self.py.unknown,
+                       "unknown_reasons": dict(self.py.unknown_reasons),
+                       "pauses": self.py_pauses,
                        "warnings": sorted(self.py.warnings.values())},
             "library_loads": self.library_loads,
             "comm_cache": self.comm_cache_note,
