@@ -26,8 +26,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
 from gputrace.importers.torch_snapshot import TorchSnapshot, import_record
@@ -135,7 +133,8 @@ def write_joined(snap: TorchSnapshot, recording: str | os.PathLike[str],
     try:
         for name in schema.TABLES:
             for part in trace.parts(name):  # one part in, one part out: bounded memory
-                w.append(name, pq.read_table(part))
+                # older schema versions too: missing nullable columns as nulls
+                w.append(name, trace.read_part(name, part))
                 w.rotate()
         for name, table in rows.tables().items():
             w.append(name, table)
