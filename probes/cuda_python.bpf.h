@@ -67,6 +67,11 @@ struct py_walk {
     u8 win[GT_PY_WINDOW];
 };
 BPF_HASH(cuda_py_procs, u32, struct py_proc, 4096);
+/* (pid << 32 | Python stack id) of each process stopped for a new Python stack,
+ * with a wakeup: a thread of the recorder of its own (record/api/py_pauses.py)
+ * reads that stack's code objects and continues the process at once, not at the
+ * next drain */
+BPF_RINGBUF_OUTPUT(cuda_py_wake, 1);
 BPF_HASH(cuda_py_stacks, u32, struct py_stack, GT_PY_STACKS);
 BPF_TASK_STORAGE(cuda_py_scratch, struct py_walk);
 

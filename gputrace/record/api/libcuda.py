@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from gputrace.errors import GputraceError, UsageError
 from gputrace.record import bpf_load, decode, elf, hooks, loader, procfs, python_stacks
 from gputrace.record.api import decode as decode_cuda
 from gputrace.record.api import watchdog
+from gputrace.record.api.py_pauses import PyPauseWatch
 from gputrace.record.api.symbolize import Symbolizer
 from gputrace.record.unwind import tables as unwind
 
@@ -35,6 +37,7 @@ MAIN = "cuda.bpf.c"
 BUFFER = "cuda_events"
 CUDA_RB_PAGES = 1024  # 4 MiB: ~40k calls between polls
 PAUSE_LOAD, PAUSE_FIRST, PAUSE_PY = 1, 2, 4
+STOP_WAIT_S = 1.0  # the most a release waits for the probe's SIGSTOP to take effect
 STACK_DEPTH = 127  # frames per allocation stack (`record --stack-depth`); the kernel's most
 # what sees libcuda loads (the manifest's api.library_loads)
 LOADS_TP_BTF = "tp_btf sys_enter/sys_exit (syscall layer)"
@@ -152,6 +155,10 @@ class LibcudaProbes:
         self.changed = True
         self.guard: watchdog.Watchdog | None = None  # set before pausing is turned on
         self.filtered = False  # `-p`/CMD: only cuda_targets are served (configure)
+        # the drain and the Python-pause thread each take and continue stopped
+        # processes: one at a time, so neither continues a stop the other serves
+        self.pause_lock = threading.Lock()
+        self.py_watch: PyPauseWatch | None = None
 
     def _collector(self) -> Any:
         sink, string_at = self.raw, ctypes.string_at
@@ -172,6 +179,8 @@ class LibcudaProbes:
         leaf.comm_cache = 1 if self._fds else 0
         tbl[ctypes.c_int(0)] = leaf
         self.filtered = filter_targets
+        if pause and self.py_watch is None:
+            self.py_watch = PyPauseWatch(self, PAUSE_PY)
 
     def add_targets(self, pids: list[int]) -> None:
         tbl = self.bpf["cuda_targets"]
@@ -286,6 +295,9 @@ class LibcudaProbes:
         with contextlib.suppress(KeyError):
             del tbl[ctypes.c_uint(pid)]
         if stopped:
+            # the stop may not have taken effect yet (a Python pause is served the
+            # moment the probe asks for it): continued too early, it would stay
+            watchdog.wait_stopped(pid, STOP_WAIT_S)
             watchdog.continue_stopped(pid, boot)
             if self.guard is not None:
                 self.guard.forget(pid)
@@ -315,6 +327,10 @@ class LibcudaProbes:
     # -- data
     def drain(self) -> list[tuple[str, Any]]:
         """Work items for the writer: raw events, stack rows, manifest facts."""
+        with self.pause_lock:
+            return self._drain()
+
+    def _drain(self) -> list[tuple[str, Any]]:
         held = self.service_pauses()
         items: list[tuple[str, Any]] = []
         try:
@@ -419,6 +435,9 @@ class LibcudaProbes:
             )
 
     def close(self) -> None:
+        if self.py_watch is not None:
+            self.py_watch.close()
+            self.py_watch = None
         self.unwind.close()
         with contextlib.suppress(Exception):
             self.resume_all()

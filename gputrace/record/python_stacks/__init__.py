@@ -117,6 +117,16 @@ class PythonStacks:
             self.codes[key] = c
         return self.codes[key]
 
+    def read_stack(self, pid: int, py_id: int) -> None:
+        """Read (once) the code objects of a stack while the process is stopped;
+        `frames_of` names them later, whenever the process has gone."""
+        p = self.procs.get(pid)
+        if p is None:
+            return
+        st = self.stacks_map[self.stacks_map.Key(py_id)]
+        for i in range(min(int(st.n), len(st.code))):
+            self._code(p, pid, int(st.code[i]) & ~1)
+
     def frames_of(self, pid: int, py_id: int) -> list[PyFrame]:
         """(function, file, line, code address, bytecode offset, ends an eval-loop
         call) per Python frame of a stack, innermost first; names are None when the
