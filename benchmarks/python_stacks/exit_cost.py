@@ -53,6 +53,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--counts", default="10,100,1000")
     ap.add_argument("--python", default="/root/.pyenv/versions/3.12.1/bin/python")
+    ap.add_argument("--keep", metavar="DIR", help="keep the trace in DIR")
     a = ap.parse_args()
     counts = [int(x) for x in a.counts.split(",")]
     lib = str(build().libcuda)
@@ -66,7 +67,7 @@ def main() -> int:
             untraced[n] = float(out[2])
         script = "\n".join(f"{shlex.quote(a.python)} {shlex.quote(str(prog))} "
                            f"{shlex.quote(lib)} {n}" for n in counts)
-        trace = Path(tmp) / "trace"
+        trace = Path(a.keep) if a.keep else Path(tmp) / "trace"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         r = subprocess.run([sys.executable, "-m", "gputrace.cli", "record", "-o", str(trace),
                             "--", "sh", "-c", script], capture_output=True, text=True,
