@@ -13,6 +13,9 @@ finds each process's ending there), then:
     memory") from the loop (uncaught: exit 1), `sys_exit` calls sys.exit(3),
     `os_exit` calls os._exit(0) (no finalization at all), `sigterm` and
     `sigkill` print ALLOCATED and wait for their launcher's signal;
+  - `forged_table`: as `normal`, with `leak`'s code object replaced by one whose
+    line table is a forged MiB (3.11+: one varint that never ends; 3.10: a new line
+    per instruction), as a hostile process could hand the recorder;
   - `thread`: before the loop, a daemon thread allocates 4 MiB from
     `worker_leak()` (`# PLANT: thread`), then keeps allocating and freeing
     64 KiB from `spin()` while the main thread returns and the process exits.
@@ -29,7 +32,9 @@ import threading
 
 MIB = 1 << 20
 STEPS = 3
-ENDINGS = ("normal", "exception", "sys_exit", "os_exit", "thread", "sigterm", "sigkill")
+ENDINGS = ("normal", "exception", "sys_exit", "os_exit", "thread", "sigterm", "sigkill",
+           "forged_table")
+FORGED = 1 << 20
 LIB: ctypes.CDLL
 
 
@@ -76,6 +81,12 @@ def main(argv: list[str]) -> int:
     if (LIB.cuInit(0) or LIB.cuDeviceGet(ctypes.byref(dev), 0)
             or LIB.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev)):
         raise SystemExit("the stand-in libcuda did not make a context")
+    if ending == "forged_table":
+        if sys.version_info >= (3, 11):
+            table = bytes([0x80 | 13 << 3]) + b"\x7f" * (FORGED - 2) + b"\x00"
+        else:
+            table = bytes([2, 1]) * (FORGED // 2)
+        leak.__code__ = leak.__code__.replace(co_linetable=table)
     if ending == "thread":
         started = threading.Event()
         threading.Thread(target=worker_leak, args=(started,), daemon=True).start()
