@@ -72,8 +72,8 @@ def wait_stopped(pid: int, timeout_s: float) -> bool:
         st = _start_ticks(pid)
         if st is None or st[0] in ("Z", "X"):
             return False
-        if st[0] == "T":
-            return True
+        if st[0] in ("T", "t"):  # t: a debugger holds it; waiting would not help
+            return st[0] == "T"
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.0002)
