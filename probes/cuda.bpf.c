@@ -278,6 +278,8 @@ int uretprobe_cuda(struct pt_regs *ctx)
     p->active = 0;
     u64 id = bpf_get_current_pid_tgid();
     u32 pid = id >> 32;
+    u32 py_fresh = 0;
+    s32 py_id = -1;
     /* Out of device memory: heard at once. The device allocations' ids (cuMemAlloc,
      * Pitch, Managed, Async, FromPoolAsync; record/incidents.py says the same). */
     if ((s32)PT_REGS_RC(ctx) == GT_CUDA_ERROR_OUT_OF_MEMORY &&
@@ -314,7 +316,8 @@ int uretprobe_cuda(struct pt_regs *ctx)
             e->stack_id = cuda_stack_id(ctx, task, p->ts_ns, p->out, p->pitch_out, &v, &pitch,
                                         &have);
             /* walked at entry, apart from the native walk, which may stop early */
-            e->py_stack_id = cuda_py_take(task);
+            py_id = cuda_py_take(task, &py_fresh);
+            e->py_stack_id = py_id;
             if (e->result == 0 &&
                 ((have & 1) || bpf_probe_read_user(&v, sizeof(v), (void *)p->out) == 0)) {
                 if (p->shape == S_CREATE)
@@ -339,20 +342,30 @@ int uretprobe_cuda(struct pt_regs *ctx)
         if (d)
             *d += 1;
     }
-    /* First call of the process: stop it on its way back to the caller (the
-     * latency above excludes the stop) so its maps are read while alive. */
+    /* First call of the process, or a Python stack never seen before: stop it on
+     * its way back to the caller (the latency above excludes the stop) so its
+     * maps and that stack's code objects are read while it is alive. */
     u32 gen = cuda_generation();
-    if ((p->known & KNOWN_SEEN) && p->gen == gen)
-        return 0;
-    if (!cuda_seen.lookup(&pid)) {
-        u8 one = 1;
-        struct cuda_config *cfg = cuda_cfg();
-        cuda_seen.update(&pid, &one);
-        if (cfg)
-            cuda_pause_for(pid, GT_PAUSE_FIRST, -1, cfg);
+    u32 kinds = py_fresh ? GT_PAUSE_PY : 0;
+    if (!(p->known & KNOWN_SEEN) || p->gen != gen) {
+        if (!cuda_seen.lookup(&pid)) {
+            u8 one = 1;
+            cuda_seen.update(&pid, &one);
+            kinds |= GT_PAUSE_FIRST;
+        }
+        if (p->gen == gen)
+            p->known |= KNOWN_SEEN;
     }
-    if (p->gen == gen)
-        p->known |= KNOWN_SEEN;
+    if (kinds) {
+        struct cuda_config *cfg = cuda_cfg();
+        if (cfg) {
+            cuda_pause_for(pid, kinds, -1, cfg);
+            if (py_fresh && py_id >= 0 && cfg->pause) {
+                u64 wake = (u64)pid << 32 | (u32)py_id;
+                cuda_py_wake.ringbuf_output(&wake, sizeof(wake), BPF_RB_FORCE_WAKEUP);
+            }
+        }
+    }
     return 0;
 }
 

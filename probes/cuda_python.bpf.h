@@ -9,7 +9,11 @@
  * interpreters' thread lists (remembered per thread, checked again at every
  * call: a thread state may be freed and its memory reused), then follows the
  * frames from the innermost one, keeping (code object, last instruction) per
- * frame. Code objects are named in user space (the recorder's drain).
+ * frame. Code objects are named in user space (the recorder's drain); a stack
+ * stored for the first time stops the process at the call's return (in filter
+ * mode, GT_PAUSE_PY) until the drain has read the code objects it names: a
+ * program that exits, crashes or is killed right after its last allocation
+ * still has its frames named.
  *
  * Bit 0 of a kept code address (code objects are aligned) says the frame is the
  * outermost one of its _PyEval_EvalFrameDefault call: user space merges each
@@ -58,11 +62,16 @@ struct py_walk {
     u64 wbase, wend;    /* the user bytes win[] holds: [wbase, wend) */
     u64 frame;          /* the next frame to read */
     s32 pending;        /* the stack id the call's entry found, for its return */
-    u32 _pad1;
+    u32 fresh;          /* 1: that stack was stored by this call (never seen before) */
     u8 buf[GT_PY_BLOCK];
     u8 win[GT_PY_WINDOW];
 };
 BPF_HASH(cuda_py_procs, u32, struct py_proc, 4096);
+/* (pid << 32 | Python stack id) of each process stopped for a new Python stack,
+ * with a wakeup: a thread of the recorder of its own (record/api/py_pauses.py)
+ * reads that stack's code objects and continues the process at once, not at the
+ * next drain */
+BPF_RINGBUF_OUTPUT(cuda_py_wake, 1);
 BPF_HASH(cuda_py_stacks, u32, struct py_stack, GT_PY_STACKS);
 BPF_TASK_STORAGE(cuda_py_scratch, struct py_walk);
 
@@ -144,7 +153,8 @@ static __always_inline int py_same_stack(const struct py_stack *a, const struct 
  * Walked at the call's entry (the Python frames are the same at its return), in
  * the uprobe programs: the uretprobe program already holds the native walk, and
  * the two loops in one program are more than the verifier follows. */
-static __always_inline int cuda_py_stack_id(struct py_proc *p, struct py_walk *w, u32 tid)
+static __always_inline int cuda_py_stack_id(struct py_proc *p, struct py_walk *w, u32 pid,
+                                            u32 tid)
 {
     if (!py_thread_state(p, w, tid))
         return -1;
@@ -153,7 +163,9 @@ static __always_inline int cuda_py_stack_id(struct py_proc *p, struct py_walk *w
         (!frame || bpf_probe_read_user(&frame, sizeof(frame), (void *)(frame + p->cframe_frame))))
         return -1;
     struct py_stack *s = &w->s;
-    w->h = 0x9e3779b97f4a7c15ULL;
+    /* the pid is part of the key: a code address means nothing in another process,
+     * and each process's first sight of a stack must stop it (GT_PAUSE_PY) */
+    w->h = py_mix(0x9e3779b97f4a7c15ULL, pid);
     w->n = 0;
     w->wbase = w->wend = 0;
     w->frame = frame;
@@ -205,8 +217,10 @@ static __always_inline int cuda_py_stack_id(struct py_proc *p, struct py_walk *w
         struct py_stack *v = cuda_py_stacks.lookup(&key);
         if (!v) {
             int err = cuda_py_stacks.insert(&key, s);
-            if (err == 0)
+            if (err == 0) {
+                w->fresh = 1;
                 return key;
+            }
             if (err != -17)  /* EEXIST: another thread stored this key meanwhile */
                 return err;
             v = cuda_py_stacks.lookup(&key);
@@ -227,17 +241,22 @@ static __always_inline void cuda_py_enter(void *task, u32 pid, u32 tid)
     struct py_proc *p = cuda_py_procs.lookup(&pid);
     struct py_walk *w = cuda_py_scratch.task_storage_get(
         task, 0, p ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
-    if (w)
-        w->pending = p ? cuda_py_stack_id(p, w, tid) : -1;
+    if (w) {
+        w->fresh = 0;
+        w->pending = p ? cuda_py_stack_id(p, w, pid, tid) : -1;
+    }
 }
 
-/* At its return: the id the entry found (-1 when none). */
-static __always_inline s32 cuda_py_take(void *task)
+/* At its return: the id the entry found (-1 when none); *fresh = 1 when that
+ * stack was stored by this call. */
+static __always_inline s32 cuda_py_take(void *task, u32 *fresh)
 {
     struct py_walk *w = cuda_py_scratch.task_storage_get(task, 0, 0);
     if (!w)
         return -1;
     s32 id = w->pending;
+    *fresh = w->fresh;
     w->pending = -1;
+    w->fresh = 0;
     return id;
 }

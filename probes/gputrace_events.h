@@ -269,6 +269,8 @@ struct cuda_event {
 /* Why the probe stopped a traced process (SIGSTOP) until the recorder acts. */
 #define GT_PAUSE_LOAD 1   /* opened a libcuda.so* file: attach uprobes to it */
 #define GT_PAUSE_FIRST 2  /* its first API call: read its maps for stacks */
+#define GT_PAUSE_PY 4     /* a Python stack not seen before: its code objects are read
+                           * while the process is stopped, before it can exit */
 
 /* Value of the `cuda_paused` map (key: tgid). */
 struct cuda_pause {

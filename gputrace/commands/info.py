@@ -139,7 +139,7 @@ def render_info(info: dict[str, Any], fmt: str = "text") -> str:
         versions = sorted(set(map(str, py["versions"].values())))
         lines.append(f"python     CPython {', '.join(versions)} in {len(py['versions'])} "
                      f"process(es); {py.get('frames', 0)} Python frames, "
-                     f"{py.get('unknown_frames', 0)} unknown (the process exited first)")
+                     f"{py.get('unknown_frames', 0)} unknown{_unknown_why(py)}")
     lines += _untracked_lines(info.get("cpu_faults"), info.get("driver_layer"))
     lines += _driver_lines(info.get("driver_layer"))
     drops = info["drops"]
@@ -184,6 +184,17 @@ def _window_lines(w: Any, incidents: Any) -> list[str]:
             lines.append(f"incident   {inc.get('dir')}: {inc.get('trigger')} at "
                          f"{inc.get('ts_ns')} ns ({inc.get('status')})")
     return lines
+
+
+def _unknown_why(py: dict[str, Any]) -> str:
+    """Why Python frames are unknown: the recorder's reasons with their counts, or
+    (traces from before it gave them) the one reason it had then."""
+    if not py.get("unknown_frames"):
+        return ""
+    reasons = py.get("unknown_reasons")
+    if not isinstance(reasons, dict) or not reasons:
+        return " (the process exited first)"
+    return " (" + "; ".join(f"{n}: {why}" for why, n in sorted(reasons.items())) + ")"
 
 
 def _untracked_lines(cpu: Any, dl: Any) -> list[str]:

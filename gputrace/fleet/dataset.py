@@ -36,7 +36,12 @@ class _Exported(ManifestFacts):
         df = self._frames.get(name)
         if df is None:
             return pl.LazyFrame(schema=t.polars_schema)
-        return df.lazy().select([pl.col(n).cast(dt) for n, dt in t.polars_schema.items()])
+        # a dataset exported by an older gputrace lacks the nullable columns added
+        # since: they read as nulls, as a trace directory's older parts do
+        have, nullable = set(df.columns), {c.name for c in t.columns if c.nullable}
+        return df.lazy().select([
+            pl.col(n).cast(dt) if n in have or n not in nullable else pl.lit(None, dt).alias(n)
+            for n, dt in t.polars_schema.items()])
 
 
 def read_record(store: Store, entry: dict[str, Any]) -> dict[str, Any]:

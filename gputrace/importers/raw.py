@@ -45,6 +45,7 @@ from gputrace.trace.files import (
     read_manifest,
     reason,
 )
+from gputrace.trace.reader import in_current_schema
 from gputrace.trace.writer import stream_part, write_manifest, write_part
 
 __all__ = ["Converted", "convert"]
@@ -118,8 +119,9 @@ def _fold_pending(fd: int, folder: int, root: Path, table: str, manifest: dict[s
     t = schema.table(table)
     data = _read(folder, PENDING, where)
     try:
-        got = pq.read_table(pa.BufferReader(data)).select(t.arrow_schema.names)
-        got = got.cast(t.arrow_schema)
+        # left by a recorder of an older schema version too (nullable columns added
+        # since read as nulls, as every reader reads its parts)
+        got = in_current_schema(t, pq.read_table(pa.BufferReader(data)), where)
     except (pa.ArrowException, KeyError, ValueError) as e:
         raise TraceError(f"{where}: unreadable ({str(e).splitlines()[0]})") from None
     keys = PENDING_KEYS.get(table)

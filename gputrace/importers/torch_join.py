@@ -28,8 +28,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
 from gputrace.importers.torch_snapshot import TorchSnapshot, import_record
@@ -134,7 +132,7 @@ def _read_part(part: Path) -> Any:
 def write_joined(snap: TorchSnapshot, recording: str | os.PathLike[str],
                  out: str | os.PathLike[str], *, force: bool = False) -> tuple[Path, Join]:
     """Write the recording plus the snapshot's allocator tables to `out`."""
-    from gputrace.trace.reader import open_trace
+    from gputrace.trace.reader import in_current_schema, open_trace
     from gputrace.trace.writer import TraceWriter
 
     if Path(out).resolve() == Path(recording).resolve():
@@ -153,7 +151,9 @@ def write_joined(snap: TorchSnapshot, recording: str | os.PathLike[str],
     try:
         for name in schema.TABLES:
             for part in trace.parts(name):  # one part in, one part out: bounded memory
-                w.append(name, _read_part(part))
+                # no link followed; older schema versions too: missing nullable
+                # columns as nulls
+                w.append(name, in_current_schema(schema.table(name), _read_part(part), part))
                 w.rotate()
         for name, table in rows.tables().items():
             w.append(name, table)

@@ -169,8 +169,10 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
      "(incidents add their own gpu_memory and gpu_process_memory samples at once)"),
     ("api.python", "Python frames of API stacks: versions ({pid: \"3.12\"} of the CPython "
      "processes walked), frames (Python frames kept), unknown_frames (not named: the "
-     "process exited before the recorder read its code objects), warnings (one line per "
-     "interpreter that could not be walked: native frames only); docs/record.md"),
+     "process exited before the recorder read its code objects), unknown_reasons ({why: "
+     "frames}), pauses (stops for a new Python stack, whose code objects were read "
+     "meanwhile), warnings (one line per interpreter that could not be walked: native "
+     "frames only); docs/record.md"),
     ("gpus", "GPUs: index (the trace GPU index every table uses), memory_bytes, name, uuid"),
     ("synthetic", "true for traces built by gputrace.trace.builder, never recorded"),
     ("imported", "list of what `gputrace import` added: {kind (`torch-snapshot`), layer, "

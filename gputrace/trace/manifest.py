@@ -117,6 +117,8 @@ class ApiPython(_Model):
     versions: dict[StrictStr, StrictStr] = {}
     frames: Count = 0
     unknown_frames: Count = 0
+    unknown_reasons: dict[StrictStr, Count] = {}  # why -> frames (older traces: none)
+    pauses: Count = 0  # stops for a new Python stack, its code objects read meanwhile
     warnings: list[StrictStr] = []
 
 

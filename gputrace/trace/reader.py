@@ -26,8 +26,8 @@ from gputrace.trace.rawparts import RAW_GLOB
 if TYPE_CHECKING:  # polars is imported where a scan needs it
     import polars as pl
 
-__all__ = ["CHOSEN_SIZES", "SIZE_LIMIT", "ManifestFacts", "Trace", "open_trace",
-           "trace_warnings"]
+__all__ = ["CHOSEN_SIZES", "SIZE_LIMIT", "ManifestFacts", "Trace", "in_current_schema",
+           "open_trace", "trace_warnings"]
 
 SIZE_LIMIT = 1 << 48
 """Bytes no allocation, mapping or reservation can span (256 TiB: more than any GPU or
@@ -110,6 +110,17 @@ class Trace(ManifestFacts):
             [pl.col(n).cast(dt) for n, dt in t.polars_schema.items()]
         )
 
+    def read_part(self, table: str, part: Path) -> pa.Table:
+        """One part of `table` (from `parts`) in the current schema, as `scan` reads
+        it: for copying a recording part for part (`import --into`)."""
+        t = schema.table(_check_table(table))
+        try:
+            data = pq.read_table(part)
+        except (OSError, pa.ArrowException) as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise TraceError(f"corrupt Parquet part {part}: {reason}") from None
+        return in_current_schema(t, data, part)
+
     def validate(self) -> None:
         """Read every part's footer; raise TraceError naming the first bad part."""
         for name in schema.TABLES:
@@ -121,6 +132,26 @@ class Trace(ManifestFacts):
         if self._warnings is None:
             self._warnings = _integrity_warnings(self)
         return list(self._warnings)
+
+
+def in_current_schema(t: schema.Table, data: pa.Table, where: Path) -> pa.Table:
+    """`data` (rows of table `t` written by any schema version this gputrace reads)
+    with the current columns, in order and type: a nullable column added after it
+    was written reads as nulls, as in `Trace.scan`; a required one missing, or one
+    whose values cannot be cast, is a one-line TraceError."""
+    cols = []
+    for f in t.arrow_schema:
+        if f.name in data.column_names:
+            try:
+                cols.append(data.column(f.name).cast(f.type))
+            except (pa.ArrowException, ValueError) as e:
+                raise TraceError(f"{where}: table {t.name} column {f.name}: "
+                                 f"{str(e).splitlines()[0]}") from None
+        elif f.nullable:
+            cols.append(pa.nulls(data.num_rows, f.type))
+        else:
+            raise TraceError(f"{where}: columns missing from table {t.name}: {f.name}")
+    return pa.Table.from_arrays(cols, schema=t.arrow_schema)
 
 
 def _check_table(table: str) -> str:

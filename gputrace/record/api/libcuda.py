@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,15 @@ from gputrace.errors import GputraceError, UsageError
 from gputrace.record import bpf_load, decode, elf, hooks, loader, procfs, python_stacks
 from gputrace.record.api import decode as decode_cuda
 from gputrace.record.api import watchdog
+from gputrace.record.api.py_pauses import PyPauseWatch
 from gputrace.record.api.symbolize import Symbolizer
 from gputrace.record.unwind import tables as unwind
 
 MAIN = "cuda.bpf.c"
 BUFFER = "cuda_events"
 CUDA_RB_PAGES = 1024  # 4 MiB: ~40k calls between polls
-PAUSE_LOAD, PAUSE_FIRST = 1, 2
+PAUSE_LOAD, PAUSE_FIRST, PAUSE_PY = 1, 2, 4
+STOP_WAIT_S = 1.0  # the most a release waits for the probe's SIGSTOP to take effect
 STACK_DEPTH = 127  # frames per allocation stack (`record --stack-depth`); the kernel's most
 # what sees libcuda loads (the manifest's api.library_loads)
 LOADS_TP_BTF = "tp_btf sys_enter/sys_exit (syscall layer)"
@@ -148,9 +151,14 @@ class LibcudaProbes:
         self.stacks_done: set[tuple[int, int]] = set()
         self.stack_errors = 0
         self.pauses = 0
+        self.py_pauses = 0  # stops for a new Python stack (PAUSE_PY)
         self.changed = True
         self.guard: watchdog.Watchdog | None = None  # set before pausing is turned on
         self.filtered = False  # `-p`/CMD: only cuda_targets are served (configure)
+        # the drain and the Python-pause thread each take and continue stopped
+        # processes: one at a time, so neither continues a stop the other serves
+        self.pause_lock = threading.Lock()
+        self.py_watch: PyPauseWatch | None = None
 
     def _collector(self) -> Any:
         sink, string_at = self.raw, ctypes.string_at
@@ -171,6 +179,8 @@ class LibcudaProbes:
         leaf.comm_cache = 1 if self._fds else 0
         tbl[ctypes.c_int(0)] = leaf
         self.filtered = filter_targets
+        if pause and self.py_watch is None:
+            self.py_watch = PyPauseWatch(self, PAUSE_PY)
 
     def add_targets(self, pids: list[int]) -> None:
         tbl = self.bpf["cuda_targets"]
@@ -231,12 +241,15 @@ class LibcudaProbes:
         return len(self.attached)
 
     # -- pauses
-    def service_pauses(self) -> None:
+    def service_pauses(self) -> list[tuple[int, int, int]]:
         """Handle processes the probes flagged: attach to the libcuda they opened,
-        read maps at their first call, then let stopped ones continue."""
+        read maps at their first call. Returns (pid, stopped, stop_boot_ns) of each
+        one to let go once the drain has read the stacks of their calls (a new
+        Python stack's code objects are read while the process is still stopped)."""
         tbl = self.bpf["cuda_paused"]
         items = [(k.value, v.kinds, v.fd, v.stopped, v.stop_boot_ns) for k, v in tbl.items()]
         targets = self.bpf["cuda_targets"]
+        held: list[tuple[int, int, int]] = []
         for pid, kinds, fd, stopped, boot in items:
             if self.filtered and ctypes.c_uint(pid) not in targets:
                 # not (or no longer) a target: nothing of it is read or attached
@@ -256,6 +269,14 @@ class LibcudaProbes:
             self.py.register(pid)  # stopped (filter mode): its threads are read as they are
             if stopped:
                 self.pauses += 1
+                self.py_pauses += bool(kinds & PAUSE_PY)
+            held.append((pid, stopped, boot))
+        return held
+
+    def release(self, held: list[tuple[int, int, int]]) -> None:
+        """Let go the processes `service_pauses` returned."""
+        tbl = self.bpf["cuda_paused"]
+        for pid, stopped, boot in held:
             self._release(tbl, pid, stopped, boot)
 
     def _refresh(self, pid: int, wait_s: float = 0.0) -> None:
@@ -274,6 +295,9 @@ class LibcudaProbes:
         with contextlib.suppress(KeyError):
             del tbl[ctypes.c_uint(pid)]
         if stopped:
+            # the stop may not have taken effect yet (a Python pause is served the
+            # moment the probe asks for it): continued too early, it would stay
+            watchdog.wait_stopped(pid, STOP_WAIT_S)
             watchdog.continue_stopped(pid, boot)
             if self.guard is not None:
                 self.guard.forget(pid)
@@ -303,18 +327,27 @@ class LibcudaProbes:
     # -- data
     def drain(self) -> list[tuple[str, Any]]:
         """Work items for the writer: raw events, stack rows, manifest facts."""
-        self.service_pauses()
-        if self.unwind.poll():
-            self.changed = True  # the manifest lists the tables
-        self.bpf.ring_buffer_consume()
+        with self.pause_lock:
+            return self._drain()
+
+    def _drain(self) -> list[tuple[str, Any]]:
+        held = self.service_pauses()
         items: list[tuple[str, Any]] = []
-        if self.raw:
-            data = b"".join(self.raw)
-            self.raw.clear()
-            items.append(("api:cuda_calls", data))
-            rows = self._stacks(decode.records(data, decode_cuda.CUDA_DTYPE)[0])
-            if rows:
-                items.append(("api:stacks", rows))
+        try:
+            if self.unwind.poll():
+                self.changed = True  # the manifest lists the tables
+            # after the paused map was read: the calls that stopped a process are in
+            # the ring already (each is submitted before its stop)
+            self.bpf.ring_buffer_consume()
+            if self.raw:
+                data = b"".join(self.raw)
+                self.raw.clear()
+                items.append(("api:cuda_calls", data))
+                rows = self._stacks(decode.records(data, decode_cuda.CUDA_DTYPE)[0])
+                if rows:
+                    items.append(("api:stacks", rows))
+        finally:
+            self.release(held)
         if self.changed or items:
             self.changed = False
             items.append(("api:manifest", self.manifest()))
@@ -367,6 +400,8 @@ class LibcudaProbes:
             "stack_depth": self.stack_depth,
             "python": {"versions": self.py.versions(), "frames": self.py.frames,
                        "unknown_frames": self.py.unknown,
+                       "unknown_reasons": dict(self.py.unknown_reasons),
+                       "pauses": self.py_pauses,
                        "warnings": sorted(self.py.warnings.values())},
             "library_loads": self.library_loads,
             "comm_cache": self.comm_cache_note,
@@ -400,6 +435,9 @@ class LibcudaProbes:
             )
 
     def close(self) -> None:
+        if self.py_watch is not None:
+            self.py_watch.close()
+            self.py_watch = None
         self.unwind.close()
         with contextlib.suppress(Exception):
             self.resume_all()

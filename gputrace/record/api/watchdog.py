@@ -61,6 +61,24 @@ def _boot_offset_ns() -> int:
     return 0
 
 
+def wait_stopped(pid: int, timeout_s: float) -> bool:
+    """Wait (bounded) until `pid` is in state T: the probe's SIGSTOP takes effect
+    only when the thread leaves the probe for user space, and a process continued
+    before it has stopped would stop for good. False when it did not stop (gone)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = _start_ticks(pid)
+        if st is None or st[0] in ("Z", "X"):
+            return False
+        if st[0] in ("T", "t"):  # t: a debugger holds it; waiting would not help
+            return st[0] == "T"
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.0002)
+
+
 def continue_stopped(pid: int, stop_boot_ns: int) -> bool:
     """SIGCONT to `pid` if it is the process stopped at `stop_boot_ns` (CLOCK_BOOTTIME)
     and still stopped; True when the signal was sent."""

@@ -20,6 +20,8 @@ from gputrace.record.python_stacks.layouts import NONE, LayoutError
 
 PyFrame = tuple[str | None, str | None, int | None, int, int, bool]
 """(function, file, line, code address, bytecode offset, ends an eval-loop call)."""
+UNKNOWN_EXITED = "exited before its stack was read"
+UNKNOWN_NOT_CODE = "not a code object"
 NO_NATIVE = 0xFFFFFFFF  # low half of a stack key whose native walk got nothing
 EVAL_FRAME = "_PyEval_EvalFrameDefault"
 
@@ -54,6 +56,8 @@ class PythonStacks:
         self.warnings: dict[int, str] = {}
         self.frames = 0
         self.unknown = 0  # frames whose code object could not be read
+        self.unknown_reasons: dict[str, int] = {}  # UNKNOWN_* -> frames
+        self.table_left: dict[int, int] = {}  # pid -> line-table bytes it may still cost
 
     def register(self, pid: int) -> None:
         """Find `pid`'s CPython (once) and hand the probe its layout."""
@@ -96,10 +100,32 @@ class PythonStacks:
             p.mem.close()
         self.tried.discard(pid)
         self.warnings.pop(pid, None)
+        self.table_left.pop(pid, None)
         for key in [k for k in self.codes if k[0] == pid]:
             del self.codes[key]
         with contextlib.suppress(KeyError):
             del self.procs_map[self.procs_map.Key(pid)]
+
+    def _code(self, p: process.PyProcess, pid: int, addr: int) -> pycode.Code | None:
+        """The code object at `addr` of `pid`, read and its line table decoded once."""
+        key = (pid, addr)
+        if key not in self.codes:
+            left = self.table_left.get(pid, pycode.PROCESS_TABLES)
+            c = pycode.read_code(p.mem, p.layout, p.code_type, addr, left)
+            if c is not None:
+                self.table_left[pid] = left - len(c.linetable)
+            self.codes[key] = c
+        return self.codes[key]
+
+    def read_stack(self, pid: int, py_id: int) -> None:
+        """Read (once) the code objects of a stack while the process is stopped;
+        `frames_of` names them later, whenever the process has gone."""
+        p = self.procs.get(pid)
+        if p is None:
+            return
+        st = self.stacks_map[self.stacks_map.Key(py_id)]
+        for i in range(min(int(st.n), len(st.code))):
+            self._code(p, pid, int(st.code[i]) & ~1)
 
     def frames_of(self, pid: int, py_id: int) -> list[PyFrame]:
         """(function, file, line, code address, bytecode offset, ends an eval-loop
@@ -111,15 +137,12 @@ class PythonStacks:
         for i in range(min(int(st.n), len(st.code))):
             word, instr = int(st.code[i]), int(st.instr[i])
             addr, entry = word & ~1, bool(word & 1)
-            c = None
-            if p is not None:
-                key = (pid, addr)
-                if key not in self.codes:
-                    self.codes[key] = pycode.read_code(p.mem, p.layout, p.code_type, addr)
-                c = self.codes[key]
+            c = self._code(p, pid, addr) if p is not None else None
             self.frames += 1
             if c is None:
                 self.unknown += 1
+                why = UNKNOWN_NOT_CODE if p is not None and process.alive(pid) else UNKNOWN_EXITED
+                self.unknown_reasons[why] = self.unknown_reasons.get(why, 0) + 1
                 out.append((None, None, None, addr, 0, entry))
                 continue
             assert p is not None

@@ -108,6 +108,16 @@ def _mappings(pid: int) -> list[tuple[int, int, str]]:
     return out
 
 
+def alive(pid: int) -> bool:
+    """Is `pid` running (not gone, not a zombie whose memory is freed)?"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"X", b"")
+
+
 def _tids(pid: int) -> set[int]:
     try:
         return {int(t) for t in os.listdir(f"/proc/{pid}/task")}

@@ -3,7 +3,7 @@ CPU-fault filter could not hold mean missing CPU faults (manifests are synthetic
 
 from __future__ import annotations
 
-from gputrace.commands.info import _target, _untracked_lines
+from gputrace.commands.info import _target, _unknown_why, _untracked_lines
 from gputrace.trace.reader import open_trace
 from tests.conftest import FIXTURES
 
@@ -36,3 +36,14 @@ def test_real_h200_untracked_blocks_are_covered_by_the_tracker() -> None:
     m = open_trace(FIXTURES / "real-h200-driver-cuda" / "trace").manifest
     (line,) = _untracked_lines(m["cpu_faults"], m["driver_layer"])
     assert line.startswith("note: ") and "1047548 blocks" in line
+
+
+def test_unknown_python_frames_say_why() -> None:
+    """How many Python frames are unknown and why (the recorder's reasons, counted);
+    a trace from before the reasons were kept gives the one reason there was then."""
+    py = {"frames": 12, "unknown_frames": 3,
+          "unknown_reasons": {"exited before its stack was read": 2, "not a code object": 1}}
+    assert _unknown_why(py) == (" (2: exited before its stack was read; "
+                                "1: not a code object)")
+    assert _unknown_why({"frames": 4, "unknown_frames": 4}) == " (the process exited first)"
+    assert _unknown_why({"frames": 4, "unknown_frames": 0, "unknown_reasons": {}}) == ""

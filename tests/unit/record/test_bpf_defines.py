@@ -76,6 +76,7 @@ def python_value(name: str) -> int | None:
         "GT_UNWIND_CFA_RBP": unwind_cfi.CFA_RBP,
         "GT_PAUSE_LOAD": cuda.PAUSE_LOAD,
         "GT_PAUSE_FIRST": cuda.PAUSE_FIRST,
+        "GT_PAUSE_PY": cuda.PAUSE_PY,
         "GT_FV_RET": decode.FV_RET,
         "GT_NBUF": len(loader.BUFFERS),
         "GT_FS_N": len(loader.FAULT_STATS),

@@ -138,7 +138,8 @@ def test_line_tables_match_co_lines(version: tuple[int, int]) -> None:
                                     check=True).stdout)  # fmt: skip
     lay = layouts.TABLES.get(version, layouts.PY312)
     table = bytes.fromhex(out["table"])
-    code = pycode.Code("f", "m.py", out["first"], table, 0x1000)
+    code = pycode.Code("f", "m.py", out["first"], table, 0x1000,
+                       pycode.decode_lines(table, out["first"], version))
     checked = 0
     for start, end, line in out["lines"]:
         for off in range(start, end, 2):
@@ -229,3 +230,133 @@ def test_merge_replaces_eval_frames_innermost_first() -> None:
     assert [r["depth"] for r in rows] == list(range(8))
     assert {r["stack_id"] for r in rows} == {99}
     assert rows[2]["filename"] == "f.py" and rows[2]["line"] == 3 and rows[2]["offset"] == 4
+
+
+FORGED = """
+import sys, types
+def inner():
+    sys.stdout.write("R\\n"); sys.stdout.flush(); sys.stdin.readline()
+size = int(sys.argv[1])
+if sys.version_info >= (3, 11):
+    # one kind-13 entry whose line-delta varint runs on for the whole table
+    table = bytes([0x80 | 13 << 3]) + b"\\x7f" * (size - 2) + b"\\x00"
+else:
+    table = bytes([2, 1]) * (size // 2)  # 3.10: a new line every instruction
+types.FunctionType(inner.__code__.replace(co_linetable=table), globals())()
+"""
+
+
+def _forged_process(exe: Path, size: int) -> tuple[subprocess.Popen[bytes], process.PyProcess]:
+    proc = subprocess.Popen([str(exe), "-c", FORGED, str(size)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"R\n"
+    try:
+        return proc, process.find(proc.pid)
+    except (PermissionError, process.NotPython) as e:
+        proc.kill()
+        pytest.skip(f"process memory not readable here: {e}")
+
+
+@pytest.mark.parametrize("exe", [INTERPRETERS[(3, 10)], INTERPRETERS[(3, 12)]],
+                         ids=["3.10", "3.12"])
+def test_forged_line_table_costs_one_bounded_decode(exe: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real process whose running function carries a forged line table of
+    MAX_TABLE bytes (a varint that never ends, 3.11+; a new line per instruction,
+    3.10): its frame is named, decoded once per code object in bounded time (the
+    varint decoder was quadratic: 47 s a lookup), and every later lookup is a
+    binary search."""
+    import time
+
+    from gputrace.record import python_stacks
+
+    if not exe.exists():
+        pytest.skip(f"{exe} not installed")
+    proc, p = _forged_process(exe, pycode.MAX_TABLE)
+    decodes: list[int] = []
+    real = pycode.decode_lines
+
+    def counted(table: bytes, first: int, version: tuple[int, int]) -> pycode.Lines:
+        decodes.append(len(table))
+        return real(table, first, version)
+
+    monkeypatch.setattr(pycode, "decode_lines", counted)
+    try:
+        t0 = time.monotonic()
+        frames = _walk(p)  # reads and decodes each frame's code object
+        first_s = time.monotonic() - t0
+        ts = process._thread_states(p.mem, p.layout, p.runtime)[-1]
+        frame = p.mem.u64(ts + p.layout.ts_frame)
+        if p.layout.cframe_frame != layouts.NONE:
+            frame = p.mem.u64(frame + p.layout.cframe_frame) if frame else 0
+        code_addr = p.mem.u64(frame + p.layout.fr_code)
+        assert code_addr is not None
+        stacks = python_stacks.PythonStacks(None, None)
+        decodes.clear()
+        c1 = stacks._code(p, proc.pid, code_addr)
+        c2 = stacks._code(p, proc.pid, code_addr)
+        t0 = time.monotonic()
+        for unit in range(0, 1 << 16, 7):
+            pycode.line_of(c1, p.layout, c1.bytecode + 2 * unit if c1 else unit)
+        lookups_s = time.monotonic() - t0
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
+        p.mem.close()
+    assert c1 is not None and c1 is c2 and decodes == [pycode.MAX_TABLE]
+    assert len(c1.linetable) == pycode.MAX_TABLE
+    assert frames[0][0] == "inner" and frames[-1][0] == "<module>"
+    if p.layout.version >= (3, 11):
+        assert frames[0][1] is None  # the forged varint ends the table: no line
+        assert stacks.table_left[proc.pid] == pycode.PROCESS_TABLES - pycode.MAX_TABLE
+    # bounds with room for a loaded 2-core host; the quadratic decoder took 47 s
+    assert first_s < 5.0 and lookups_s < 1.0, (first_s, lookups_s)
+
+
+def test_line_table_over_the_bound_is_not_read() -> None:
+    """A table one byte over MAX_TABLE is not read from the process at all: the
+    frame keeps its name, without a line."""
+    exe = INTERPRETERS[(3, 12)]
+    if not exe.exists():
+        pytest.skip(f"{exe} not installed")
+    proc, p = _forged_process(exe, pycode.MAX_TABLE + 1)
+    try:
+        frames = _walk(p)
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
+        p.mem.close()
+    assert frames[0] == ("inner", None, False)
+
+
+@pytest.mark.parametrize("version", list(INTERPRETERS), ids=lambda v: "{}.{}".format(*v))
+def test_line_tables_of_a_whole_module_match_co_lines(version: tuple[int, int]) -> None:
+    """Every code object of a real module (argparse: comprehensions, nested
+    functions, long tables) decodes to the lines CPython's co_lines gives."""
+    exe = INTERPRETERS[version]
+    if not exe.exists():
+        pytest.skip(f"{exe} not installed")
+    dump = ("import argparse, json, types\n"
+            "todo, out = [compile(open(argparse.__file__).read(), 'a.py', 'exec')], []\n"
+            "while todo:\n"
+            "    c = todo.pop()\n"
+            "    todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]\n"
+            "    out.append([c.co_linetable.hex(), c.co_firstlineno, list(c.co_lines())])\n"
+            "print(json.dumps(out))\n")
+    codes = json.loads(subprocess.run([str(exe), "-c", dump], capture_output=True, text=True,
+                                      check=True).stdout)  # fmt: skip
+    lay = layouts.TABLES.get(version, layouts.PY312)
+    checked = 0
+    for table_hex, first, lines in codes:
+        table = bytes.fromhex(table_hex)
+        code = pycode.Code("f", "a.py", first, table, 0x1000,
+                           pycode.decode_lines(table, first, version))
+        for start, end, line in lines:
+            for off in range(start, end, 2):
+                instr = off // 2 if version == (3, 10) else 0x1000 + off
+                assert pycode.line_of(code, lay, instr) == line, (off, line)
+                checked += 1
+    assert len(codes) > 100 and checked > 5000
