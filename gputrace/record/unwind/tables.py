@@ -28,11 +28,12 @@ import contextlib
 import ctypes
 import multiprocessing
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gputrace.record import elf
+from gputrace.record import elf, reap
 from gputrace.record.api.symbolize import Mapping
 from gputrace.record.python_stacks.process import INTERPRETER_NAME
 from gputrace.record.unwind import cache, cfi
@@ -69,6 +70,7 @@ class Compiler:
     def __init__(self) -> None:
         self.pool: cf.ProcessPoolExecutor | None = None
         self.cache_dir: Path | None = None  # decided once, at start: the worker's too
+        self.closed = False
 
     def start(self) -> None:
         """Start the worker now (a spawned interpreter importing pyelftools: a few
@@ -82,20 +84,33 @@ class Compiler:
             self.pool.submit(cfi.warm)
 
     def submit(self, path: str) -> cf.Future[cfi.UnwindTable]:
+        if self.closed:  # the recording ended: no worker is started again
+            done: cf.Future[cfi.UnwindTable] = cf.Future()
+            done.set_exception(cfi.CfiError(f"{path}: not compiled (the recording ended)"))
+            return done
         self.start()
         assert self.pool is not None
         return self.pool.submit(cache.compile_cached, path, TABLE_ROWS, self.cache_dir)
 
     def close(self) -> None:
-        """Stop now: queued libraries dropped, the one compiling killed."""
+        """Stop now: queued libraries dropped, the worker killed and reaped whatever
+        it is doing (`reap.end`: one the kernel holds is said, not waited for)."""
+        self.closed = True
         if self.pool is None:
             return
         procs = list(getattr(self.pool, "_processes", {}).values())
         self.pool.shutdown(wait=False, cancel_futures=True)
-        for proc in procs:
-            with contextlib.suppress(Exception):
-                proc.kill()
         self.pool = None
+        for proc in procs:
+            reap.end("unwind compile worker", proc.pid, proc.kill, _joiner(proc))
+
+
+def _joiner(proc: Any) -> Callable[[float], bool]:
+    """Has the worker `proc` ended within a timeout (joined)?"""
+    def joined(timeout: float) -> bool:
+        proc.join(timeout)
+        return proc.exitcode is not None
+    return joined
 
 
 def cflags() -> list[str]:
