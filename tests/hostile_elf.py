@@ -58,7 +58,8 @@ def symbol_bomb(path: Path, symbols: int = 1000, strtab: int = 8 << 20) -> Path:
         struct.pack("<IBBHQQ", 1 + i, STB_GLOBAL << 4 | STT_FUNC, 0, 1, 0x1000 + 16 * i, 16)
         for i in range(symbols))  # fmt: skip
     # section 1 .dynsym links to section 2 .dynstr (the last, after .shstrtab)
-    return build(path, [(".dynsym", SHT_DYNSYM, syms, 3, SYM), (".dynstr", SHT_STRTAB, dynstr, 0, 0)])
+    return build(path, [(".dynsym", SHT_DYNSYM, syms, 3, SYM),
+                        (".dynstr", SHT_STRTAB, dynstr, 0, 0)])
 
 
 _CIE_INSNS = bytes([0x0C, 0x07, 0x08, 0x90, 0x01])  # def_cfa rsp+8; ra at cfa-8
@@ -103,3 +104,19 @@ def honest(path: Path, functions: int = 100) -> Path:
     for i in range(functions):
         frame += _fde(len(frame), 0, 0x1000 + 64 * i, 64, bytes([0x41, 0x0E, 16, 0x4F, 0x0E, 8]))
     return eh_frame_lib(path, bytes(frame) + bytes(4))
+
+
+def sparse_eh_frame(path: Path, size: int = 1 << 30) -> Path:
+    """An .eh_frame of `size` bytes of zeros (each 4 a terminator entry), the file
+    sparse: a parser that reads the section whole holds `size` bytes."""
+    eh_frame_lib(path, bytes(8))
+    data = bytearray(path.read_bytes())
+    shoff = struct.unpack_from("<Q", data, 40)[0]
+    h = shoff + 2 * SHDR  # .shstrtab is section 1, .eh_frame section 2
+    off = struct.unpack_from("<Q", data, h + 24)[0]
+    struct.pack_into("<Q", data, h + 32, size)
+    struct.pack_into("<QQ", data, EHDR + 32, off + size, off + size)  # PT_LOAD sizes
+    path.write_bytes(bytes(data))
+    with path.open("r+b") as f:
+        f.truncate(off + size)
+    return path

@@ -39,6 +39,9 @@ MAX_RBP_SLOT = 0xFF  # %rbp's slot, in words below the CFA, is a u8
 MAX_ENTRY_BYTES = 64 << 10
 """The largest CIE or FDE compiled: libLLVM-15's largest FDE is 1.7 KiB (98,257 of
 them); one of 64 KiB already describes tens of thousands of rows."""
+MAX_CIES = 8192
+"""CIEs in one library: the linker merges equal ones (libLLVM-15 has 1 for 98,257
+FDEs); a .debug_frame has at most one per compilation unit."""
 MAX_COMPILE_CPU_S = 30.0
 """CPU seconds of the worker one library may take (the largest honest ones are
 refused over TABLE_ROWS in ~2 s): CPU time, not wall time, so a busy host does
@@ -187,7 +190,7 @@ def _spans(path: str, f: Any, ef: Any,
            max_rows: int) -> tuple[list[tuple[int, int, list[Row]]], int, int, int]:
     """(start, end, rows) of each FDE, and the frame-pointer counts, each entry parsed
     as it is reached and counted against the bounds before it is decoded."""
-    from elftools.dwarf.callframe import FDE, CallFrameInfo
+    from elftools.dwarf.callframe import CIE, FDE, CallFrameInfo
     from elftools.dwarf.structs import DWARFStructs
 
     sec, eh = ef.get_section_by_name(".eh_frame"), True
@@ -205,7 +208,7 @@ def _spans(path: str, f: Any, ef: Any,
     cfi = CallFrameInfo(stream=stream, size=sec["sh_size"], address=sec["sh_addr"],
                         base_structs=structs, for_eh_frame=eh)
     spans: list[tuple[int, int, list[Row]]] = []
-    fp = fp_bytes = code_bytes = unmerged = 0
+    fp = fp_bytes = code_bytes = unmerged = cies = 0
     # merging removes ~4% (rules repeated across a function's end, on libstdc++,
     # libbpf, libcrypto): a quarter more unmerged is over
     bound = max_rows + max_rows // 4
@@ -216,6 +219,10 @@ def _spans(path: str, f: Any, ef: Any,
         if isinstance(e, FDE):
             # an FDE's rows are one per advance (and its first): counted undecoded
             unmerged += 1 + sum(_advances(i.opcode) for i in e.instructions)
+        elif isinstance(e, CIE):
+            cies += 1
+            if cies > MAX_CIES:
+                raise CfiError(f"{path}: more than {MAX_CIES} CIEs, {BOUND}")
         if unmerged > bound:
             raise CfiError(f"{path}: more than {max_rows} unwind rows, {BOUND} (stopped "
                            f"after {len(spans)} functions, {unmerged} rows unmerged)")
