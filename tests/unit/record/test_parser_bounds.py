@@ -94,34 +94,43 @@ def test_a_file_over_the_size_bound_is_not_parsed(tmp_path: Path) -> None:
         elf.read(str(lib))
 
 
+SYMBOLIZE = """
+import json, resource, sys
+from gputrace.record.api.symbolize import Symbolizer
+pid, lib, link = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+sym = Symbolizer()
+sym.refresh(pid)
+[m] = [m for m in sym.maps[pid] if m.path == lib]
+rows = sym.stack_rows(pid, 1, [m.start + 0x1010])
+print(json.dumps({"module": rows[0]["module"], "symbol": rows[0]["symbol"],
+                  "skipped": sym.skipped, "link": sym._module(pid, link) is None,
+                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
 def test_the_symbolizer_says_why_a_mapped_file_has_no_symbols(tmp_path: Path) -> None:
     """A traced process maps the refused bomb executable: its frames stay unresolved
     and the reason is kept for the manifest; a mapping whose name is now a symlink
     is not followed (the mapping's name is its resolved file)."""
-    from gputrace.record.api.symbolize import Symbolizer
-
     lib = hostile_elf.symbol_bomb(tmp_path / "libbomb.so", symbols=4000, strtab=8 << 20)
-    code = ("import mmap, os, sys; f = open(sys.argv[1], 'rb'); "
+    link = tmp_path / "liblink.so"
+    link.symlink_to(hostile_elf.symbol_bomb(tmp_path / "libok.so", 3, 64))
+    code = ("import mmap, sys; f = open(sys.argv[1], 'rb'); "
             "m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ | mmap.PROT_EXEC); "
             "print('mapped', flush=True); sys.stdin.read()")  # fmt: skip
     p = subprocess.Popen([sys.executable, "-c", code, str(lib)], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert p.stdout is not None and p.stdout.readline() == "mapped\n"
-        sym = Symbolizer()
-        assert sym.refresh(p.pid)
-        [m] = [m for m in sym.maps[p.pid] if m.path == str(lib)]
-        t0 = time.monotonic()
-        rows = sym.stack_rows(p.pid, 1, [m.start + 0x1010])
-        assert time.monotonic() - t0 < MAX_S
-        assert rows[0]["module"] == str(lib) and rows[0]["symbol"] is None
-        assert "symbol names over" in sym.skipped[str(lib)]
-        link = tmp_path / "liblink.so"
-        link.symlink_to(hostile_elf.symbol_bomb(tmp_path / "libok.so", 3, 64))
-        assert sym._module(p.pid, str(link)) is None  # O_NOFOLLOW
+        got = parse_in_child(SYMBOLIZE, str(p.pid), str(lib), str(link))
     finally:
         p.kill()
         p.wait()
+    assert got["module"] == str(lib) and got["symbol"] is None
+    assert "symbol names over" in got["skipped"][str(lib)]  # type: ignore[index]
+    assert got["link"] is True  # O_NOFOLLOW
+    assert int(got["rss"]) < MAX_RSS, got  # type: ignore[call-overload]
+    assert float(got["wall"]) < MAX_S, got  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------ unwind tables
