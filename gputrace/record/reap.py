@@ -8,6 +8,7 @@ trace's manifest (`helpers_left`), so that a stuck root process never goes unsai
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -25,11 +26,27 @@ _LOCK = threading.Lock()
 
 def state(pid: int) -> str | None:
     """The one-letter state of /proc/PID/stat; None when the process is gone."""
+    return state_of(f"/proc/{pid}/stat")
+
+
+def state_of(path: str) -> str | None:
     try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
+        raw = Path(path).read_bytes()
     except OSError:
         return None
     return raw[raw.rfind(b")") + 2 :].split()[0].decode("ascii", "replace")
+
+
+def held_state(pid: int) -> str | None:
+    """The state that holds `pid`: D when any of its threads is asleep uninterruptibly
+    (a killed process whose main thread is a zombie waits for it), else its own."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return state(pid)
+    if any(state_of(f"/proc/{pid}/task/{t}/stat") == "D" for t in tasks):
+        return "D"
+    return state(pid)
 
 
 def end(what: str, pid: int, kill: Callable[[], None],
@@ -40,7 +57,7 @@ def end(what: str, pid: int, kill: Callable[[], None],
         kill()
     if reaped(REAP_WAIT_S):
         return True
-    st = state(pid)
+    st = held_state(pid)
     if st is None:  # reaped by another waiter (the pool's own thread): gone
         return True
     note = {"helper": what, "pid": pid, "state": st,
