@@ -23,6 +23,7 @@ is refused with a reason that says so (BOUND in it: kept by the cache).
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import resource
 import time
@@ -134,17 +135,33 @@ def warm() -> None:
         import elftools.elf.elffile  # noqa: F401
 
 
+MAPPED_SECTION_BYTES = 256 << 20
+"""A section up to this size is read through a mapping of its pages (no system call per
+read); a larger one through the file (either way, never copied whole)."""
+
+
 class _Window:
     """A read-only stream on bytes [base, base + size) of a file: the section, read
     as parsed (pyelftools' DWARF reader copies a section whole into memory)."""
 
     def __init__(self, f: Any, base: int, size: int) -> None:
         self.f, self.base, self.size, self.pos = f, base, size, 0
+        self.mm: mmap.mmap | None = None
+        if size <= MAPPED_SECTION_BYTES:
+            start = base - base % mmap.ALLOCATIONGRANULARITY
+            with contextlib.suppress(OSError, ValueError):  # past the end: read instead
+                self.mm = mmap.mmap(f.fileno(), base + size - start, access=mmap.ACCESS_READ,
+                                    offset=start)
+                self.base = base - start
 
     def read(self, n: int = -1) -> bytes:
         n = self.size - self.pos if n < 0 else min(n, max(self.size - self.pos, 0))
-        self.f.seek(self.base + self.pos)
-        data: bytes = self.f.read(n)
+        if self.mm is not None:
+            at = self.base + self.pos
+            data: bytes = self.mm[at : at + n]
+        else:
+            self.f.seek(self.base + self.pos)
+            data = self.f.read(n)
         self.pos += len(data)
         return data
 
@@ -154,6 +171,10 @@ class _Window:
 
     def tell(self) -> int:
         return self.pos
+
+    def close(self) -> None:
+        if self.mm is not None:
+            self.mm.close()
 
 
 def compile_file(path: str, max_rows: int, fd: int | None = None) -> UnwindTable:
@@ -190,7 +211,7 @@ def _spans(path: str, f: Any, ef: Any,
            max_rows: int) -> tuple[list[tuple[int, int, list[Row]]], int, int, int]:
     """(start, end, rows) of each FDE, and the frame-pointer counts, each entry parsed
     as it is reached and counted against the bounds before it is decoded."""
-    from elftools.dwarf.callframe import CIE, FDE, CallFrameInfo
+    from elftools.dwarf.callframe import CallFrameInfo
     from elftools.dwarf.structs import DWARFStructs
 
     sec, eh = ef.get_section_by_name(".eh_frame"), True
@@ -205,8 +226,19 @@ def _spans(path: str, f: Any, ef: Any,
     # library over max_rows is refused once its unmerged rows pass the bound by a
     # quarter (below), not after all of its functions (PyTorch's libraries hold
     # millions: minutes in pure Python)
-    cfi = CallFrameInfo(stream=stream, size=sec["sh_size"], address=sec["sh_addr"],
-                        base_structs=structs, for_eh_frame=eh)
+    try:
+        return _compile_entries(path, CallFrameInfo(stream=stream, size=sec["sh_size"],
+                                                    address=sec["sh_addr"],
+                                                    base_structs=structs, for_eh_frame=eh),
+                                max_rows)
+    finally:
+        stream.close()
+
+
+def _compile_entries(path: str, cfi: Any,
+                     max_rows: int) -> tuple[list[tuple[int, int, list[Row]]], int, int, int]:
+    from elftools.dwarf.callframe import CIE, FDE
+
     spans: list[tuple[int, int, list[Row]]] = []
     fp = fp_bytes = code_bytes = unmerged = cies = 0
     # merging removes ~4% (rules repeated across a function's end, on libstdc++,
@@ -226,7 +258,7 @@ def _spans(path: str, f: Any, ef: Any,
         if unmerged > bound:
             raise CfiError(f"{path}: more than {max_rows} unwind rows, {BOUND} (stopped "
                            f"after {len(spans)} functions, {unmerged} rows unmerged)")
-        if time.process_time() > cpu_end:
+        if not len(spans) % 64 and time.process_time() > cpu_end:  # a system call: not each
             raise CfiError(f"{path}: more than {MAX_COMPILE_CPU_S:g} CPU seconds, {BOUND} "
                            f"(stopped after {len(spans)} functions)")
         if not isinstance(e, FDE):
