@@ -88,6 +88,10 @@ class Compiler:
             done: cf.Future[cfi.UnwindTable] = cf.Future()
             done.set_exception(cfi.CfiError(f"{path}: not compiled (the recording ended)"))
             return done
+        if self.pool is not None and getattr(self.pool, "_broken", False):
+            # the worker died (a library took it past its memory cap, or someone killed
+            # it): its compiles failed with the reason; a new one takes the next
+            self._end_pool()
         self.start()
         assert self.pool is not None
         return self.pool.submit(cache.compile_cached, path, TABLE_ROWS, self.cache_dir)
@@ -96,6 +100,9 @@ class Compiler:
         """Stop now: queued libraries dropped, the worker killed and reaped whatever
         it is doing (`reap.end`: one the kernel holds is said, not waited for)."""
         self.closed = True
+        self._end_pool()
+
+    def _end_pool(self) -> None:
         if self.pool is None:
             return
         procs = list(getattr(self.pool, "_processes", {}).values())

@@ -247,3 +247,24 @@ def test_the_worker_is_killed_and_reaped_whatever_it_does(compiler: tables.Compi
     assert reap.take_left() == []
     assert compiler.submit("/x").exception() is not None  # no worker started again
     assert compiler.pool is None
+
+
+def test_a_dead_worker_is_replaced(compiler: tables.Compiler, tmp_path: Path) -> None:
+    """A worker that died (past its memory cap, or killed) fails the compiles it had,
+    and the next library gets a new worker, the old one reaped."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from gputrace.record import reap
+
+    honest = hostile_elf.honest(tmp_path / "libhonest.so", functions=10)
+    old = worker_pid(compiler)
+    os.kill(old, 9)
+    deadline = time.monotonic() + MAX_S
+    while True:  # the pool notices the death on its own thread: a compile may still fail
+        try:
+            table = compiler.submit(str(honest)).result(timeout=60)
+            break
+        except BrokenProcessPool:
+            assert time.monotonic() < deadline
+    assert table.functions == 10
+    assert worker_pid(compiler) != old and reap.state(old) is None
