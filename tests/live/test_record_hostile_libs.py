@@ -58,11 +58,13 @@ sys.stdin.readline()
 
 
 class Watcher(threading.Thread):
-    """Peak VmHWM of `pid` and its descendants, polled; ends them past KILL_AT."""
+    """Peak VmHWM of `pid` and its descendants, polled; ends them past KILL_AT, and
+    the traced process `target` (the recorder's watchdog, ended too, cannot let it go
+    from a stop)."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, target: int) -> None:
         super().__init__(daemon=True)
-        self.pid, self.peak, self.killed = pid, {}, False
+        self.pid, self.target, self.peak, self.killed = pid, target, {}, False
         self.done = threading.Event()
 
     def tree(self) -> list[int]:
@@ -90,7 +92,7 @@ class Watcher(threading.Thread):
                         self.peak[p] = max(self.peak.get(p, 0), int(line.split()[1]) << 10)
                 if self.peak.get(p, 0) > KILL_AT:
                     self.killed = True
-                    for q in self.tree():
+                    for q in [*self.tree(), self.target]:
                         with_kill(q)
 
 
@@ -128,13 +130,13 @@ def test_hostile_libraries_cost_bounded_memory_and_time(tmp_path: Path) -> None:
     try:
         assert w.stdout.readline() == f"READY {w.pid}\n"
         rec = RecorderProc(record_cmd(out, "-p", str(w.pid)))
-        watch = Watcher(rec.proc.pid)
+        watch = Watcher(rec.proc.pid, w.pid)
         watch.start()
         rec.wait_ready()
         t0 = time.monotonic()
         w.stdin.write("go\n")
         w.stdin.flush()
-        assert w.stdout.readline() == "ALLOCATED\n"
+        assert w.stdout.readline() == "ALLOCATED\n", watch.peak
         # the recorder says it refused the row bomb (the manifest of a rotation)
         skipped = wait_skipped(out, str(rows), t0 + MAX_RUN_S)
         rec.proc.send_signal(signal.SIGINT)
