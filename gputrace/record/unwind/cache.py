@@ -23,6 +23,7 @@ open cannot put one file's rows under another's key.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -92,9 +93,11 @@ def compile_cached(path: str, max_rows: int, d: Path | None) -> cfi.UnwindTable:
     except OSError as e:
         raise cfi.CfiError(f"{path}: unreadable ({e.strerror})") from None
     try:
-        return _compile_fd(path, fd, max_rows, d)
+        st = os.fstat(fd)
+        table = _compile_fd(path, fd, max_rows, d)
     finally:
         os.close(fd)
+    return dataclasses.replace(table, file=(st.st_dev, st.st_ino))  # what was read
 
 
 def _compile_fd(path: str, fd: int, max_rows: int, d: Path | None) -> cfi.UnwindTable:

@@ -28,7 +28,7 @@ import os
 import resource
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # DWARF register numbers on x86-64 (System V psABI, figure 3.36)
@@ -83,6 +83,8 @@ class UnwindTable:
     fp_functions: int  # FDEs whose CFA moves to %rbp: built with frame pointers
     code_bytes: int = 0  # bytes the FDEs cover
     fp_bytes: int = 0  # of which in functions with frame pointers
+    # (device, inode) of the file read (fstat of its fd); not part of the table itself
+    file: tuple[int, int] = field(default=(0, 0), compare=False)
 
     @property
     def has_frame_pointers(self) -> bool:

@@ -207,7 +207,7 @@ class UnwindTables:
         asked: set[int] = set()
         for ino in done:
             c = self.compiling.pop(ino)
-            self.by_file[ino] = self._install(c.path, c.candidate, c.future)
+            self.by_file[ino] = self._install(c.path, c.candidate, c.future, ino)
             asked |= c.pids
         for pid in sorted(asked):  # the processes mapping them: ranked again
             if pid in self.seen:
@@ -269,30 +269,35 @@ class UnwindTables:
         """The file's table and the link-time address of the mapping's first byte;
         None when it gets none, or none yet (asked for on first sight)."""
         for candidate in (f"/proc/{pid}/root{path}", path):
-            try:
-                st = os.stat(candidate)
+            try:  # one open: the identity and the headers read are one file's
+                fd = elf.open_ro(candidate, nofollow=True)
                 break
             except OSError:
                 continue
         else:
             return None
-        ino = (st.st_dev, st.st_ino)
-        if ino not in self.by_file:
-            if ino not in self.compiling:
-                self.compiling[ino] = _Compile(self.compiler.submit(candidate), path, candidate)
-            self.compiling[ino].pids.add(pid)
-            return None
-        table = self.by_file[ino]
-        if table is None:
-            return None
         try:
-            return table, elf.read(candidate, symbols=False).vaddr(pgoff)
-        except elf.ElfError:
+            st = os.fstat(fd)
+            ino = (st.st_dev, st.st_ino)
+            if ino not in self.by_file:
+                if ino not in self.compiling:
+                    self.compiling[ino] = _Compile(self.compiler.submit(candidate), path,
+                                                   candidate)
+                self.compiling[ino].pids.add(pid)
+                return None
+            table = self.by_file[ino]
+            if table is None:
+                return None
+            return table, elf.read(candidate, symbols=False, fd=fd).vaddr(pgoff)
+        except (OSError, elf.ElfError):
             return None
+        finally:
+            os.close(fd)
 
-    def _install(self, path: str, candidate: str,
-                 fut: cf.Future[cfi.UnwindTable]) -> _Table | None:
-        """A finished compile's rows into `unwind_rows`; None when it gives none."""
+    def _install(self, path: str, candidate: str, fut: cf.Future[cfi.UnwindTable],
+                 ino: tuple[int, int] = (0, 0)) -> _Table | None:
+        """A finished compile's rows into `unwind_rows`; None when it gives none (or
+        the worker read another file than the one `ino` names: a name flipped since)."""
         try:
             t = fut.result()
         except cfi.CfiError as e:
@@ -300,6 +305,9 @@ class UnwindTables:
             return None
         except Exception as e:  # the worker died or was stopped: no table, said why
             self.skipped[path] = f"not compiled ({type(e).__name__})"
+            return None
+        if t.file != (0, 0) and ino != (0, 0) and t.file != ino:
+            self.skipped[path] = "the file changed while its table was compiled"
             return None
         if t.has_frame_pointers:
             return None  # the frame-pointer walk is right here
