@@ -17,6 +17,12 @@ Layouts recognised (the path as /proc/PID/cgroup or the cgroup v2 tree shows it)
 - Podman: `libpod-<64-hex>.scope` (or `/libpod_parent/libpod-<64-hex>`);
 - containerd's `ctr`: `/default/<64-hex>`.
 
+A pod is recognised only under a cgroup root kubelet uses (KUBE_ROOTS, or the roots
+named in KUBE_ROOTS_ENV on an unusual node; docs/containers.md), or below a path that
+climbs out of the reader's cgroup namespace (`/../..`: where kubelet's tree begins is
+hidden there): a delegated subtree can make `.../kubepods/besteffort/pod<uid>/<id>` of
+any pod's uid, and is not that pod.
+
 A runtime's monitor (`crio-conmon-*`, `libpod-conmon-*`) is no workload: no container.
 Anything else gives no identity at all (None everywhere), never a guess. A bare id under
 a pod (cgroupfs) does not say its runtime; the runtime's own files may (`NodeNames`).
@@ -49,6 +55,14 @@ _POD_SYSTEMD = re.compile(
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 """What a namespace, pod or container name may be (Kubernetes names are DNS labels or
 subdomains); anything else read from the host is dropped, not shown."""
+
+KUBE_ROOTS = ("/kubepods", "/kubepods.slice", "/kubelet/kubepods",
+              "/kubelet.slice/kubelet-kubepods.slice")
+"""Where kubelet makes its pods' cgroups: the cgroupfs and systemd drivers at the
+default --cgroup-root, and at kind's (`/kubelet`)."""
+KUBE_ROOTS_ENV = "GPUTRACE_KUBEPODS_ROOTS"
+"""Colon-separated absolute cgroup paths that replace KUBE_ROOTS (a node whose
+kubelet runs with another --cgroup-root)."""
 
 MAX_JSON_BYTES = 1 << 22
 """The most of a runtime's JSON file read (a container's config is tens of KiB)."""
@@ -95,7 +109,7 @@ def from_cgroup(path: str | None) -> Identity:
                            container_runtime=_SCOPE_PREFIX[m.group(1)])
         m = _COLON.fullmatch(part)
         if m:
-            pod = _pod([*parts[:i], m.group(1)])
+            pod = _pod([*parts[:i], m.group(1)], top_ok=True)
             return replace(pod, container_id=m.group(3),
                            container_runtime=_SCOPE_PREFIX[m.group(2)])
         if _BARE.fullmatch(part):
@@ -109,24 +123,58 @@ def from_cgroup(path: str | None) -> Identity:
     return NONE
 
 
-def _pod(parts: list[str]) -> Identity:
-    """The pod whose cgroup ends `parts` (its last element), under a kubepods root."""
+def kube_roots() -> tuple[str, ...]:
+    """The cgroup roots under which pods are recognised (KUBE_ROOTS_ENV, else
+    KUBE_ROOTS); a root that is not an absolute path is ignored."""
+    named = os.environ.get(KUBE_ROOTS_ENV)
+    if named is None:
+        return KUBE_ROOTS
+    return tuple("/" + "/".join(p for p in r.split("/") if p)
+                 for r in named.split(":") if r.startswith("/"))
+
+
+def _rooted(prefix: list[str], top_ok: bool = False) -> bool:
+    """Is `prefix` (the path above kubelet's pods) one of kubelet's roots? A prefix of
+    `..` only climbs out of the reader's cgroup namespace: the rest is kubelet's."""
+    if prefix and all(p == ".." for p in prefix):
+        return True
+    if not prefix:
+        return top_ok
+    return "/" + "/".join(prefix) in kube_roots()
+
+
+def _pod(parts: list[str], top_ok: bool = False) -> Identity:
+    """The pod whose cgroup ends `parts` (its last element), under a kubepods root
+    (`top_ok`: the cgroup root itself counts, for runc's `slice:runtime:id` form)."""
     if not parts:
         return NONE
     last = parts[-1]
     m = _POD_SYSTEMD.fullmatch(last)
-    if m:  # the slice's own name says kubepods (its parents may sit under any root)
-        return Identity(pod_uid=m.group(2).replace("_", "-"),
-                        qos_class=m.group(1) or "guaranteed")
+    if m:  # the slice's own name says kubepods; its QoS slice, then the root above
+        qos = m.group(1)
+        above = parts[:-1]
+        if qos and above and above[-1].endswith(f"kubepods-{qos}.slice"):
+            above = above[:-1]
+        if not _rooted(above, top_ok):
+            return NONE
+        return Identity(pod_uid=m.group(2).replace("_", "-"), qos_class=qos or "guaranteed")
     m = _POD_CGROUPFS.fullmatch(last)
     if m and len(parts) >= 2:
         parent = parts[-2]
-        if parent.endswith("kubepods"):
+        if parent.endswith("kubepods") and _rooted_cgroupfs(parts[:-1]):
             return Identity(pod_uid=m.group(1), qos_class="guaranteed")
         if parent in ("burstable", "besteffort") and len(parts) >= 3 and parts[-3].endswith(
-                "kubepods"):
+                "kubepods") and _rooted_cgroupfs(parts[:-2]):
             return Identity(pod_uid=m.group(1), qos_class=parent)
     return NONE
+
+
+def _rooted_cgroupfs(kubepods: list[str]) -> bool:
+    """Is `kubepods` (a path ending in kubelet's `kubepods` cgroup) a root of kubelet's,
+    or that cgroup seen from inside a cgroup namespace (`/../../kubepods`)?"""
+    if all(p == ".." for p in kubepods[:-1]) and kubepods[:-1]:
+        return True
+    return "/" + "/".join(kubepods) in kube_roots()
 
 
 def proc_cgroup_paths(text: str) -> list[str]:

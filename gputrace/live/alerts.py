@@ -61,6 +61,7 @@ PROCESS_RATES = {"leak_rate": "growth_bytes_per_s", "alloc_rate": "alloc_rate",
                  "gpu_fault_rate": "gpu_fault_rate", "migration_rate": "migration_rate"}
 METRICS = (*PROCESS_RATES, "live_bytes", "gpu_free", "gpu_largest_free", "fragmentation",
            "drops")
+_AMOUNT = re.compile(r"\s*(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*", re.ASCII)
 _EXPR = re.compile(r"\s*([a-z_]+)\s*(>=|<=|>|<)\s*(.+?)\s*")
 ENV_PREFIX = "GPUTRACE_ALERT_"
 MAX_CHILDREN = 4
@@ -123,8 +124,8 @@ def _per_time(text: str, option: str, size: bool) -> float:
     if size:
         n = float(parse_size(amount, option))
     else:
-        try:
-            d = Decimal(amount.strip())
+        try:  # ASCII digits only, as every option (Decimal takes '١٢' and '1_000')
+            d = Decimal(amount.strip()) if _AMOUNT.fullmatch(amount) else Decimal(-1)
         except ArithmeticError:
             d = Decimal(-1)
         if not d.is_finite() or d < 0 or d > Decimal(1 << 63):

@@ -1,11 +1,21 @@
 """A minimal ELF64 little-endian reader: file type, loadable segments and
 function symbols (.symtab, else .dynsym). Enough to check `--libcuda`, list the
-symbols a library exports, and symbolize stack addresses; no dependencies."""
+symbols a library exports, and symbolize stack addresses; no dependencies.
+
+The files are any a traced process opens as libcuda or maps executable, so the
+parse is bounded whatever they hold (docs/security.md, "ELF files"): a file over
+MAX_FILE_BYTES is refused, each symbol name is cut at MAX_NAME_BYTES, at most
+MAX_SYMBOLS symbol entries are read and at most MAX_NAMES_BYTES of names decoded
+(relative to the string tables' own size), else ElfError says which bound.
+The file is opened once: what is parsed and its identity (`dev`, `ino`, from
+fstat of that descriptor) are the same file."""
 
 from __future__ import annotations
 
 import bisect
 import mmap
+import os
+import stat
 import struct
 from dataclasses import dataclass, field
 
@@ -15,6 +25,21 @@ NT_GNU_BUILD_ID = 3
 SHT_SYMTAB, SHT_DYNSYM = 2, 11
 STT_FUNC, STT_GNU_IFUNC = 2, 10
 STB_GLOBAL, STB_WEAK = 1, 2
+
+MAX_FILE_BYTES = 4 << 30
+"""The largest file parsed: the largest libraries of a CUDA stack (libtorch_cuda,
+cuDNN's engines, cuBLASLt) are 0.5-2 GiB."""
+MAX_NAME_BYTES = 16 << 10
+"""A symbol name longer than this is cut here (the longest C++ names of PyTorch's
+libraries are a few KiB); the name is found by a bounded search for its NUL."""
+MAX_SYMBOLS = 4_000_000
+"""Symbol entries read from one file (.dynsym and .symtab together): libtorch_cpu's
+unstripped tables hold ~10^6."""
+MAX_NAMES_BYTES = 256 << 20
+"""Bytes of names decoded from one file, at most; and at most NAMES_PER_TABLE_BYTE
+times the string tables' size plus 1 MiB (tail merging lets names share bytes, a
+little): names that all overlap one long string are refused, not decoded again."""
+NAMES_PER_TABLE_BYTE = 4
 
 
 class ElfError(ValueError):
@@ -30,6 +55,8 @@ class Elf:
     ends: list[int] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     exported: set[str] = field(default_factory=set)  # defined global functions in .dynsym
+    dev: int = 0  # identity of the file parsed (fstat of the descriptor read)
+    ino: int = 0
     build_id: str = ""  # the GNU build-id note, hex ("" when none)
     has_symtab: bool = False  # .symtab present (else only .dynsym's exports are named)
 
@@ -51,15 +78,36 @@ class Elf:
         return None
 
 
-def read(path: str, symbols: bool = True) -> Elf:
-    """Parse `path`; raises ElfError when it is not a readable ELF64 LE file."""
+def open_ro(path: str, nofollow: bool = False) -> int:
+    """A read-only descriptor on `path` (O_NOFOLLOW: where the name is a mapping's
+    resolved file, a link there is not the file mapped); OSError as open raises it."""
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NOFOLLOW if nofollow else 0))
+
+
+def read(path: str, symbols: bool = True, *, fd: int | None = None,
+         nofollow: bool = False) -> Elf:
+    """Parse `path` (or the descriptor `fd` opened on it, which stays open); raises
+    ElfError when it is not a readable ELF64 LE file or is over a bound."""
+    own = fd is None
     try:
-        with open(path, "rb") as f:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if fd is None:
+            fd = open_ro(path, nofollow)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ElfError(f"{path}: not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise ElfError(f"{path}: file of {st.st_size} bytes, over the "
+                           f"{MAX_FILE_BYTES >> 20} MiB bound (not parsed)")
+        data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError) as e:
         raise ElfError(f"{path}: {e}") from None
+    finally:
+        if own and fd is not None:
+            os.close(fd)
     try:
-        return _parse(path, data, symbols)
+        elf = _parse(path, data, symbols)
+        elf.dev, elf.ino = st.st_dev, st.st_ino
+        return elf
     except (struct.error, IndexError) as e:
         raise ElfError(f"{path}: truncated or malformed ELF ({e})") from None
     finally:
@@ -87,26 +135,40 @@ def _parse(path: str, d: mmap.mmap, symbols: bool) -> Elf:
         return elf
     sections = [struct.unpack_from("<IIQQQQIIQQ", d, shoff + i * shentsize) for i in range(shnum)]
     syms: dict[int, tuple[int, str]] = {}
-    for want in (SHT_DYNSYM, SHT_SYMTAB):
-        for sh in sections:
-            if sh[1] != want or sh[9] == 0:
+    tables = [sh for want in (SHT_DYNSYM, SHT_SYMTAB) for sh in sections
+              if sh[1] == want and sh[9] != 0]
+    count = sum(sh[5] // sh[9] for sh in tables)
+    if count > MAX_SYMBOLS:
+        raise ElfError(f"{path}: {count} symbol entries, over the bound of {MAX_SYMBOLS}")
+    strtab_bytes = sum(min(sections[sh[6]][5], len(d)) for sh in tables)
+    ceiling = min(MAX_NAMES_BYTES, NAMES_PER_TABLE_BYTE * strtab_bytes + (1 << 20))
+    budget = ceiling
+    names: dict[int, str] = {}  # file offset -> name: one decode per distinct name
+    for sh in tables:
+        want = sh[1]
+        elf.has_symtab |= want == SHT_SYMTAB
+        str_off = sections[sh[6]][4]
+        for j in range(sh[5] // sh[9]):
+            st_name, st_info, _o, st_shndx, st_value, st_size = struct.unpack_from(
+                "<IBBHQQ", d, sh[4] + j * sh[9]
+            )
+            kind, bind = st_info & 0xF, st_info >> 4
+            if kind not in (STT_FUNC, STT_GNU_IFUNC) or st_shndx == 0 or st_value == 0:
                 continue
-            elf.has_symtab |= want == SHT_SYMTAB
-            strtab = sections[sh[6]]
-            str_off = strtab[4]
-            for j in range(sh[5] // sh[9]):
-                st_name, st_info, _o, st_shndx, st_value, st_size = struct.unpack_from(
-                    "<IBBHQQ", d, sh[4] + j * sh[9]
-                )
-                kind, bind = st_info & 0xF, st_info >> 4
-                if kind not in (STT_FUNC, STT_GNU_IFUNC) or st_shndx == 0 or st_value == 0:
-                    continue
-                end = d.find(b"\0", str_off + st_name)
-                name = d[str_off + st_name : end].decode("utf-8", "replace")
-                if want == SHT_DYNSYM and bind in (STB_GLOBAL, STB_WEAK):
-                    elf.exported.add(name)
-                if st_value not in syms or syms[st_value][0] == 0:
-                    syms[st_value] = (st_size, name)
+            at = str_off + st_name
+            name = names.get(at)
+            if name is None:
+                end = d.find(b"\0", at, at + MAX_NAME_BYTES)
+                raw = d[at : end if end >= 0 else at + MAX_NAME_BYTES]
+                budget -= len(raw)
+                if budget < 0:
+                    raise ElfError(f"{path}: symbol names over {ceiling} bytes (string "
+                                   f"tables of {strtab_bytes} bytes; not parsed)")
+                name = names[at] = raw.decode("utf-8", "replace")
+            if want == SHT_DYNSYM and bind in (STB_GLOBAL, STB_WEAK):
+                elf.exported.add(name)
+            if st_value not in syms or syms[st_value][0] == 0:
+                syms[st_value] = (st_size, name)
     for start in sorted(syms):
         size, name = syms[start]
         elf.starts.append(start)

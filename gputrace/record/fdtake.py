@@ -8,7 +8,8 @@ an fd itself: `FdTaker` asks a helper process (`fdtake_helper`), which takes it,
 checks it is the NVIDIA UVM device (from cached attributes: nothing reaches the
 file's filesystem) and passes back only that file. A refused file stays in the
 helper, whose own daemon thread closes it; the recorder waits for an answer at
-most `TIMEOUT_S` and never waits for the helper to exit.
+most `TIMEOUT_S`, and for the helper's end at most EXIT_WAIT_S and then
+`reap.REAP_WAIT_S` after killing it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+
+from gputrace.record import reap
 
 HELPER = Path(__file__).with_name("fdtake_helper.py")
 TIMEOUT_S = 5.0
@@ -116,16 +119,27 @@ class FdTaker:
             self._proc = None
 
     def close(self) -> None:
-        """End the helper: it exits on EOF; waited for at most EXIT_WAIT_S (a helper
-        stuck closing a refused file is left to finish when that file's filesystem
-        answers or goes away)."""
+        """End the helper: it exits on EOF within EXIT_WAIT_S, else it is killed and
+        reaped (`reap.end`); one stuck closing a refused file beyond SIGKILL is said
+        on stderr and in the manifest, and never waited for longer."""
         if self._sock is not None:
             self._sock.close()
             self._sock = None
         if self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(EXIT_WAIT_S)
+            proc = self._proc
             self._proc = None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(EXIT_WAIT_S)
+            if proc.returncode is None:
+                reap.end("fd helper", proc.pid, proc.kill, lambda t: _waited(proc, t))
+
+
+def _waited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 __all__ = ["FdTaker", "TakeError", "device_identity"]

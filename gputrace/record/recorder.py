@@ -23,7 +23,7 @@ from typing import Any
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
 from gputrace.identity import Identity
-from gputrace.record import hooks, loader, procfs
+from gputrace.record import hooks, loader, procfs, reap
 from gputrace.record.freeze import Freezer
 from gputrace.record.layers import RECORDER_LAYERS, Due, Layer
 from gputrace.record.options import (
@@ -331,6 +331,9 @@ class Recorder:
             s.w.update_manifest(target_exit=ended)
         self._merge_manifests(s)
         s.w.update_manifest(end_ts_ns=mono_ns())
+        left = reap.take_left()  # helpers the kernel would not let go (said on stderr)
+        if left:
+            s.w.update_manifest(helpers_left=left)
         s.w.close(status)
         if self.opts.raw:
             # the operator's -o, but a terminal acts on what a path may hold

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gputrace.record import fdtake
+from gputrace.record import fdtake, reap
 from gputrace.record.driver_version import parse_version
 from gputrace.record.uvm_tools import abi as uvm_tools_abi
 from gputrace.record.uvm_tools import tracker as uvm_tools
@@ -134,12 +134,14 @@ _FUSE_SKIP = standin.skip_reason()
 
 @pytest.mark.skipif(_FUSE_SKIP is not None, reason=_FUSE_SKIP or "")
 def test_a_file_whose_flush_never_returns_costs_the_recorder_nothing(
-    devdir: Path, tmp_path: Path
+    devdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Guards the hang: a target dup2s a file of its own FUSE filesystem, which never
     answers FLUSH, onto its uvm fd. Taking it is refused at once, the close that
     hangs is the fd helper's (its pid is the one the filesystem logs, never ours),
-    this process never holds the file, and ending the helper does not wait on it."""
+    this process never holds the file, and ending the helper does not wait on it: it
+    is killed, and, held by the kernel beyond SIGKILL, said on stderr and kept for the
+    manifest."""
     with standin.noflush_mount(tmp_path) as hostile:
         taker = fdtake.FdTaker(fdtake.device_identity(str(devdir / "nvidia-uvm")))
         taker.start()
@@ -161,8 +163,16 @@ def test_a_file_whose_flush_never_returns_costs_the_recorder_nothing(
                 time.sleep(0.01)
             assert hostile.hung_pids() == [helper.pid]
         t0 = time.monotonic()
+        reap.take_left()
         taker.close()
-        assert time.monotonic() - t0 < fdtake.EXIT_WAIT_S + 1.0
-        assert helper.poll() is None  # still stuck in that close: only it
-    # the hostile server is gone: the stuck close returns and the helper ends
-    assert helper.wait(timeout=10) == 0
+        assert time.monotonic() - t0 < fdtake.EXIT_WAIT_S + reap.REAP_WAIT_S + 1.0
+        assert helper.poll() is None  # still stuck in that close, beyond SIGKILL: only it
+        # ...and said: on stderr and for the manifest, with its state
+        assert reap.take_left() == [{
+            "helper": "fd helper", "pid": helper.pid, "state": "D",
+            "why": f"asleep uninterruptibly after SIGKILL and {reap.REAP_WAIT_S:g} s"}]
+        err = capsys.readouterr().err
+        assert f"the fd helper (pid {helper.pid}) could not be ended" in err
+    # the hostile server is gone: the stuck close returns and the helper ends (its own
+    # exit on EOF came first when its main thread had left: 0; else the kill's)
+    assert helper.wait(timeout=10) in (0, -9)

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from gputrace import identity
 from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.analyses.report_spec import ReportOptions
 from gputrace.analyses.run import run_reports
@@ -42,7 +43,7 @@ U2 = "7e8f9a0b-2c3d-4e5f-9a6b-1c2d3e4f5a6b"  # ml/eval-0, besteffort (cgroupfs d
 U3 = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"  # batch/oneshot-0, guaranteed (cgroupfs)
 U4 = "3c4d5e6f-7a8b-4c9d-8e0f-1a2b3c4d5e6f"  # ml/v1-0, burstable: in a v1 hierarchy only
 C = {k: (f"{i:02x}" * 32)
-     for i, k in enumerate(("a", "a2", "b", "d", "p", "e", "v1"), start=0xa1)}
+     for i, k in enumerate(("a", "a2", "b", "d", "p", "e", "v1", "x"), start=0xa1)}
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
 """A cgroup v1 hierarchy (hybrid hosts): the memory controller's, where a runtime on a
 hybrid host puts the container even when the v2 path says nothing."""
@@ -62,8 +63,8 @@ class Case:
     v1: bool = False  # in the v1 memory hierarchy; in v2 it stays where the test runs
 
 
-def _who(cid: str, runtime: str | None = None, uid: str | None = None, qos: str | None = None,
-         ns: str | None = None, pod: str | None = None,
+def _who(cid: str | None, runtime: str | None = None, uid: str | None = None,
+         qos: str | None = None, ns: str | None = None, pod: str | None = None,
          name: str | None = None) -> dict[str, str | None]:
     return {"container_id": cid, "container_runtime": runtime, "pod_uid": uid,
             "qos_class": qos, "pod_namespace": ns, "pod_name": pod, "container_name": name}
@@ -88,7 +89,12 @@ CASES = {
     # a hybrid host: v2 says nothing (the test's own cgroup), v1's memory hierarchy does
     "v1": Case(f"kubepods/burstable/pod{U4}/{C['v1']}",
                _who(C["v1"], None, U4, "burstable", "ml", "v1-0"), v1=True),
+    # a delegated subtree that copies kubelet's layout with eval-0's uid: not under a
+    # kubelet root, so no pod (and a bare id under no pod is no container)
+    "x": Case(f"user.slice/delegated/kubepods/besteffort/pod{U2}/{C['x']}", _who(None)),
 }
+KUBE_ROOTS = f"/{ROOT}/kubepods.slice:/{ROOT}/kubepods"
+"""kubelet's roots on this test's node (identity.KUBE_ROOTS_ENV): under the test's own."""
 
 
 def _node(root: Path) -> None:
@@ -143,6 +149,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
                 if d not in made:
                     d.mkdir()  # the root is this process's: nothing below it exists yet
                     made.append(d)
+        os.environ[identity.KUBE_ROOTS_ENV] = KUBE_ROOTS  # the recorder's, inherited
         with mounted_driver(tmp, budget=1 << 30) as dev:
             rec = RecorderProc(record_cmd(out, "--device-dir", str(dev), *standin_driver_args(),
                                           "--kube-root", str(kube), "-d", "300"))
@@ -179,6 +186,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         yield {"trace": out, "pids": pids, "peak": sum(a["size"] for a in mem),
                "allocations": len(mem)}
     finally:
+        os.environ.pop(identity.KUBE_ROOTS_ENV, None)
         _rmdirs(made)
 
 
@@ -203,7 +211,8 @@ def test_by_pod_totals_are_the_workloads_known_bytes(recorded: dict[str, Any]) -
     peak, allocs = recorded["peak"], recorded["allocations"]
     assert (peak, allocs) == (103 * (1 << 20) + (192 << 10), 7)  # stand-in truth, as read
     want = {("ml", "trainer-0"): 2, ("ml", "eval-0"): 1, ("batch", "oneshot-0"): 1,
-            ("ml", "v1-0"): 1, (None, None): 2}  # the Docker and Podman containers are in no pod
+            ("ml", "v1-0"): 1, (None, None): 3}  # Docker's, Podman's and the delegated one:
+    # in no pod
     assert {k: (r["sum_of_peaks_bytes"], r["allocations"], r["processes"], r["live_end_bytes"])
             for k, r in pods.items()} == {k: (n * peak, n * allocs, n, 0)
                                           for k, n in want.items()}

@@ -160,3 +160,29 @@ def test_paths_seen_from_a_cgroup_namespace() -> None:
     assert from_cgroup(path) == Identity(CID, "containerd", UID, "besteffort")
     assert from_cgroup(f"/../../../kubepods/burstable/pod{UID}/{CID}") == Identity(
         CID, None, UID, "burstable")
+
+
+@pytest.mark.parametrize("path", [
+    # a delegated subtree (a user's, a container's own) copying kubelet's layouts with a
+    # victim pod's uid: not under a kubelet root, so no pod and no container
+    f"/user.slice/user-1000.slice/user@1000.service/kubepods/besteffort/pod{UID}/{CID}",
+    f"/user.slice/x/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}"
+    f".slice/cri-containerd-{CID}.scope",
+    f"/kubepods/burstable/pod{UID}/{CID}/kubepods/besteffort/pod{UID}/{CID}",
+    f"/x/kubepods-pod{UID_}.slice/docker-{CID}.scope",
+    f"/../../podA/ctr/kubepods/besteffort/pod{UID}/{CID}",  # below another pod's, in a ns
+])
+def test_a_pod_is_recognised_only_under_kubelets_roots(path: str) -> None:
+    got = from_cgroup(path)
+    assert got.pod_uid is None and got.qos_class is None
+    assert got.container_id in (None, CID)  # a runtime's own scope name still says its id
+
+
+def test_kubelets_roots_can_be_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node whose kubelet runs with another --cgroup-root names its roots."""
+    path = f"/custom/kubepods/besteffort/pod{UID}/{CID}"
+    assert from_cgroup(path).pod_uid is None
+    monkeypatch.setenv(identity.KUBE_ROOTS_ENV, "/custom/kubepods:relative/ignored")
+    assert from_cgroup(path) == Identity(CID, None, UID, "besteffort")
+    assert identity.kube_roots() == ("/custom/kubepods",)
+    assert from_cgroup(f"/kubepods/besteffort/pod{UID}/{CID}").pod_uid is None  # replaced

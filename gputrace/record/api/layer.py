@@ -82,6 +82,8 @@ class ApiLayer(Layer):
         self._check_guard()
         if due is not Due.POLL:
             self.drops = self.api.drops()
+        if due is Due.FINAL:  # ended before the last manifest: one left is said there
+            self.api.unwind.close()
         return items
 
     def _check_guard(self) -> None:

@@ -205,20 +205,24 @@ class LibcudaProbes:
 
     def attach(self, path: str, shown: str | None = None) -> bool:
         """Uprobes on every probed symbol `path` exports (once per inode)."""
-        try:
-            st = os.stat(path)
+        try:  # one open: the inode kept and the symbols read are one file's
+            fd = elf.open_ro(path)
         except OSError:
             return False
-        key = (st.st_dev, st.st_ino)
-        if key in self.inodes:
-            return False
-        self.inodes.add(key)
-        shown = shown or path
         try:
-            exported = elf.read(path).exported
-        except elf.ElfError as e:
-            self.skipped.append({"name": f"uprobe:*@{shown}", "reason": str(e)})
-            return False
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            if key in self.inodes:
+                return False
+            self.inodes.add(key)
+            shown = shown or path
+            try:
+                exported = elf.read(path, fd=fd).exported
+            except elf.ElfError as e:
+                self.skipped.append({"name": f"uprobe:*@{shown}", "reason": str(e)})
+                return False
+        finally:
+            os.close(fd)
         self.libraries.append(shown)
         for sym in hooks.cuda_symbols():
             name = f"uprobe:{sym}@{shown}"
@@ -395,6 +399,8 @@ class LibcudaProbes:
             "skipped": list(self.skipped),
             "stack_frames": self.sym.frames,
             "unresolved_frames": self.sym.unresolved,
+            "symbols_skipped": [{"module": k, "reason": v}
+                                for k, v in sorted(self.sym.skipped.items())],
             "stack_errors": self.stack_errors,
             "pauses": self.pauses,
             "stack_depth": self.stack_depth,

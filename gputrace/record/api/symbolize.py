@@ -112,6 +112,7 @@ class Symbolizer:
     )
     frames: int = 0
     unresolved: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)  # module -> why not parsed
 
     def refresh(self, pid: int) -> bool:
         m = read_maps(pid)
@@ -145,17 +146,27 @@ class Symbolizer:
         clean = path.removesuffix(" (deleted)")
         if clean.startswith("/"):
             for candidate in (f"{PROC}/{pid}/root{clean}", clean):
+                # one open: the identity cached under and the bytes parsed are one
+                # file's (a name flipped between a stat and an open is not mixed in);
+                # the mapping's name is its resolved file: a link there is refused
                 try:
-                    st = os.stat(candidate)
+                    fd = elf.open_ro(candidate, nofollow=True)
                 except OSError:
                     continue
-                ino = (st.st_dev, st.st_ino)
-                if ino not in self.modules:
-                    try:
-                        self.modules[ino] = with_debug_symbols(elf.read(candidate))
-                    except elf.ElfError:
-                        self.modules[ino] = None
-                mod = self.modules[ino]
+                try:
+                    st = os.fstat(fd)
+                    ino = (st.st_dev, st.st_ino)
+                    if ino not in self.modules:
+                        try:
+                            self.modules[ino] = with_debug_symbols(elf.read(candidate, fd=fd))
+                        except elf.ElfError as e:
+                            self.modules[ino] = None
+                            self.skipped[clean] = str(e).removeprefix(f"{candidate}: ")
+                    mod = self.modules[ino]
+                except OSError:
+                    continue
+                finally:
+                    os.close(fd)
                 break
         self.by_path[key] = mod
         return mod

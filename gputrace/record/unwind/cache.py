@@ -8,16 +8,22 @@ the file ("more than N unwind rows", no CFI, not x86-64) is kept too, so a PyTor
 library over the bound costs its ~2 s once per host, not once per recording.
 
 The directory is the recorder's (root's) alone: used only when it is a real directory
-owned by the effective user and writable by nobody else; entries are written whole
+owned by the effective user and writable by nobody else, under parents that are real
+directories owned by root or the effective user and writable by no one else (sticky
+ones aside), from / down: no one else can rename or replace any part of its path
+after the check; entries are written whole
 (a temporary file renamed) and read back checked (types, order, bounds), and anything
 that does not check is compiled again, never trusted. The recorder decides the
 directory once (`cache_dir`, at the compile worker's start); the worker reads and
-writes the entries (`compile_cached`).
+writes the entries (`compile_cached`). A library's identity and rows come from one
+descriptor (fstat of the one it is read from): a name flipped between a stat and an
+open cannot put one file's rows under another's key.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,9 +36,9 @@ from gputrace.record.unwind import cfi
 
 CACHE_ENV = "GPUTRACE_UNWIND_CACHE"
 DEFAULT_DIR = "/var/cache/gputrace/unwind"
-VERSION = 1  # of the entry format and of the compile's rules: a change makes new keys
+VERSION = 2  # of the entry format and of the compile's rules: a change makes new keys
 MAX_ENTRY_BYTES = 16 << 20  # a table of 65,536 rows is ~2 MiB of JSON
-_KEPT = ("unwind rows", "no .eh_frame or .debug_frame", "not x86-64")
+_KEPT = ("unwind rows", "no .eh_frame or .debug_frame", "not x86-64", cfi.BOUND)
 """Refusals that depend on the file alone (kept); others (pyelftools missing, a read
 error) may not recur and are not."""
 
@@ -42,15 +48,34 @@ def cache_dir() -> Path | None:
     where = os.environ.get(CACHE_ENV, DEFAULT_DIR)
     if where == "off" or not where:
         return None
-    d = Path(where)
+    d = Path(os.path.abspath(where))
     try:
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.lstat(d)
     except OSError:
         return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        return None
-    return d
+    return d if safe_path(d) else None
+
+
+def safe_path(d: Path) -> bool:
+    """`d` is a directory of the effective user's, writable by no one else, and no
+    other user can rename, replace or link any directory on its way from /."""
+    me = os.geteuid()
+    parts = d.parts
+    for i in range(1, len(parts) + 1):
+        at = Path(*parts[:i])
+        try:
+            st = os.lstat(at)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, me):
+            return False
+        last = i == len(parts)
+        if last and (st.st_uid != me or st.st_mode & 0o022):
+            return False
+        # a parent writable by others: only if sticky (they cannot rename our child)
+        if not last and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return False
+    return True
 
 
 def key(st: os.stat_result, max_rows: int) -> str:
@@ -63,9 +88,25 @@ def compile_cached(path: str, max_rows: int, d: Path | None) -> cfi.UnwindTable:
     """`cfi.compile_file(path, max_rows)`, from the cache directory `d` (`cache_dir()`,
     decided once by the recorder; None: no cache) when it holds the file."""
     try:
-        entry = d / key(os.stat(path), max_rows) if d is not None else None
-    except OSError:
-        entry = None
+        # O_NOFOLLOW: the name is a mapping's resolved file (a link there is not it)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as e:
+        raise cfi.CfiError(f"{path}: unreadable ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        table = _compile_fd(path, fd, max_rows, d)
+    finally:
+        os.close(fd)
+    return dataclasses.replace(table, file=(st.st_dev, st.st_ino))  # what was read
+
+
+def _compile_fd(path: str, fd: int, max_rows: int, d: Path | None) -> cfi.UnwindTable:
+    """The cache's entry for the file behind `fd` (keyed by its fstat), else compiled
+    from `fd` and kept."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise cfi.CfiError(f"{path}: not a regular file")
+    entry = d / key(st, max_rows) if d is not None else None
     if entry is not None:
         got = _read(entry, max_rows)
         if isinstance(got, cfi.UnwindTable):
@@ -73,7 +114,7 @@ def compile_cached(path: str, max_rows: int, d: Path | None) -> cfi.UnwindTable:
         if isinstance(got, str):
             raise cfi.CfiError(f"{path}: {got}")
     try:
-        table = cfi.compile_file(path, max_rows)
+        table = cfi.compile_file(path, max_rows, fd)
     except cfi.CfiError as e:
         reason = str(e).removeprefix(f"{path}: ")
         if entry is not None and any(k in reason for k in _KEPT):

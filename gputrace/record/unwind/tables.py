@@ -28,11 +28,12 @@ import contextlib
 import ctypes
 import multiprocessing
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gputrace.record import elf
+from gputrace.record import elf, reap
 from gputrace.record.api.symbolize import Mapping
 from gputrace.record.python_stacks.process import INTERPRETER_NAME
 from gputrace.record.unwind import cache, cfi
@@ -69,6 +70,7 @@ class Compiler:
     def __init__(self) -> None:
         self.pool: cf.ProcessPoolExecutor | None = None
         self.cache_dir: Path | None = None  # decided once, at start: the worker's too
+        self.closed = False
 
     def start(self) -> None:
         """Start the worker now (a spawned interpreter importing pyelftools: a few
@@ -82,20 +84,40 @@ class Compiler:
             self.pool.submit(cfi.warm)
 
     def submit(self, path: str) -> cf.Future[cfi.UnwindTable]:
+        if self.closed:  # the recording ended: no worker is started again
+            done: cf.Future[cfi.UnwindTable] = cf.Future()
+            done.set_exception(cfi.CfiError(f"{path}: not compiled (the recording ended)"))
+            return done
+        if self.pool is not None and getattr(self.pool, "_broken", False):
+            # the worker died (a library took it past its memory cap, or someone killed
+            # it): its compiles failed with the reason; a new one takes the next
+            self._end_pool()
         self.start()
         assert self.pool is not None
         return self.pool.submit(cache.compile_cached, path, TABLE_ROWS, self.cache_dir)
 
     def close(self) -> None:
-        """Stop now: queued libraries dropped, the one compiling killed."""
+        """Stop now: queued libraries dropped, the worker killed and reaped whatever
+        it is doing (`reap.end`: one the kernel holds is said, not waited for)."""
+        self.closed = True
+        self._end_pool()
+
+    def _end_pool(self) -> None:
         if self.pool is None:
             return
         procs = list(getattr(self.pool, "_processes", {}).values())
         self.pool.shutdown(wait=False, cancel_futures=True)
-        for proc in procs:
-            with contextlib.suppress(Exception):
-                proc.kill()
         self.pool = None
+        for proc in procs:
+            reap.end("unwind compile worker", proc.pid, proc.kill, _joiner(proc))
+
+
+def _joiner(proc: Any) -> Callable[[float], bool]:
+    """Has the worker `proc` ended within a timeout (joined)?"""
+    def joined(timeout: float) -> bool:
+        proc.join(timeout)
+        return proc.exitcode is not None
+    return joined
 
 
 def cflags() -> list[str]:
@@ -185,7 +207,7 @@ class UnwindTables:
         asked: set[int] = set()
         for ino in done:
             c = self.compiling.pop(ino)
-            self.by_file[ino] = self._install(c.path, c.candidate, c.future)
+            self.by_file[ino] = self._install(c.path, c.candidate, c.future, ino)
             asked |= c.pids
         for pid in sorted(asked):  # the processes mapping them: ranked again
             if pid in self.seen:
@@ -247,30 +269,35 @@ class UnwindTables:
         """The file's table and the link-time address of the mapping's first byte;
         None when it gets none, or none yet (asked for on first sight)."""
         for candidate in (f"/proc/{pid}/root{path}", path):
-            try:
-                st = os.stat(candidate)
+            try:  # one open: the identity and the headers read are one file's
+                fd = elf.open_ro(candidate, nofollow=True)
                 break
             except OSError:
                 continue
         else:
             return None
-        ino = (st.st_dev, st.st_ino)
-        if ino not in self.by_file:
-            if ino not in self.compiling:
-                self.compiling[ino] = _Compile(self.compiler.submit(candidate), path, candidate)
-            self.compiling[ino].pids.add(pid)
-            return None
-        table = self.by_file[ino]
-        if table is None:
-            return None
         try:
-            return table, elf.read(candidate, symbols=False).vaddr(pgoff)
-        except elf.ElfError:
+            st = os.fstat(fd)
+            ino = (st.st_dev, st.st_ino)
+            if ino not in self.by_file:
+                if ino not in self.compiling:
+                    self.compiling[ino] = _Compile(self.compiler.submit(candidate), path,
+                                                   candidate)
+                self.compiling[ino].pids.add(pid)
+                return None
+            table = self.by_file[ino]
+            if table is None:
+                return None
+            return table, elf.read(candidate, symbols=False, fd=fd).vaddr(pgoff)
+        except (OSError, elf.ElfError):
             return None
+        finally:
+            os.close(fd)
 
-    def _install(self, path: str, candidate: str,
-                 fut: cf.Future[cfi.UnwindTable]) -> _Table | None:
-        """A finished compile's rows into `unwind_rows`; None when it gives none."""
+    def _install(self, path: str, candidate: str, fut: cf.Future[cfi.UnwindTable],
+                 ino: tuple[int, int] = (0, 0)) -> _Table | None:
+        """A finished compile's rows into `unwind_rows`; None when it gives none (or
+        the worker read another file than the one `ino` names: a name flipped since)."""
         try:
             t = fut.result()
         except cfi.CfiError as e:
@@ -278,6 +305,9 @@ class UnwindTables:
             return None
         except Exception as e:  # the worker died or was stopped: no table, said why
             self.skipped[path] = f"not compiled ({type(e).__name__})"
+            return None
+        if t.file != (0, 0) and ino != (0, 0) and t.file != ino:
+            self.skipped[path] = "the file changed while its table was compiled"
             return None
         if t.has_frame_pointers:
             return None  # the frame-pointer walk is right here

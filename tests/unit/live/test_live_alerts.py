@@ -45,6 +45,16 @@ def test_parse_rejects(text: str) -> None:
         parse_alert(text)
 
 
+@pytest.mark.parametrize("text", ["alloc_rate>\u0661\u0662/s", "alloc_rate>1_000/s",
+                                  "migration_rate>\uff11\uff12/min", "leak_rate>1_000MiB/s",
+                                  "live_bytes>\u0661GiB", "drops>1_0", "alloc_rate>12/\u0661s"])
+def test_only_ascii_digits_are_numbers(text: str) -> None:
+    """As every other option: Arabic-Indic or full-width digits and underscores are
+    refused, never read as 12 or 1000."""
+    with pytest.raises(UsageError, match="--alert"):
+        parse_alert(text)
+
+
 def test_fires_once_per_episode_and_rearms() -> None:
     clock = Clock()
     agg = Aggregates(clock=clock, growth_window_ns=60 * NS)

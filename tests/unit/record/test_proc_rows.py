@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from gputrace import identity
 from gputrace.record import decode, procfs
 from gputrace.record.recorder import Options
 from gputrace.record.session import Session
@@ -317,7 +318,8 @@ def test_late_events_of_an_exited_process_start_no_row() -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="makes a cgroup: root only")
-def test_a_process_gone_unread_keeps_its_container_from_its_cgroup_id(tmp_path: Path) -> None:
+def test_a_process_gone_unread_keeps_its_container_from_its_cgroup_id(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The probes kept the cgroup id; the cgroup still exists: its path, and the names the
     node's files give, say which container and pod the process was in."""
     mount = procfs._cgroup2_mount(procfs.CGROUP2)
@@ -327,6 +329,8 @@ def test_a_process_gone_unread_keeps_its_container_from_its_cgroup_id(tmp_path: 
     # under a root of this process's own: no other test's cgroups meet these
     rel = (f"gputrace-test-proc-rows-{os.getpid()}/kubepods.slice/kubepods-besteffort.slice/"
            f"kubepods-besteffort-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope")
+    # kubelet's root is this test's (identity.KUBE_ROOTS_ENV: an unusual node's)
+    monkeypatch.setenv(identity.KUBE_ROOTS_ENV, "/" + str(Path(rel).parents[2]))
     (tmp_path / "var/log/pods" / f"ml_trainer-0_{uid}" / "cuda").mkdir(parents=True)
     task = tmp_path / "run/containerd/io.containerd.runtime.v2.task/k8s.io" / cid
     task.mkdir(parents=True)

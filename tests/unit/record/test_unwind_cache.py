@@ -35,7 +35,7 @@ def entries(tmp_path: Path) -> list[Path]:
 
 
 def no_compile(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(path: str, max_rows: int) -> cfi.UnwindTable:
+    def refuse(path: str, max_rows: int, fd: int | None = None) -> cfi.UnwindTable:
         raise AssertionError("compiled although kept")
 
     monkeypatch.setattr(cfi, "compile_file", refuse)
@@ -68,7 +68,7 @@ def test_refusals_kept_only_when_they_depend_on_the_file(
     with pytest.raises(cfi.CfiError, match=f"^{lib}: more than 10 unwind rows"):
         cache.compile_cached(str(lib), 10, cache.cache_dir())
     # pyelftools missing is this environment's, not the file's: not kept
-    def missing(path: str, max_rows: int) -> cfi.UnwindTable:
+    def missing(path: str, max_rows: int, fd: int | None = None) -> cfi.UnwindTable:
         raise cfi.CfiError(f"{path}: pyelftools is not installed")
 
     monkeypatch.setattr(cfi, "compile_file", missing)

@@ -143,3 +143,20 @@ def test_a_real_worker_compiles_what_the_recorder_would() -> None:
     assert got == cfi.compile_file(lib, tables.TABLE_ROWS)
     assert not got.has_frame_pointers and len(got.rows) > 10
     assert compiler.pool is None
+
+
+def test_a_table_of_another_file_than_the_one_asked_for_is_not_loaded(
+        unwind: tuple[UnwindTables, Futures, dict[str, Any]]) -> None:
+    """The worker read another file under the name than the one the recorder opened (a
+    name flipped between the two opens): its rows are not kept under this file's
+    identity, where every process mapping the real file would walk them."""
+    import dataclasses
+
+    u, futures, stored = unwind
+    u.update(42, MAPS)
+    st = os.stat(ELF)
+    futures.futures[0].set_result(dataclasses.replace(TABLE, file=(st.st_dev, st.st_ino + 1)))
+    assert u.poll()
+    assert not stored["rows"] and not stored["procs"].get(42)
+    assert u.manifest()["skipped"] == [
+        {"module": ELF, "reason": "the file changed while its table was compiled"}]

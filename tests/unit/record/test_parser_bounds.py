@@ -1,0 +1,270 @@
+"""The recorder's parsers of files a traced process chooses are bounded by design
+(docs/security.md, "ELF files" and "Unwind tables"): hostile ELF files built here
+(tests/hostile_elf.py, SYNTHETIC) are parsed by real processes, a child that runs the
+recorder's symbol reader under an address-space limit, and the recorder's own compile
+worker (`tables.Compiler`), and each is refused or cut within the stated memory and
+time, where the unbounded parsers took gigabytes and minutes:
+
+- a symbol-name bomb (1,000 names pointing into one NUL-free 8 MiB string table:
+  ~8 GiB sliced) reads at most MAX_NAME_BYTES a name; 4,000 of them are refused;
+- an FDE of 2 million rows (65 s and 1.97 GiB in the worker), a million CIEs (244 s,
+  1.6 GiB) and a 1 GiB .eh_frame (read whole into memory) are refused in seconds;
+- a refusal is kept by the cache; the worker's address space is capped;
+- a library's cache key and its rows come from one descriptor (a symlink flipped
+  between the two put one file's rows under another's key);
+- the cache directory is refused when any directory on its path is another user's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gputrace.record import elf
+from gputrace.record.unwind import cache, cfi, tables
+from tests import hostile_elf
+
+ROOT = Path(__file__).resolve().parents[3]
+CHILD_AS = 1 << 30  # the child parser's address space: the old parser needed ~8 GiB
+MAX_RSS = 300 << 20  # peak resident memory allowed a parse of a bomb
+MAX_S = 20.0  # wall time allowed (2 shared CPUs); the old parsers took minutes
+
+
+def parse_in_child(code: str, *args: str) -> dict[str, object]:
+    """Run `code` (which prints a JSON object) in a child python limited to CHILD_AS;
+    its answer with its peak RSS (bytes) and wall time added."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (CHILD_AS, CHILD_AS))
+
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                       timeout=300, preexec_fn=limit, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    wall = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr[-2000:]
+    out: dict[str, object] = json.loads(r.stdout)
+    out["wall"] = wall
+    return out
+
+
+READ = """
+import json, resource, sys
+from gputrace.record import elf
+try:
+    e = elf.read(sys.argv[1])
+    got = {"names": len(e.names), "longest": max(map(len, e.names), default=0),
+           "exported": len(e.exported)}
+except elf.ElfError as err:
+    got = {"error": str(err)}
+got["rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps(got))
+"""
+
+
+def test_a_symbol_name_bomb_is_read_with_bounded_names(tmp_path: Path) -> None:
+    lib = hostile_elf.symbol_bomb(tmp_path / "libcuda.so.1", symbols=1000, strtab=8 << 20)
+    got = parse_in_child(READ, str(lib))
+    assert "error" not in got, got
+    assert got["names"] == 1000 and got["exported"] == 1  # all cut to the same 16 KiB of "A"
+    assert got["longest"] == elf.MAX_NAME_BYTES  # cut, not sliced to the end of the file
+    assert int(got["rss"]) < MAX_RSS, got  # type: ignore[call-overload]
+    assert float(got["wall"]) < MAX_S, got  # type: ignore[arg-type]
+
+
+def test_names_beyond_the_string_tables_size_are_refused(tmp_path: Path) -> None:
+    lib = hostile_elf.symbol_bomb(tmp_path / "libcuda.so.1", symbols=4000, strtab=8 << 20)
+    got = parse_in_child(READ, str(lib))
+    assert "symbol names over" in str(got.get("error")), got
+    assert "string tables of 8388608 bytes" in str(got["error"])
+    assert int(got["rss"]) < MAX_RSS, got  # type: ignore[call-overload]
+
+
+def test_a_file_over_the_size_bound_is_not_parsed(tmp_path: Path) -> None:
+    lib = hostile_elf.symbol_bomb(tmp_path / "libbig.so", symbols=10, strtab=4096)
+    with lib.open("r+b") as f:
+        f.truncate(elf.MAX_FILE_BYTES + 1)  # sparse: no disk
+    with pytest.raises(elf.ElfError, match=r"over the 4096 MiB bound \(not parsed\)"):
+        elf.read(str(lib))
+
+
+SYMBOLIZE = """
+import json, resource, sys
+from gputrace.record.api.symbolize import Symbolizer
+pid, lib, link = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+sym = Symbolizer()
+sym.refresh(pid)
+[m] = [m for m in sym.maps[pid] if m.path == lib]
+rows = sym.stack_rows(pid, 1, [m.start + 0x1010])
+print(json.dumps({"module": rows[0]["module"], "symbol": rows[0]["symbol"],
+                  "skipped": sym.skipped, "link": sym._module(pid, link) is None,
+                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def test_the_symbolizer_says_why_a_mapped_file_has_no_symbols(tmp_path: Path) -> None:
+    """A traced process maps the refused bomb executable: its frames stay unresolved
+    and the reason is kept for the manifest; a mapping whose name is now a symlink
+    is not followed (the mapping's name is its resolved file)."""
+    lib = hostile_elf.symbol_bomb(tmp_path / "libbomb.so", symbols=4000, strtab=8 << 20)
+    link = tmp_path / "liblink.so"
+    link.symlink_to(hostile_elf.symbol_bomb(tmp_path / "libok.so", 3, 64))
+    code = ("import mmap, sys; f = open(sys.argv[1], 'rb'); "
+            "m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ | mmap.PROT_EXEC); "
+            "print('mapped', flush=True); sys.stdin.read()")  # fmt: skip
+    p = subprocess.Popen([sys.executable, "-c", code, str(lib)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "mapped\n"
+        got = parse_in_child(SYMBOLIZE, str(p.pid), str(lib), str(link))
+    finally:
+        p.kill()
+        p.wait()
+    assert got["module"] == str(lib) and got["symbol"] is None
+    assert "symbol names over" in got["skipped"][str(lib)]  # type: ignore[index]
+    assert got["link"] is True  # O_NOFOLLOW
+    assert int(got["rss"]) < MAX_RSS, got  # type: ignore[call-overload]
+    assert float(got["wall"]) < MAX_S, got  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ unwind tables
+def worker_pid(c: tables.Compiler) -> int:
+    assert c.pool is not None
+    [proc] = list(c.pool._processes.values())  # type: ignore[attr-defined]
+    return int(proc.pid)
+
+
+def status_bytes(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(field)
+
+
+@pytest.fixture
+def compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tables.Compiler:
+    pytest.importorskip("elftools")
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the spawned worker imports this tree
+    c = tables.Compiler()
+    c.start()
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("bomb, reason", [
+    ("row_bomb", r"an entry of 60000\d\d bytes at offset 24, over the bound of 65536 bytes"),
+    ("cie_bomb", r"more than 8192 CIEs, over the bound"),
+    ("sparse_eh_frame", r"more than 65536 unwind rows, over the bound"),
+])  # fmt: skip
+def test_an_unwind_bomb_is_refused_in_bounded_time_and_memory(
+        compiler: tables.Compiler, tmp_path: Path, bomb: str, reason: str) -> None:
+    lib = getattr(hostile_elf, bomb)(tmp_path / f"lib{bomb}.so")
+    t0 = time.monotonic()
+    with pytest.raises(cfi.CfiError, match=reason):
+        compiler.submit(str(lib)).result(timeout=120)
+    assert time.monotonic() - t0 < MAX_S
+    pid = worker_pid(compiler)
+    assert status_bytes(pid, "VmHWM") < MAX_RSS
+    # remembered: the refusal is kept, and the worker's memory is capped
+    [entry] = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
+    assert cfi.BOUND in json.loads(entry.read_text())["error"]
+    limits = Path(f"/proc/{pid}/limits").read_text()
+    assert f"Max address space         {cfi.WORKER_MEMORY_BYTES}" in limits
+
+
+def test_rows_are_counted_before_an_fde_is_decoded(tmp_path: Path) -> None:
+    """An FDE under the entry bound whose rows pass the row bound is refused from its
+    instructions, without decoding them."""
+    pytest.importorskip("elftools")
+    lib = hostile_elf.row_bomb(tmp_path / "librows.so", rows=20_000)  # 60 KB
+    with pytest.raises(cfi.CfiError, match=r"more than 1000 unwind rows, over the bound "
+                                           r"\(stopped after 0 functions"):
+        cfi.compile_file(str(lib), 1000)
+    assert len(cfi.compile_file(str(lib), 1 << 16).rows) > 20_000 // 15
+
+
+def test_the_cache_keys_and_reads_one_descriptor(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The name is flipped (a directory symlink) after the library is opened: the
+    rows kept under its identity are still its own."""
+    pytest.importorskip("elftools")
+    a, b, d = tmp_path / "a", tmp_path / "b", tmp_path / "cache"
+    for folder, n in ((a, 100), (b, 3)):
+        folder.mkdir()
+        hostile_elf.honest(folder / "libz.so.1", functions=n)
+    d.mkdir(mode=0o700)
+    via = tmp_path / "via"
+    via.symlink_to(a)
+    real = cfi.compile_file
+
+    def flip_then_compile(path: str, max_rows: int, fd: int | None = None) -> cfi.UnwindTable:
+        via.unlink()
+        via.symlink_to(b)  # the user's flip, between the open and the read
+        return real(path, max_rows, fd) if fd is not None else real(path, max_rows)
+
+    monkeypatch.setattr(cfi, "compile_file", flip_then_compile)
+    got = cache.compile_cached(str(via / "libz.so.1"), 1 << 16, d)
+    assert got.functions == 100
+    kept = json.loads((d / cache.key(os.stat(a / "libz.so.1"), 1 << 16)).read_text())
+    assert kept["functions"] == 100
+
+
+def test_the_cache_directory_is_checked_along_its_whole_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    parent = tmp_path / "user"
+    parent.mkdir()
+    monkeypatch.setenv(cache.CACHE_ENV, str(parent / "cache"))
+    assert cache.cache_dir() == parent / "cache"  # root's, all the way
+    if os.geteuid() == 0:
+        os.chown(parent, 65534, 65534)  # a user's parent: it could rename cache away
+        assert cache.cache_dir() is None
+        os.chown(parent, 0, 0)
+    parent.chmod(0o777)  # writable by all, not sticky
+    assert cache.cache_dir() is None
+    parent.chmod(0o1777)  # sticky, like /tmp: others cannot rename our entry
+    assert cache.cache_dir() == parent / "cache"
+    swapped = tmp_path / "link"
+    swapped.symlink_to(parent)
+    monkeypatch.setenv(cache.CACHE_ENV, str(swapped / "cache"))
+    assert cache.cache_dir() is None
+
+
+def test_the_worker_is_killed_and_reaped_whatever_it_does(compiler: tables.Compiler,
+                                                          tmp_path: Path) -> None:
+    from gputrace.record import reap
+
+    pid = worker_pid(compiler)
+    os.kill(pid, 19)  # SIGSTOP: a worker stopped mid-compile still ends
+    compiler.close()
+    assert reap.state(pid) is None
+    assert reap.take_left() == []
+    assert compiler.submit("/x").exception() is not None  # no worker started again
+    assert compiler.pool is None
+
+
+def test_a_dead_worker_is_replaced(compiler: tables.Compiler, tmp_path: Path) -> None:
+    """A worker that died (past its memory cap, or killed) fails the compiles it had,
+    and the next library gets a new worker, the old one reaped."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from gputrace.record import reap
+
+    honest = hostile_elf.honest(tmp_path / "libhonest.so", functions=10)
+    old = worker_pid(compiler)
+    os.kill(old, 9)
+    deadline = time.monotonic() + MAX_S
+    while True:  # the pool notices the death on its own thread: a compile may still fail
+        try:
+            table = compiler.submit(str(honest)).result(timeout=60)
+            break
+        except BrokenProcessPool:
+            assert time.monotonic() < deadline
+    assert table.functions == 10
+    assert worker_pid(compiler) != old and reap.state(old) is None
