@@ -107,6 +107,13 @@ def register(app: typer.Typer) -> None:
                               "(default: 127). Each frame costs the probe a read of user "
                               "memory on every allocation call."),
         ] = None,
+        torch_stacks: Annotated[
+            str,
+            typer.Option("--torch-stacks", metavar="none|python|full",
+                         help="Stack of each PyTorch tensor allocation (torch_allocator "
+                              "layer): none, its Python frames (default), or Python and "
+                              "native frames (costs more)."),
+        ] = "python",
         uvm_queue_version: Annotated[
             str | None,
             typer.Option("--uvm-queue-version", metavar="1|2",
@@ -234,6 +241,7 @@ def register(app: typer.Typer) -> None:
             raw=raw,
             flight=flight,
             kube_root=kube_root,
+            torch_stacks=torch_stacks,
         )
         if ebpf:
             from gputrace.record.api import libcuda as cuda
