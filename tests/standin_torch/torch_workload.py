@@ -37,20 +37,20 @@ OUT: list[str] = []
 
 
 def _malloc(size: int) -> int:
-    return int(LIB.standin_torch_malloc(ctypes.c_ulong(size), 0, ctypes.c_ulonglong(0)))
+    return int(LIB.standin_torch_malloc(size, 0, 0))
 
 
 def weights() -> None:
     for size in WEIGHT_SIZES:
-        p = LIB.standin_torch_malloc(ctypes.c_ulong(size), 0, ctypes.c_ulonglong(0))  # PLANT: weight
+        p = LIB.standin_torch_malloc(size, 0, 0)  # PLANT: weight
         KEPT.append(p)
         OUT.append(f"T {p} {size} weight")
 
 
 def step() -> None:
-    act = LIB.standin_torch_malloc(ctypes.c_ulong(3 * MIB), 0, ctypes.c_ulonglong(0))  # PLANT: activation
+    act = LIB.standin_torch_malloc(3 * MIB, 0, 0)  # PLANT: activation
     OUT.append(f"T {act} {3 * MIB} activation")
-    kept = LIB.standin_torch_malloc(ctypes.c_ulong(256 * KIB), 0, ctypes.c_ulonglong(0))  # PLANT: leak
+    kept = LIB.standin_torch_malloc(256 * KIB, 0, 0)  # PLANT: leak
     HISTORY.append(kept)
     OUT.append(f"T {kept} {256 * KIB} leak")
     LIB.standin_torch_free(ctypes.c_ulonglong(act))
@@ -58,7 +58,7 @@ def step() -> None:
 
 
 def too_big() -> None:
-    p = LIB.standin_torch_malloc(ctypes.c_ulong(OOM_BYTES), 0, ctypes.c_ulonglong(0))  # PLANT: oom
+    p = LIB.standin_torch_malloc(OOM_BYTES, 0, 0)  # PLANT: oom
     OUT.append(f"OOM {OOM_BYTES}" if p == 0 else f"T {p} {OOM_BYTES} oom")
 
 
@@ -76,6 +76,7 @@ def main() -> None:
     args = sys.argv[1:]
     LIB = ctypes.CDLL(args[0])
     LIB.standin_torch_malloc.restype = ctypes.c_ulonglong
+    LIB.standin_torch_malloc.argtypes = [ctypes.c_ulong, ctypes.c_int, ctypes.c_ulonglong]
     LIB.standin_torch_reserved.restype = ctypes.c_ulonglong
     LIB.standin_torch_allocated.restype = ctypes.c_ulonglong
     if "--bench" in args:

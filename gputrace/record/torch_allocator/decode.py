@@ -28,9 +28,9 @@ from gputrace.record import decode
 
 TORCH_DTYPE = np.dtype([
     ("ts_ns", "<u8"), ("latency_ns", "<u8"), ("ptr", "<u8"), ("size_bytes", "<u8"),
-    ("stream", "<u8"), ("request_bytes", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("stack_id", "<i4"),
-    ("py_stack_id", "<i4"), ("result", "<i4"), ("device", "<i2"), ("kind", "u1"),
-    ("_pad", "u1"),
+    ("stream", "<u8"), ("request_bytes", "<u8"), ("pid", "<u4"), ("tid", "<u4"),
+    ("stack_id", "<i4"), ("py_stack_id", "<i4"), ("result", "<i4"), ("device", "<i2"),
+    ("kind", "u1"), ("_pad", "u1"),
 ])  # fmt: skip
 """Mirror of struct torch_event (tests/unit/record/test_event_structs.py compiles both)."""
 
@@ -164,13 +164,15 @@ class AllocatorState:
                          "api_alloc_ts_ns": s.ts_ns}.items():
                 segs[k].append(v)
             at = addr
-            for ptr, t in [*live, (addr + s.size, None)]:
+            ends: list[tuple[int, Tensor | None]] = [*live, (addr + s.size, None)]
+            for ptr, blk in ends:
                 if ptr > at:  # cached space between live blocks
                     _block(blocks, pid, s.device, addr, at, ptr - at, 0, 0, None)
-                if t is None:
+                if blk is None:
                     break
-                _block(blocks, pid, s.device, addr, ptr, rounded(t.size), t.size, 1, t.stack_id)
-                at = ptr + rounded(t.size)
+                _block(blocks, pid, s.device, addr, ptr, rounded(blk.size), blk.size, 1,
+                       blk.stack_id)
+                at = ptr + rounded(blk.size)
         return {"allocator_segments": pa.Table.from_pydict(
                     segs, schema=schema.ALLOCATOR_SEGMENTS.arrow_schema),
                 "allocator_blocks": pa.Table.from_pydict(
