@@ -1,0 +1,130 @@
+"""The torch_allocator layer, live, on the stand-in libc10_cuda.so (tests/standin_torch:
+PyTorch's mangled names over a tiny caching allocator on the stand-in libcuda), called
+from Python through ctypes: every tensor's pointer, size, Python line and free, the
+planted leak by its line, growth per iteration and an out-of-memory failure whose cache
+state is known, in the allocator tables and reports (root, bcc)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from gputrace.trace.reader import open_trace
+from tests.record_helpers import ROOT, live_skip_reason
+from tests.standin_torch import standin_torch as st
+
+pytestmark = [pytest.mark.live]
+_SKIP = live_skip_reason()
+if _SKIP is not None:
+    pytestmark.append(pytest.mark.skip(reason=_SKIP))
+
+KIB, MIB = 1 << 10, 1 << 20
+CAP = "64M"  # the stand-in libcuda's largest allocation: the 96 MiB request fails
+
+
+def _round(n: int) -> int:
+    """PyTorch's block rounding (computed here, not imported from the layer)."""
+    return max(512, (n + 511) // 512 * 512)
+
+
+def _analyze(trace: Path, only: str) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "-m", "gputrace.cli", "analyze", str(trace), "--only",
+                        only, "--format", "json"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, st.Run]:
+    """One recording for the whole module (each costs ~13 s of CPU): weights, four
+    iterations of the loop, then the out-of-memory request."""
+    out = tmp_path_factory.mktemp("torch") / "trace"
+    run = st.record(out, sys.executable, "--iterations", "4", "--oom",
+                    env={"GPUTRACE_STANDIN_CUDA_MAX": CAP})  # fmt: skip
+    return out, run
+
+
+def _frames(t: Any) -> dict[int, list[tuple[str, str, int]]]:
+    fr = t.scan("allocator_frames").collect().sort("stack_id", "depth")
+    out: dict[int, list[tuple[str, str, int]]] = {}
+    for sid, fn, file, line in fr.select("stack_id", "function", "filename", "line").rows():
+        out.setdefault(sid, []).append((fn, file, line))
+    return out
+
+
+def test_every_tensor_and_free(recorded: tuple[Path, st.Run]) -> None:
+    trace, run = recorded
+    t = open_trace(trace)
+    assert "allocator" in t.layers
+    man = t.manifest["torch_allocator"]
+    assert man["skipped"] == [] and man["libraries"][0]["release"] == "2.14"
+    ev = t.scan("allocator_events").collect().filter(pl.col("pid") == run.pid).sort("seq")
+    frames = _frames(t)
+    allocs = ev.filter(pl.col("action") == "alloc")
+    # every tensor the program made, in order: pointer, size, device, its Python line
+    want_line = {w: st.plant_line(w) for w in ("weight", "activation", "leak")}
+    got = [(a, s, frames[sid][0]) for a, s, sid in
+           allocs.select("address", "size_bytes", "stack_id").rows()]
+    assert [(a, s) for a, s, _ in got] == [(p, _round(n)) for p, n, _ in run.tensors]
+    for (_a, _s, top), (_p, _n, where) in zip(got, run.tensors, strict=True):
+        fn = {"weight": "weights", "activation": "step", "leak": "step"}[where]
+        assert top == (fn, str(st.WORKLOAD), want_line[where])
+    assert set(allocs["device"].to_list()) == {0}
+    # every free, by pointer, requested then completed at the same instant
+    frees = ev.filter(pl.col("action") == "free_completed")
+    assert frees["address"].to_list() == run.freed
+    req = ev.filter(pl.col("action") == "free_requested")
+    assert req["ts_ns"].to_list() == frees["ts_ns"].to_list()
+
+
+def test_reports_leak_growth_pool(recorded: tuple[Path, st.Run]) -> None:
+    trace, run = recorded
+    leak = f"step ({st.WORKLOAD}:{st.plant_line('leak')})"
+    # tensors alive at the end: the weights and the four planted 256 KiB tensors
+    tens = _analyze(trace, "tensors")["tensors"]
+    assert tens["total_count"] == 3 + 4
+    by_top = {s["top_frame"]: s for s in tens["by_stack"]}
+    assert by_top[leak]["count"] == 4 and by_top[leak]["bytes"] == 4 * 256 * KIB
+    assert by_top[leak]["requested_bytes"] == 4 * 256 * KIB
+    # growth: the leak's line retains 256 KiB per iteration, the activation nothing
+    growth = _analyze(trace, "allocator-growth")["allocator_growth"]
+    rows = {s["top_frame"]: s for s in growth["by_stack"]}
+    assert rows[leak]["retained_bytes_per_alloc"] == 256 * KIB
+    act = f"step ({st.WORKLOAD}:{st.plant_line('activation')})"
+    assert rows[act]["allocs"] == 4 and rows[act]["retained_bytes"] == 0
+    assert growth["start_active_bytes"] == 0
+    assert growth["end_active_bytes"] == run.allocated
+    # the pool at the end is what the allocator itself counts
+    pool = _analyze(trace, "allocator-pool")["allocator_pool"]
+    assert pool["reserved_bytes"] == run.reserved
+    assert pool["allocated_bytes"] == run.allocated
+
+
+def test_out_of_memory_with_its_cache(recorded: tuple[Path, st.Run]) -> None:
+    """The 96 MiB request: the stand-in libcuda refuses it, the allocator frees its
+    one unused cached segment (the 4 MiB the activations used), fails again and
+    throws. The recording holds that segment's free and the oom entry on the line
+    that asked; the program lived on (no uretprobe in the exception's way)."""
+    trace, run = recorded
+    assert run.ooms == [96 * MIB]
+    t = open_trace(trace)
+    ev = t.scan("allocator_events").collect().filter(pl.col("pid") == run.pid).sort("seq")
+    oom = ev.filter(pl.col("action") == "oom")
+    assert oom.height == 1 and oom["size_bytes"][0] == 96 * MIB
+    frames = _frames(t)
+    assert frames[oom["stack_id"][0]][0] == ("too_big", str(st.WORKLOAD), st.plant_line("oom"))
+    act_ptr = next(p for p, _n, w in run.tensors if w == "activation")
+    seg_free = ev.filter(pl.col("action") == "segment_free")
+    assert seg_free.select("address", "size_bytes").rows() == [(act_ptr, 4 * MIB)]
+    assert seg_free["ts_ns"][0] >= oom["ts_ns"][0]
+    segs = t.scan("allocator_segments").collect().filter(pl.col("pid") == run.pid)
+    assert segs["total_size_bytes"].sum() == run.reserved
