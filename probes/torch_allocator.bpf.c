@@ -8,7 +8,8 @@
  *     size_t size, cudaStream_t stream): at its entry, and at each of its `ret`
  *     instructions (never a uretprobe: malloc throws c10::OutOfMemoryError, and a
  *     C++ exception cannot unwind through a uretprobe's trampoline);
- *   - NativeCachingAllocator::free(this, void *ptr): at its entry;
+ *   - NativeCachingAllocator::free(this, void *ptr) at its entry, or where a
+ *     release inlined it, its callers (symbols.py);
  *   - libcuda's cuMemAlloc_v2 (entry and return) and cuMemFree_v2 (entry): the
  *     allocator's segments, kept only inside a malloc (allocs) or in a process
  *     that called malloc (frees; the recorder keeps those of its segments).
@@ -136,16 +137,20 @@ int torch_malloc_ret(struct pt_regs *ctx)
     return 0;
 }
 
-int torch_free_enter(struct pt_regs *ctx)
+static __always_inline int torch_free(u64 ptr)
 {
     void *task = (void *)bpf_get_current_task_btf();
     struct torch_call *t = torch_call_of(task, 1);
     if (!t)
         return 0;
     torch_settle(t);
-    torch_emit(GT_TORCH_FREE, bpf_ktime_get_ns(), 0, PT_REGS_PARM2(ctx), 0, 0, 0, -1, -1, -1, 0);
+    torch_emit(GT_TORCH_FREE, bpf_ktime_get_ns(), 0, ptr, 0, 0, 0, -1, -1, -1, 0);
     return 0;
 }
+
+/* free(this, ptr), raw_delete(this, ptr); local_raw_delete(ptr) */
+int torch_free_enter(struct pt_regs *ctx) { return torch_free(PT_REGS_PARM2(ctx)); }
+int torch_free_arg1_enter(struct pt_regs *ctx) { return torch_free(PT_REGS_PARM1(ctx)); }
 
 int torch_seg_alloc_enter(struct pt_regs *ctx)
 {

@@ -16,6 +16,13 @@
 // instructions, never with a uretprobe; docs/record.md).
 //
 // Called from Python through ctypes by the extern "C" functions at the end.
+//
+// Built three times (Makefile), in the shapes of the releases symbols.py knows and one
+// it does not:
+//   default       2.14: free(void*) a function of its own;
+//   SHAPE_2_5     2.5: free inlined into its callers, the DataPtr deleter
+//                 local_raw_delete(void*) (a free function) and raw_delete(void*);
+//   SHAPE_UNKNOWN malloc takes an int device: no table matches, the layer skips it.
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -58,11 +65,23 @@ struct Segment {
     std::vector<Block> blocks;  // address order; live or cached
 };
 
+#ifdef SHAPE_UNKNOWN
+using DeviceArg = int;
+#else
+using DeviceArg = signed char;
+#endif
+#ifdef SHAPE_2_5
+#define FREE_INLINE __attribute__((always_inline)) inline
+#else
+#define FREE_INLINE __attribute__((noinline))
+#endif
+
 class NativeCachingAllocator {
   public:
-    __attribute__((noinline)) void malloc(void **devPtr, signed char device, unsigned long size,
+    __attribute__((noinline)) void malloc(void **devPtr, DeviceArg device, unsigned long size,
                                           CUstream_st *stream);
-    __attribute__((noinline)) void free(void *ptr);
+    FREE_INLINE void free(void *ptr);
+    __attribute__((noinline)) void raw_delete(void *ptr);
     __attribute__((noinline)) void emptyCache(std::pair<unsigned long long, unsigned long long> pool);
     std::vector<Segment> segments;
 
@@ -104,7 +123,7 @@ void NativeCachingAllocator::release_cached()
     segments.swap(keep);
 }
 
-void NativeCachingAllocator::malloc(void **devPtr, signed char device, unsigned long size,
+void NativeCachingAllocator::malloc(void **devPtr, DeviceArg device, unsigned long size,
                                     CUstream_st *stream)
 {
     size_t rounded = size < kMinBlock ? kMinBlock : (size + kMinBlock - 1) / kMinBlock * kMinBlock;
@@ -127,12 +146,12 @@ void NativeCachingAllocator::malloc(void **devPtr, signed char device, unsigned 
     }
     if (r != 0)
         throw c10::OutOfMemoryError("CUDA out of memory (stand-in)");
-    segments.push_back(Segment{base, seg, device, stream, {}});
+    segments.push_back(Segment{base, seg, static_cast<signed char>(device), stream, {}});
     carve(segments.back(), rounded, &p);
     *devPtr = reinterpret_cast<void *>(p);
 }
 
-void NativeCachingAllocator::free(void *ptr)
+FREE_INLINE void NativeCachingAllocator::free(void *ptr)
 {
     auto p = reinterpret_cast<CUdeviceptr>(ptr);
     for (auto &s : segments)
@@ -148,7 +167,18 @@ void NativeCachingAllocator::emptyCache(std::pair<unsigned long long, unsigned l
     release_cached();
 }
 
+void NativeCachingAllocator::raw_delete(void *ptr)
+{
+    this->free(ptr);
+}
+
 NativeCachingAllocator allocator;
+
+// The deleter of every tensor's DataPtr.
+__attribute__((noinline)) void local_raw_delete(void *ptr)
+{
+    allocator.free(ptr);
+}
 
 }  // namespace Native
 }  // namespace CUDACachingAllocator
@@ -156,6 +186,7 @@ NativeCachingAllocator allocator;
 }  // namespace c10
 
 using c10::cuda::CUDACachingAllocator::Native::allocator;
+using c10::cuda::CUDACachingAllocator::Native::local_raw_delete;
 
 extern "C" {
 #define EXPORT __attribute__((visibility("default"), noinline))
@@ -174,7 +205,8 @@ EXPORT unsigned long long standin_torch_malloc(unsigned long size, int device,
         return 0;
     void *p = nullptr;
     try {
-        allocator.malloc(&p, static_cast<signed char>(device), size,
+        allocator.malloc(&p, static_cast<c10::cuda::CUDACachingAllocator::Native::DeviceArg>(device),
+                         size,
                          reinterpret_cast<CUstream_st *>(stream));
     } catch (const c10::OutOfMemoryError &) {
         return 0;
@@ -184,7 +216,7 @@ EXPORT unsigned long long standin_torch_malloc(unsigned long size, int device,
 
 EXPORT void standin_torch_free(unsigned long long ptr)
 {
-    allocator.free(reinterpret_cast<void *>(ptr));
+    local_raw_delete(reinterpret_cast<void *>(ptr));
 }
 
 EXPORT void standin_torch_empty_cache(void)

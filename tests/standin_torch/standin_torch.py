@@ -9,13 +9,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.standin.standin import locked_make
 
 HERE = Path(__file__).resolve().parent
-LIB = HERE / "build" / "libc10_cuda.so"
+LIB = HERE / "build" / "libc10_cuda.so"  # 2.14's shape
+LIB_2_5 = HERE / "build" / "v2.5" / "libc10_cuda.so"  # 2.5's: free inlined in its callers
+LIB_UNKNOWN = HERE / "build" / "unknown" / "libc10_cuda.so"  # malloc(void**, int, ...)
 WORKLOAD = HERE / "torch_workload.py"
 
 
@@ -55,44 +58,68 @@ class Run:
 
 
 def record(out: Path, exe: str, *args: str, record_args: tuple[str, ...] = (),
-           env: dict[str, str] | None = None) -> Run:
-    """Record the workload (interpreter `exe`) with `-p` into `out`: started and
-    waiting, the recorder attached, then its calls; the recorder stopped while
-    the workload still lives (its code objects are named at the drain)."""
+           env: dict[str, str] | None = None, lib: Path | None = None) -> Run:
+    """Record the workload (interpreter `exe`, library `lib`: the 2.14-shaped
+    stand-in by default) with `-p` into `out`; see `record_many`."""
+    return record_many(out, [(exe, lib or build(), args)], record_args, env)[0]
+
+
+def record_many(out: Path, workloads: list[tuple[str, Path, tuple[str, ...]]],
+                record_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                while_alive: Callable[[], None] | None = None) -> list[Run]:
+    """Record workloads (interpreter, libc10_cuda, arguments) with `-p` into `out`:
+    each started and waiting, the recorder attached, then their calls; the recorder
+    stopped while they still live (code objects are named at the drain), then
+    `while_alive()`, then they end."""
     from tests.record_helpers import RecorderProc, record_cmd
 
-    w = subprocess.Popen([exe, str(WORKLOAD), str(build()), "--wait", *args],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                         env={**os.environ, **(env or {})})  # fmt: skip
-    assert w.stdin is not None and w.stdout is not None
-    run = Run(w.pid)
+    build()
+    procs = [subprocess.Popen([exe, str(WORKLOAD), str(lib), "--wait", *args],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, **(env or {})})
+             for exe, lib, args in workloads]  # fmt: skip
+    runs = [Run(w.pid) for w in procs]
     try:
-        assert w.stdout.readline() == f"READY {w.pid}\n"
-        rec = RecorderProc(record_cmd(out, "-p", str(w.pid), *record_args))
+        for w in procs:
+            assert w.stdout is not None and w.stdout.readline() == f"READY {w.pid}\n"
+        pids = [a for w in procs for a in ("-p", str(w.pid))]
+        rec = RecorderProc(record_cmd(out, *pids, *record_args))
         rec.wait_ready()
-        w.stdin.write("go\n")
-        w.stdin.flush()
-        while (line := w.stdout.readline()) != "ALLOCATED\n":
-            assert line, "the workload ended early"
-            word, *rest = line.split()
-            if word == "T":
-                run.tensors.append((int(rest[0]), int(rest[1]), rest[2]))
-            elif word == "F":
-                run.freed.append(int(rest[0]))
-            elif word == "OOM":
-                run.ooms.append(int(rest[0]))
-            elif word == "RESERVED":
-                run.reserved = int(rest[0])
-            elif word == "ALLOCATED_BYTES":
-                run.allocated = int(rest[0])
+        for w, run in zip(procs, runs, strict=True):
+            assert w.stdin is not None and w.stdout is not None
+            w.stdin.write("go\n")
+            w.stdin.flush()
+            while (line := w.stdout.readline()) != "ALLOCATED\n":
+                assert line, "the workload ended early"
+                _said(run, line)
         rec.proc.send_signal(signal.SIGINT)
         code = rec.wait()
-        run.stderr = "".join(rec.stderr)
-        assert code == 0, run.stderr
-        w.stdin.write("bye\n")
-        w.stdin.flush()
-        assert w.stdout.readline() == "DONE\n"
+        for run in runs:
+            run.stderr = "".join(rec.stderr)
+        assert code == 0, runs[0].stderr
+        if while_alive is not None:
+            while_alive()
+        for w in procs:
+            assert w.stdin is not None and w.stdout is not None
+            w.stdin.write("bye\n")
+            w.stdin.flush()
+            assert w.stdout.readline() == "DONE\n"
     finally:
-        w.kill()
-        w.wait()
-    return run
+        for w in procs:
+            w.kill()
+            w.wait()
+    return runs
+
+
+def _said(run: Run, line: str) -> None:
+    word, *rest = line.split()
+    if word == "T":
+        run.tensors.append((int(rest[0]), int(rest[1]), rest[2]))
+    elif word == "F":
+        run.freed.append(int(rest[0]))
+    elif word == "OOM":
+        run.ooms.append(int(rest[0]))
+    elif word == "RESERVED":
+        run.reserved = int(rest[0])
+    elif word == "ALLOCATED_BYTES":
+        run.allocated = int(rest[0])

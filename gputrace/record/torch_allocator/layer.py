@@ -34,6 +34,8 @@ BUFFER = "torch_events"
 STACKS = {"none": 0, "python": 1, "full": 2}
 """--torch-stacks: the probe's GT_TORCH_STACKS."""
 LIBRARY_RE = r"^libc10_cuda\.so(\.[\w.]+)?$"
+FREE_FN = {1: "torch_free_arg1_enter", 2: "torch_free_enter"}
+"""The probe function of a free whose pointer is in argument 1 or 2."""
 LIBCUDA_PROBES = (("cuMemAlloc_v2", "torch_seg_alloc_enter", "torch_seg_alloc_ret"),
                   ("cuMemFree_v2", "torch_seg_free_enter", ""))
 
@@ -106,7 +108,7 @@ class TorchAllocatorLayer(Layer):
         points = [("torch_malloc_enter", entry.malloc, "malloc"),
                   *(("torch_malloc_ret", r, f"malloc+{r - entry.malloc:#x}")
                     for r in entry.malloc_rets),
-                  ("torch_free_enter", entry.free, "free")]
+                  *((FREE_FN[arg], addr, f"free@{addr:#x}") for addr, arg in entry.frees)]
         try:
             for fn, addr, label in points:
                 bpf.attach_uprobe(name=path, addr=addr, fn_name=fn)

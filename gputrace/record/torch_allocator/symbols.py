@@ -26,7 +26,12 @@ _NS = "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator"
 MALLOC = f"{_NS}6mallocEPPvamP11CUstream_st"
 """malloc(void** devPtr, c10::DeviceIndex (signed char) device, size_t size, cudaStream_t)"""
 FREE = f"{_NS}4freeEPv"
-"""free(void* ptr)"""
+"""free(void* ptr): every tensor's and raw_delete's free goes through it (2.14)."""
+RAW_DELETE = f"{_NS}10raw_deleteEPv"
+"""raw_delete(void* ptr): free inlined into it (2.5)."""
+LOCAL_RAW_DELETE = "_ZN3c104cuda20CUDACachingAllocator6Native16local_raw_deleteEPv"
+"""c10::cuda::CUDACachingAllocator::Native::local_raw_delete(void* ptr), a free function:
+the deleter of every tensor's DataPtr, with free inlined into it (2.5)."""
 MALLOC_INT_DEVICE = f"{_NS}6mallocEPPvimP11CUstream_st"
 """malloc(void**, int device, size_t, cudaStream_t): DeviceIndex was int8_t from 2.1 on;
 listed so a library of that shape is named, not silently skipped."""
@@ -34,22 +39,25 @@ listed so a library of that shape is named, not silently skipped."""
 
 @dataclass(frozen=True)
 class Release:
-    """The entry points of one line of PyTorch releases."""
+    """The entry points of one line of PyTorch releases: malloc, and the functions
+    a free enters with the pointer in argument `n` (1-based, `this` counted)."""
 
     name: str
     malloc: str
-    free: str
+    frees: tuple[tuple[str, int], ...]
 
 
 RELEASES: tuple[Release, ...] = (
     # v2.14.1 (c10/cuda/CUDACachingAllocator.cpp, class NativeCachingAllocator:
     # `void malloc(void** devPtr, c10::DeviceIndex device, size_t size,
-    # cudaStream_t stream)`, `void free(void* ptr)`); checked on the wheel's
-    # libc10_cuda.so (torch-2.14.1-cp311 manylinux_2_28_x86_64): both LOCAL in .symtab
-    Release("2.14", MALLOC, FREE),
-    # v2.5.1 and v2.1.2: the same class, namespace and signatures (DeviceIndex is
-    # int8_t, `a` in the mangled name); docs/driver-facts.md says which wheels were read
-    Release("2.1-2.13", MALLOC, FREE),
+    # cudaStream_t stream)`, `void free(void* ptr)`, which local_raw_delete and
+    # raw_delete call); read on the wheel's libc10_cuda.so (torch-2.14.1-cp311
+    # manylinux_2_28_x86_64): both LOCAL in .symtab, malloc with one `ret`
+    Release("2.14", MALLOC, ((FREE, 2),)),
+    # v2.5.1: the same malloc; free has no symbol (inlined into its two callers,
+    # the DataPtr deleter `local_raw_delete(void*)` and `raw_delete(void*)`), read on
+    # torch-2.5.1-cp311 manylinux1_x86_64's libc10_cuda.so
+    Release("2.5", MALLOC, ((LOCAL_RAW_DELETE, 1), (RAW_DELETE, 2))),
 )
 
 LIBRARY = "libc10_cuda.so"
@@ -62,7 +70,7 @@ class Entry:
     release: str
     malloc: int
     malloc_rets: tuple[int, ...]
-    free: int
+    frees: tuple[tuple[int, int], ...]  # (address, argument holding the pointer)
 
 
 class SymbolsMissing(ValueError):
@@ -84,13 +92,14 @@ def find(path: str) -> Entry:
     except elf.ElfError as err:
         raise SymbolsMissing(str(err)) from None
     for rel in RELEASES:
-        m, f = _func(e, rel.malloc), _func(e, rel.free)
-        if m is None or f is None:
+        m = _func(e, rel.malloc)
+        frees = [(_func(e, name), arg) for name, arg in rel.frees]
+        if m is None or any(f is None for f, _ in frees):
             continue
         if m[1] <= m[0]:
             raise SymbolsMissing(f"{path}: malloc's symbol has no size")
         rets = ret_sites(path, e, m[0], m[1])
-        return Entry(rel.name, m[0], rets, f[0])
+        return Entry(rel.name, m[0], rets, tuple((f[0], arg) for f, arg in frees if f))
     if _func(e, MALLOC_INT_DEVICE) is not None:
         raise SymbolsMissing(f"{path}: NativeCachingAllocator::malloc takes an int device "
                              "(a release this gputrace has no table for)")
