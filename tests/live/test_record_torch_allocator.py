@@ -128,3 +128,40 @@ def test_out_of_memory_with_its_cache(recorded: tuple[Path, st.Run]) -> None:
     assert seg_free["ts_ns"][0] >= oom["ts_ns"][0]
     segs = t.scan("allocator_segments").collect().filter(pl.col("pid") == run.pid)
     assert segs["total_size_bytes"].sum() == run.reserved
+
+
+def test_release_shapes_and_unknown_skipped(tmp_path: Path) -> None:
+    """Two processes at once: one maps a libc10_cuda in 2.5's shape (free inlined into
+    local_raw_delete and raw_delete), traced as exactly; the other one whose malloc
+    takes an int device (no release table matches): skipped with its reason, one
+    line in the manifest and in `doctor`, and not one row of its tensors."""
+    st.build()
+    doctor: list[str] = []
+
+    def run_doctor() -> None:
+        r = subprocess.run([sys.executable, "-m", "gputrace.cli", "doctor"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+        doctor.extend(r.stdout.splitlines())
+
+    out = tmp_path / "trace"
+    old, unknown = st.record_many(out, [(sys.executable, st.LIB_2_5, ("--iterations", "2")),
+                                        (sys.executable, st.LIB_UNKNOWN, ())],
+                                  while_alive=run_doctor)  # fmt: skip
+    t = open_trace(out)
+    man = t.manifest["torch_allocator"]
+    assert [x["release"] for x in man["libraries"]] == ["2.5"]
+    why = "NativeCachingAllocator::malloc takes an int device (a release this gputrace has no "
+    assert man["skipped"] == [{"name": f"torch_allocator@{st.LIB_UNKNOWN}",
+                               "reason": f"{st.LIB_UNKNOWN}: {why}table for)"}]
+    torch_line = [x for x in doctor if x.startswith("torch ")]
+    assert len(torch_line) == 1 and "warn" in torch_line[0]
+    assert f"{st.LIB_UNKNOWN}: {why}table for); the torch_allocator layer skips it" \
+        in torch_line[0]
+    ev = t.scan("allocator_events").collect()
+    assert ev.filter(pl.col("pid") == unknown.pid).height == 0
+    mine = ev.filter(pl.col("pid") == old.pid).sort("seq")
+    allocs = mine.filter(pl.col("action") == "alloc")
+    assert allocs.select("address", "size_bytes").rows() == [
+        (p, _round(n)) for p, n, _ in old.tensors]
+    assert mine.filter(pl.col("action") == "free_completed")["address"].to_list() == old.freed

@@ -157,3 +157,36 @@ def _bytes(ef: object, pcs: list[int]) -> dict[int, bytes]:
                 data = data if data is not None else seg.data()
                 out[pc] = bytes(data[pc - lo: pc - lo + 2])
     return out
+
+
+def mapped_libraries(proc: str = "/proc") -> dict[str, int]:
+    """libc10_cuda.so files mapped by running processes: path -> one pid mapping it."""
+    import os
+    import re
+
+    name = re.compile(r"^libc10_cuda\.so(\.[\w.]+)?$")
+    out: dict[str, int] = {}
+    for d in os.listdir(proc):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{d}/maps") as f:
+                for line in f:
+                    parts = line.split(None, 5)
+                    if len(parts) == 6 and name.match(os.path.basename(parts[5].strip())):
+                        out.setdefault(parts[5].strip().removesuffix(" (deleted)"), int(d))
+        except OSError:
+            continue
+    return out
+
+
+def verdicts(paths: dict[str, int], proc: str = "/proc") -> list[tuple[str, str | None]]:
+    """(path, None when probed as a known release, else why not) of each library."""
+    out: list[tuple[str, str | None]] = []
+    for path, pid in sorted(paths.items()):
+        try:
+            find(path if path.startswith(proc) else f"{proc}/{pid}/root{path}")
+            out.append((path, None))
+        except (SymbolsMissing, OSError) as e:
+            out.append((path, str(e).rsplit(": ", 1)[-1] if ": " in str(e) else str(e)))
+    return out
