@@ -131,10 +131,11 @@ def test_out_of_memory_with_its_cache(recorded: tuple[Path, st.Run]) -> None:
 
 
 def test_release_shapes_and_unknown_skipped(tmp_path: Path) -> None:
-    """Two processes at once: one maps a libc10_cuda in 2.5's shape (free inlined into
-    local_raw_delete and raw_delete), traced as exactly; the other one whose malloc
-    takes an int device (no release table matches): skipped with its reason, one
-    line in the manifest and in `doctor`, and not one row of its tensors."""
+    """Three processes at once: two map a libc10_cuda in 2.5's and 2.1's shapes (free
+    inlined into local_raw_delete and raw_delete; 2.1's malloc takes an int device),
+    traced as exactly as 2.14's; the third one whose malloc takes one more argument
+    (no release table matches): skipped with its reason, one line in the manifest and
+    in `doctor`, and not one row of its tensors."""
     st.build()
     doctor: list[str] = []
 
@@ -145,23 +146,26 @@ def test_release_shapes_and_unknown_skipped(tmp_path: Path) -> None:
         doctor.extend(r.stdout.splitlines())
 
     out = tmp_path / "trace"
-    old, unknown = st.record_many(out, [(sys.executable, st.LIB_2_5, ("--iterations", "2")),
-                                        (sys.executable, st.LIB_UNKNOWN, ())],
-                                  while_alive=run_doctor)  # fmt: skip
+    v25, v21, unknown = st.record_many(
+        out, [(sys.executable, st.LIB_2_5, ("--iterations", "2")),
+              (sys.executable, st.LIB_2_1, ("--iterations", "3")),
+              (sys.executable, st.LIB_UNKNOWN, ())], while_alive=run_doctor)  # fmt: skip
     t = open_trace(out)
     man = t.manifest["torch_allocator"]
-    assert [x["release"] for x in man["libraries"]] == ["2.5"]
-    why = "NativeCachingAllocator::malloc takes an int device (a release this gputrace has no "
+    assert sorted(x["release"] for x in man["libraries"]) == ["2.1", "2.5"]
+    why = "no NativeCachingAllocator::malloc/free in .symtab (a PyTorch release this gputrace "
     assert man["skipped"] == [{"name": f"torch_allocator@{st.LIB_UNKNOWN}",
-                               "reason": f"{st.LIB_UNKNOWN}: {why}table for)"}]
+                               "reason": f"{st.LIB_UNKNOWN}: {why}has no table for)"}]
     torch_line = [x for x in doctor if x.startswith("torch ")]
     assert len(torch_line) == 1 and "warn" in torch_line[0]
-    assert f"{st.LIB_UNKNOWN}: {why}table for); the torch_allocator layer skips it" \
+    assert f"{st.LIB_UNKNOWN}: {why}has no table for); the torch_allocator layer skips it" \
         in torch_line[0]
     ev = t.scan("allocator_events").collect()
     assert ev.filter(pl.col("pid") == unknown.pid).height == 0
-    mine = ev.filter(pl.col("pid") == old.pid).sort("seq")
-    allocs = mine.filter(pl.col("action") == "alloc")
-    assert allocs.select("address", "size_bytes").rows() == [
-        (p, _round(n)) for p, n, _ in old.tensors]
-    assert mine.filter(pl.col("action") == "free_completed")["address"].to_list() == old.freed
+    for run in (v25, v21):
+        mine = ev.filter(pl.col("pid") == run.pid).sort("seq")
+        allocs = mine.filter(pl.col("action") == "alloc")
+        assert allocs.select("address", "size_bytes", "device").rows() == [
+            (p, _round(n), 0) for p, n, _ in run.tensors]
+        frees = mine.filter(pl.col("action") == "free_completed")
+        assert frees["address"].to_list() == run.freed

@@ -22,7 +22,8 @@
 //   default       2.14: free(void*) a function of its own;
 //   SHAPE_2_5     2.5: free inlined into its callers, the DataPtr deleter
 //                 local_raw_delete(void*) (a free function) and raw_delete(void*);
-//   SHAPE_UNKNOWN malloc takes an int device: no table matches, the layer skips it.
+//   SHAPE_2_1     2.1: as 2.5, and malloc takes an int device;
+//   SHAPE_UNKNOWN malloc takes one more argument: no table matches, the layer skips it.
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -65,10 +66,18 @@ struct Segment {
     std::vector<Block> blocks;  // address order; live or cached
 };
 
-#ifdef SHAPE_UNKNOWN
+#ifdef SHAPE_2_1
 using DeviceArg = int;
+#define SHAPE_2_5
 #else
 using DeviceArg = signed char;
+#endif
+#ifdef SHAPE_UNKNOWN
+#define MORE , bool more = false
+#define MORE_DEF , bool
+#else
+#define MORE
+#define MORE_DEF
 #endif
 #ifdef SHAPE_2_5
 #define FREE_INLINE __attribute__((always_inline)) inline
@@ -79,7 +88,7 @@ using DeviceArg = signed char;
 class NativeCachingAllocator {
   public:
     __attribute__((noinline)) void malloc(void **devPtr, DeviceArg device, unsigned long size,
-                                          CUstream_st *stream);
+                                          CUstream_st *stream MORE);
     FREE_INLINE void free(void *ptr);
     __attribute__((noinline)) void raw_delete(void *ptr);
     __attribute__((noinline)) void emptyCache(std::pair<unsigned long long, unsigned long long> pool);
@@ -124,7 +133,7 @@ void NativeCachingAllocator::release_cached()
 }
 
 void NativeCachingAllocator::malloc(void **devPtr, DeviceArg device, unsigned long size,
-                                    CUstream_st *stream)
+                                    CUstream_st *stream MORE_DEF)
 {
     size_t rounded = size < kMinBlock ? kMinBlock : (size + kMinBlock - 1) / kMinBlock * kMinBlock;
     CUdeviceptr p = 0;

@@ -18,7 +18,8 @@ from tests.standin.standin import locked_make
 HERE = Path(__file__).resolve().parent
 LIB = HERE / "build" / "libc10_cuda.so"  # 2.14's shape
 LIB_2_5 = HERE / "build" / "v2.5" / "libc10_cuda.so"  # 2.5's: free inlined in its callers
-LIB_UNKNOWN = HERE / "build" / "unknown" / "libc10_cuda.so"  # malloc(void**, int, ...)
+LIB_2_1 = HERE / "build" / "v2.1" / "libc10_cuda.so"  # 2.1's: as 2.5, malloc(void**, int, ..)
+LIB_UNKNOWN = HERE / "build" / "unknown" / "libc10_cuda.so"  # malloc(.., bool): no table
 WORKLOAD = HERE / "torch_workload.py"
 
 

@@ -33,8 +33,8 @@ LOCAL_RAW_DELETE = "_ZN3c104cuda20CUDACachingAllocator6Native16local_raw_deleteE
 """c10::cuda::CUDACachingAllocator::Native::local_raw_delete(void* ptr), a free function:
 the deleter of every tensor's DataPtr, with free inlined into it (2.5)."""
 MALLOC_INT_DEVICE = f"{_NS}6mallocEPPvimP11CUstream_st"
-"""malloc(void**, int device, size_t, cudaStream_t): DeviceIndex was int8_t from 2.1 on;
-listed so a library of that shape is named, not silently skipped."""
+"""malloc(void**, int device, size_t, cudaStream_t): 2.1's (the device an int, not yet
+c10::DeviceIndex; the probe reads its low byte, as for an int8_t)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,9 @@ RELEASES: tuple[Release, ...] = (
     # the DataPtr deleter `local_raw_delete(void*)` and `raw_delete(void*)`), read on
     # torch-2.5.1-cp311 manylinux1_x86_64's libc10_cuda.so
     Release("2.5", MALLOC, ((LOCAL_RAW_DELETE, 1), (RAW_DELETE, 2))),
+    # v2.1.2: `void malloc(void** devPtr, int device, size_t size, cudaStream_t
+    # stream)`; free inlined as in 2.5; read on torch-2.1.2-cp311 manylinux1_x86_64
+    Release("2.1", MALLOC_INT_DEVICE, ((LOCAL_RAW_DELETE, 1), (RAW_DELETE, 2))),
 )
 
 LIBRARY = "libc10_cuda.so"
@@ -100,9 +103,6 @@ def find(path: str) -> Entry:
             raise SymbolsMissing(f"{path}: malloc's symbol has no size")
         rets = ret_sites(path, e, m[0], m[1])
         return Entry(rel.name, m[0], rets, tuple((f[0], arg) for f, arg in frees if f))
-    if _func(e, MALLOC_INT_DEVICE) is not None:
-        raise SymbolsMissing(f"{path}: NativeCachingAllocator::malloc takes an int device "
-                             "(a release this gputrace has no table for)")
     where = ".symtab" if e.has_symtab else ".dynsym only (stripped)"
     raise SymbolsMissing(f"{path}: no NativeCachingAllocator::malloc/free in {where} "
                          "(a PyTorch release this gputrace has no table for)")

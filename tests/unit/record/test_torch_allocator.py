@@ -144,12 +144,14 @@ def _nm(path: Path) -> dict[str, int]:
                     reason="binutils not installed")
 def test_entry_points_of_the_stand_in_builds() -> None:
     st = _built()
-    for lib, release, frees in ((st.LIB, "2.14", [(symbols.FREE, 2)]),
-                                (st.LIB_2_5, "2.5", [(symbols.LOCAL_RAW_DELETE, 1),
-                                                     (symbols.RAW_DELETE, 2)])):
+    inlined = [(symbols.LOCAL_RAW_DELETE, 1), (symbols.RAW_DELETE, 2)]
+    for lib, release, malloc, frees in (
+            (st.LIB, "2.14", symbols.MALLOC, [(symbols.FREE, 2)]),
+            (st.LIB_2_5, "2.5", symbols.MALLOC, inlined),
+            (st.LIB_2_1, "2.1", symbols.MALLOC_INT_DEVICE, inlined)):
         e = symbols.find(str(lib))
         nm = _nm(lib)
-        assert (e.release, e.malloc) == (release, nm[symbols.MALLOC])
+        assert (e.release, e.malloc) == (release, nm[malloc])
         assert list(e.frees) == [(nm[name], arg) for name, arg in frees]
         # every `ret` objdump sees inside malloc, and nothing else
         end = min(a for a in nm.values() if a > e.malloc)
@@ -158,7 +160,8 @@ def test_entry_points_of_the_stand_in_builds() -> None:
                              text=True, check=True).stdout  # fmt: skip
         rets = [int(m, 16) for m in re.findall(r"^\s*([0-9a-f]+):.*\sret\b", dis, re.M)]
         assert list(e.malloc_rets) == rets and rets
-    with pytest.raises(symbols.SymbolsMissing, match="takes an int device"):
+    with pytest.raises(symbols.SymbolsMissing, match="no NativeCachingAllocator::malloc/free "
+                       "in .symtab"):  # fmt: skip
         symbols.find(str(st.LIB_UNKNOWN))
     with pytest.raises(symbols.SymbolsMissing, match="no NativeCachingAllocator"):
         symbols.find("/bin/true")
