@@ -160,8 +160,8 @@ def test_entry_points_of_the_stand_in_builds() -> None:
                              text=True, check=True).stdout  # fmt: skip
         rets = [int(m, 16) for m in re.findall(r"^\s*([0-9a-f]+):.*\sret\b", dis, re.M)]
         assert list(e.malloc_rets) == rets and rets
-    with pytest.raises(symbols.SymbolsMissing, match="no NativeCachingAllocator::malloc/free "
-                       "in .symtab"):  # fmt: skip
+    with pytest.raises(symbols.SymbolsMissing, match=r"no NativeCachingAllocator::malloc/free "
+                       r"in \.symtab"):  # fmt: skip
         symbols.find(str(st.LIB_UNKNOWN))
     with pytest.raises(symbols.SymbolsMissing, match="no NativeCachingAllocator"):
         symbols.find("/bin/true")
