@@ -27,6 +27,7 @@
 struct torch_call {
     u64 ts_ns, out, size, stream;
     u64 seg_out, seg_size, seg_ts;
+    u64 fail_ts;        /* when its last out-of-memory segment call returned */
     s32 py_id;
     s16 device;
     u8 active;          /* inside malloc */
@@ -71,7 +72,7 @@ static __always_inline void torch_emit(u8 kind, u64 ts, u64 lat, u64 ptr, u64 si
 static __always_inline void torch_settle(struct torch_call *t)
 {
     if (t->active && t->failed)
-        torch_emit(GT_TORCH_OOM, t->ts_ns, 0, 0, t->size, t->stream, t->size, t->device, -1,
+        torch_emit(GT_TORCH_OOM, t->fail_ts, 0, 0, t->size, t->stream, t->size, t->device, -1,
                    t->py_id, 0);
     t->active = 0;
     t->failed = 0;
@@ -172,9 +173,11 @@ int torch_seg_alloc_ret(struct pt_regs *ctx)
         return 0;
     s32 rc = (s32)PT_REGS_RC(ctx);
     u64 ptr = 0;
-    if (rc == GT_CUDA_ERROR_OUT_OF_MEMORY && !t->failed) {
+    if (rc == GT_CUDA_ERROR_OUT_OF_MEMORY) {
+        /* the oom entry is stamped after the failure it follows, as PyTorch's is */
         t->failed = 1;
-        torch_emit(GT_TORCH_SEG_FAIL, t->ts_ns, 0, 0, t->size, t->stream, t->size, t->device,
+        t->fail_ts = bpf_ktime_get_ns();
+        torch_emit(GT_TORCH_SEG_FAIL, t->fail_ts, 0, 0, t->size, t->stream, t->size, t->device,
                    -1, t->py_id, rc);
     }
     if (rc == 0 && bpf_probe_read_user(&ptr, sizeof(ptr), (void *)t->seg_out) == 0)

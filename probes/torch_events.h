@@ -16,7 +16,8 @@
                               * malloc's facts, an oom unless that malloc still returns */
 
 struct torch_event {
-    u64 ts_ns;          /* CLOCK_MONOTONIC: the call's entry (the segment call's for segments) */
+    u64 ts_ns;          /* CLOCK_MONOTONIC: the call's entry (the segment call's for segments;
+                         * oom, seg_fail: when the failed segment call returned) */
     u64 latency_ns;     /* malloc: entry to return; else 0 */
     u64 ptr;            /* tensor (alloc, free) or segment (seg_*) address; 0 for oom */
     u64 size_bytes;     /* requested (alloc, oom), segment size (seg_alloc); 0 else */

@@ -218,6 +218,10 @@ class LibcudaProbes:
             self.skipped.append({"name": f"uprobe:*@{shown}", "reason": str(e)})
             return False
         self.libraries.append(shown)
+        # extensions first: the kernel runs a function's newest uretprobe first, so
+        # theirs run after the API layer's (a time they stamp is past its return)
+        for x in self.extensions:
+            self.attached += attach_extra(self.bpf, path, shown, exported, x, self.skipped)
         for sym in hooks.cuda_symbols():
             name = f"uprobe:{sym}@{shown}"
             if sym not in exported:
@@ -231,8 +235,6 @@ class LibcudaProbes:
                 self.skipped.append({"name": name, "reason": f"attach failed: {first}"})
                 continue
             self.attached += [name, f"uretprobe:{sym}@{shown}"]
-        for x in self.extensions:
-            self.attached += attach_extra(self.bpf, path, shown, exported, x, self.skipped)
         self.changed = True
         return True
 
