@@ -169,3 +169,35 @@ def test_release_shapes_and_unknown_skipped(tmp_path: Path) -> None:
             (p, _round(n), 0) for p, n, _ in run.tensors]
         frees = mine.filter(pl.col("action") == "free_completed")
         assert frees["address"].to_list() == run.freed
+
+
+def test_flight_recorder_incident_holds_the_allocator(tmp_path: Path) -> None:
+    """`--keep` and `--freeze-on oom`: the out-of-memory failure of the 96 MiB request
+    freezes an incident whose trace holds the tensors alive, the oom entry on the
+    line that asked, the cached segment freed at the failure and the allocator's
+    state: the oom report measures the cache at the failure (reserved minus
+    allocated, from the allocator's own rows)."""
+    out = tmp_path / "trace"
+    run = st.record(out, sys.executable, "--iterations", "2", "--oom",
+                    record_args=("--keep", "60s", "--freeze-on", "oom"),
+                    env={"GPUTRACE_STANDIN_CUDA_MAX": CAP})  # fmt: skip
+    m = open_trace(out).manifest
+    assert [i["trigger"] for i in m["incidents"]] == ["oom"]
+    inc_dir = out / m["incidents"][0]["dir"]
+    inc = open_trace(inc_dir)
+    assert "allocator" in inc.layers
+    ev = inc.scan("allocator_events").collect().filter(pl.col("pid") == run.pid)
+    oom = ev.filter(pl.col("action") == "oom")
+    assert oom["size_bytes"].to_list() == [96 * MIB]
+    assert _frames(inc)[oom["stack_id"][0]][0][2] == st.plant_line("oom")
+    act_ptr = next(p for p, _n, w in run.tensors if w == "activation")
+    assert ev.filter(pl.col("action") == "segment_free")["address"].to_list() == [act_ptr]
+    tens = _analyze(inc_dir, "tensors")["tensors"]
+    assert tens["total_count"] == 3 + 2
+    report = _analyze(inc_dir, "oom")["oom"]
+    owned = [i for i in report["incidents"] if i["allocator_entry"] is not None]
+    assert len(owned) == 1 and owned[0]["gpu_index"] == 0
+    # after its cache was released: the segments still holding tensors, less the tensors
+    assert owned[0]["allocator_pool_bytes"] == run.reserved - run.allocated
+    assert [(h["allocator_reserved_bytes"], h["allocator_allocated_bytes"])
+            for h in owned[0]["holders"]] == [(run.reserved, run.allocated)]

@@ -3,7 +3,8 @@ caching allocator (ctypes), from named functions, so each tensor's Python line i
 Standard library only (any CPython 3.10+).
 
     python torch_workload.py LIBC10_CUDA [--wait] [--iterations N] [--oom]
-    python torch_workload.py LIBC10_CUDA --bench N     # ns per malloc+free pair
+    python torch_workload.py LIBC10_CUDA --bench N [--depth D] [--wait]
+                                             # CPU ns per malloc+free pair
 
 Planted truth (lines found by their `# PLANT:` markers, never hard-coded):
   - `weights()` allocates WEIGHTS tensors (sizes in WEIGHT_SIZES, `# PLANT: weight`),
@@ -62,8 +63,11 @@ def too_big() -> None:
     OUT.append(f"OOM {OOM_BYTES}" if p == 0 else f"T {p} {OOM_BYTES} oom")
 
 
-def bench(n: int) -> float:
-    """CPU ns of the calling thread per malloc + free pair of 4 KiB."""
+def bench(n: int, depth: int = 1) -> float:
+    """CPU ns of the calling thread per malloc + free pair of 4 KiB (a cached block:
+    no segment call), from a Python stack `depth` frames above main."""
+    if depth > 1:
+        return bench(n, depth - 1)
     t0 = time.thread_time_ns()
     for _ in range(n):
         p = _malloc(4096)
@@ -81,8 +85,12 @@ def main() -> None:
     LIB.standin_torch_allocated.restype = ctypes.c_ulonglong
     if "--bench" in args:
         n = int(args[args.index("--bench") + 1])
-        bench(n // 10)  # warm
-        print(f"bench {bench(n):.1f}", flush=True)
+        depth = int(args[args.index("--depth") + 1]) if "--depth" in args else 1
+        if "--wait" in args:
+            print(f"READY {__import__('os').getpid()}", flush=True)
+            sys.stdin.readline()
+        bench(n // 10, depth)  # warm: the segment is made here
+        print(f"bench {bench(n, depth):.1f}", flush=True)
         return
     wait = "--wait" in args
     iterations = int(args[args.index("--iterations") + 1]) if "--iterations" in args else 4
