@@ -201,3 +201,30 @@ def test_flight_recorder_incident_holds_the_allocator(tmp_path: Path) -> None:
     assert owned[0]["allocator_pool_bytes"] == run.reserved - run.allocated
     assert [(h["allocator_reserved_bytes"], h["allocator_allocated_bytes"])
             for h in owned[0]["holders"]] == [(run.reserved, run.allocated)]
+
+
+def test_a_uretprobe_on_malloc_would_kill_the_program() -> None:
+    """Why malloc's return is probed at its `ret` instructions: with a uretprobe on
+    malloc, the OutOfMemoryError it throws finds the kernel's return trampoline on the
+    stack, no unwind information there, and the program dies in std::terminate
+    (SIGABRT) instead of catching it. (With the layer's probes it lives on:
+    test_out_of_memory_with_its_cache.)"""
+    from gputrace.record import loader
+    from gputrace.record.torch_allocator import symbols
+
+    lib = st.build()
+    bpf = loader.import_bcc().BPF(text="int on_return(void *ctx) { return 0; }")
+    try:
+        bpf.attach_uretprobe(name=str(lib), addr=symbols.find(str(lib)).malloc,
+                             fn_name="on_return")  # fmt: skip
+        r = subprocess.run([sys.executable, str(st.WORKLOAD), str(lib), "--oom", "--iterations",
+                            "1"], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "GPUTRACE_STANDIN_CUDA_MAX": CAP})  # fmt: skip
+    finally:
+        bpf.cleanup()
+    assert r.returncode == -6, (r.returncode, r.stderr)
+    assert "terminate called after throwing an instance of 'c10::OutOfMemoryError'" in r.stderr
+    r = subprocess.run([sys.executable, str(st.WORKLOAD), str(lib), "--oom", "--iterations", "1"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "GPUTRACE_STANDIN_CUDA_MAX": CAP})  # fmt: skip
+    assert r.returncode == 0 and f"OOM {96 * MIB}" in r.stdout
