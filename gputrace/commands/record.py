@@ -206,6 +206,8 @@ def register(app: typer.Typer) -> None:
         if stack_depth is not None:
             depth = parse_count(stack_depth, "--stack-depth", minimum=1,
                                 maximum=Options.stack_depth)  # fmt: skip
+        if torch_stacks not in ("none", "python", "full"):
+            raise UsageError(f"--torch-stacks must be none, python or full, not {torch_stacks!r}")
         queue_version = None
         if uvm_queue_version is not None:
             queue_version = parse_count(uvm_queue_version, "--uvm-queue-version",
@@ -253,6 +255,11 @@ def register(app: typer.Typer) -> None:
             typer.echo("// ---- API layer (one bcc program: uprobes on libcuda)")
             typer.echo(cuda.probe_source())
             typer.echo("// cflags: " + " ".join(cuda.cflags(stack_depth=depth)))
+            from gputrace.record.torch_allocator import layer as torch_layer
+
+            typer.echo("// ---- torch_allocator layer (appended to the API layer's program)")
+            typer.echo(torch_layer.probe_source())
+            typer.echo(f"// cflags: -DGT_TORCH_STACKS={torch_layer.STACKS[torch_stacks]}")
             raise typer.Exit(0)
         from gputrace.live import LiveOptions, run
 

@@ -228,3 +228,30 @@ def test_a_uretprobe_on_malloc_would_kill_the_program() -> None:
                        capture_output=True, text=True, timeout=60,
                        env={**os.environ, "GPUTRACE_STANDIN_CUDA_MAX": CAP})  # fmt: skip
     assert r.returncode == 0 and f"OOM {96 * MIB}" in r.stdout
+
+
+def test_launched_program(tmp_path: Path) -> None:
+    """`record -- python workload`: the library is found when the program loads it
+    (the API layer pauses it at its libcuda load, libc10_cuda is mapped by then), and
+    every tensor of the run is a row from its first one."""
+    from tests.record_helpers import record_cmd
+
+    out = tmp_path / "trace"
+    r = subprocess.run(record_cmd(out, "--", sys.executable, str(st.WORKLOAD), str(st.build()),
+                                  "--iterations", "3"),
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = st.Run(0)
+    for line in r.stdout.splitlines():
+        if line.split()[0] in ("T", "F"):
+            st._said(run, line)
+    assert len(run.tensors) == 3 + 2 * 3
+    t = open_trace(out)
+    assert [x["release"] for x in t.manifest["torch_allocator"]["libraries"]] == ["2.14"]
+    ev = t.scan("allocator_events").collect().sort("seq")
+    assert ev["pid"].n_unique() == 1
+    allocs = ev.filter(pl.col("action") == "alloc")
+    assert allocs.select("address", "size_bytes").rows() == [
+        (p, _round(n)) for p, n, _ in run.tensors]
+    assert allocs["stack_id"].null_count() == 0
+    assert ev.filter(pl.col("action") == "free_completed")["address"].to_list() == run.freed

@@ -40,6 +40,11 @@ LIBCUDA_PROBES = (("cuMemAlloc_v2", "torch_seg_alloc_enter", "torch_seg_alloc_re
                   ("cuMemFree_v2", "torch_seg_free_enter", ""))
 
 
+def probe_source() -> str:
+    """The layer's BPF text (compiled after the API layer's, in its program)."""
+    return loader.probe_source(loader.PROBES, "torch_allocator.bpf.c")
+
+
 def _events(layer: TorchAllocatorLayer, _s: Session, _kind: str, data: Any) -> Decoded:
     raw, stack_of = data
     ev, bad = decode.records(raw)
@@ -74,7 +79,7 @@ class TorchAllocatorLayer(Layer):
 
     @classmethod
     def build(cls, s: Session, prepared: Any) -> TorchAllocatorLayer:
-        source = loader.probe_source(loader.PROBES, "torch_allocator.bpf.c")
+        source = probe_source()
         s.api_extensions.append(Extension(source, [f"-DGT_TORCH_STACKS={STACKS[prepared]}"],
                                           LIBCUDA_PROBES))  # fmt: skip
         return cls(prepared)
