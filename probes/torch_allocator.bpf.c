@@ -129,9 +129,17 @@ int torch_malloc_ret(struct pt_regs *ctx)
         ptr = 0;
     s32 stack = -1;
 #if GT_TORCH_STACKS >= 2
-    u64 v = 0, pv = 0;
+    /* At a `ret`, the stack walk starts as at a uretprobe: from the return address
+     * (its caller's frame), with the stack pointer past it. */
+    u64 v = 0, pv = 0, ra = 0;
     int have = 0;
-    stack = cuda_stack_id(ctx, task, t->ts_ns, 0, 0, &v, &pv, &have);
+    if (bpf_probe_read_user(&ra, sizeof(ra), (void *)PT_REGS_SP(ctx)) == 0) {
+        struct pt_regs r = {};
+        r.ip = ra;
+        r.sp = PT_REGS_SP(ctx) + 8;
+        r.bp = PT_REGS_FP(ctx);
+        stack = cuda_stack_id(&r, task, t->ts_ns, 0, 0, &v, &pv, &have);
+    }
 #endif
     torch_emit(GT_TORCH_ALLOC, t->ts_ns, now - t->ts_ns, ptr, t->size, t->stream, t->size,
                t->device, stack, t->py_id, 0);
