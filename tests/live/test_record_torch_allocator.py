@@ -20,7 +20,8 @@ from gputrace.trace.reader import open_trace
 from tests.record_helpers import ROOT, live_skip_reason
 from tests.standin_torch import standin_torch as st
 
-pytestmark = [pytest.mark.live]
+# one worker: the module's recording fixture is made once (tests/test_live_groups.py)
+pytestmark = [pytest.mark.live, pytest.mark.xdist_group("torch_allocator_live")]
 _SKIP = live_skip_reason()
 if _SKIP is not None:
     pytestmark.append(pytest.mark.skip(reason=_SKIP))
