@@ -34,9 +34,8 @@ TORCH_DTYPE = np.dtype([
 ])  # fmt: skip
 """Mirror of struct torch_event (tests/unit/record/test_event_structs.py compiles both)."""
 
-KINDS = {0: "alloc", 1: "free", 2: "segment_alloc", 3: "segment_free", 4: "oom",
-         5: "segment_failed"}
-"""GT_TORCH_* of torch_events.h."""
+KINDS = {0: "alloc", 1: "free", 2: "seg_alloc", 3: "seg_free", 4: "oom", 5: "seg_fail"}
+"""GT_TORCH_* of torch_events.h, by their C names."""
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20  # requests up to 1 MiB come from the small pool
 

@@ -31,6 +31,7 @@ from gputrace.record.session import Session
 from gputrace.record.torch_allocator import decode, symbols
 
 BUFFER = "torch_events"
+RB_PAGES = 1024  # 4 MiB: ~70k tensor events between polls
 STACKS = {"none": 0, "python": 1, "full": 2}
 """--torch-stacks: the probe's GT_TORCH_STACKS."""
 LIBRARY_RE = r"^libc10_cuda\.so(\.[\w.]+)?$"
@@ -80,8 +81,8 @@ class TorchAllocatorLayer(Layer):
     @classmethod
     def build(cls, s: Session, prepared: Any) -> TorchAllocatorLayer:
         source = probe_source()
-        s.api_extensions.append(Extension(source, [f"-DGT_TORCH_STACKS={STACKS[prepared]}"],
-                                          LIBCUDA_PROBES))  # fmt: skip
+        flags = [f"-DGT_TORCH_STACKS={STACKS[prepared]}", f"-DGT_TORCH_RB_PAGES={RB_PAGES}"]
+        s.api_extensions.append(Extension(source, flags, LIBCUDA_PROBES))
         return cls(prepared)
 
     @property
