@@ -265,6 +265,26 @@ def check_rm(h: Host) -> Check:
         c.close()
 
 
+def check_torch(h: Host) -> Check:
+    """The libc10_cuda.so files running processes map: does the torch_allocator layer
+    know their PyTorch release (else it skips them, never guessing)?"""
+    from gputrace.record.torch_allocator import symbols
+
+    proc = str(h.p("/proc"))
+    found = symbols.verdicts(symbols.mapped_libraries(proc), proc)
+    unknown = [(p, why) for p, why in found if why is not None]
+    if unknown:
+        path, why = unknown[0]
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        return Check("torch", WARN, f"{path}: {why}; the torch_allocator layer skips "
+                     f"it{more}")  # fmt: skip
+    if found:
+        return Check("torch", OK, f"{len(found)} libc10_cuda.so mapped, each of a known "
+                     "release (torch_allocator layer)")  # fmt: skip
+    return Check("torch", OK, "no process maps a libc10_cuda.so now (torch_allocator "
+                 "layer: found when one does)")  # fmt: skip
+
+
 CHECKS: tuple[Callable[[Host], Check], ...] = (
     check_privileges, check_bcc, check_headers, check_tracefs, check_hooks,
     lambda h: check_config(h, "CONFIG_UPROBE_EVENTS", "uprobes", "uprobe_register",
@@ -272,6 +292,7 @@ CHECKS: tuple[Callable[[Host], Check], ...] = (
     lambda h: check_config(h, "CONFIG_KPROBES", "kprobes", "register_kprobe",
                            "in-kernel driver hooks"),
     check_btf, check_lockdown, check_driver, check_devices, check_tools, check_rm,
+    check_torch,
 )  # fmt: skip
 
 

@@ -107,6 +107,13 @@ def register(app: typer.Typer) -> None:
                               "(default: 127). Each frame costs the probe a read of user "
                               "memory on every allocation call."),
         ] = None,
+        torch_stacks: Annotated[
+            str,
+            typer.Option("--torch-stacks", metavar="none|python|full",
+                         help="Stack of each PyTorch tensor allocation (torch_allocator "
+                              "layer): none, its Python frames (default), or Python and "
+                              "native frames (costs more)."),
+        ] = "python",
         uvm_queue_version: Annotated[
             str | None,
             typer.Option("--uvm-queue-version", metavar="1|2",
@@ -199,6 +206,8 @@ def register(app: typer.Typer) -> None:
         if stack_depth is not None:
             depth = parse_count(stack_depth, "--stack-depth", minimum=1,
                                 maximum=Options.stack_depth)  # fmt: skip
+        if torch_stacks not in ("none", "python", "full"):
+            raise UsageError(f"--torch-stacks must be none, python or full, not {torch_stacks!r}")
         queue_version = None
         if uvm_queue_version is not None:
             queue_version = parse_count(uvm_queue_version, "--uvm-queue-version",
@@ -234,6 +243,7 @@ def register(app: typer.Typer) -> None:
             raw=raw,
             flight=flight,
             kube_root=kube_root,
+            torch_stacks=torch_stacks,
         )
         if ebpf:
             from gputrace.record.api import libcuda as cuda
@@ -245,6 +255,11 @@ def register(app: typer.Typer) -> None:
             typer.echo("// ---- API layer (one bcc program: uprobes on libcuda)")
             typer.echo(cuda.probe_source())
             typer.echo("// cflags: " + " ".join(cuda.cflags(stack_depth=depth)))
+            from gputrace.record.torch_allocator import layer as torch_layer
+
+            typer.echo("// ---- torch_allocator layer (appended to the API layer's program)")
+            typer.echo(torch_layer.probe_source())
+            typer.echo(f"// cflags: -DGT_TORCH_STACKS={torch_layer.STACKS[torch_stacks]}")
             raise typer.Exit(0)
         from gputrace.live import LiveOptions, run
 

@@ -4,7 +4,9 @@
 maps the work items it hands the writer thread (buffer -> table, record dtype,
 decoder). The recorder runs every step over these in this order (the syscall
 layer loads the program the cpu_faults layer reads; the driver layer attaches
-trackers from the UVM_INITIALIZEs the syscall layer collected). Adding a layer
+trackers from the UVM_INITIALIZEs the syscall layer collected; the torch_allocator
+layer's probes are compiled into the API layer's program, so it is built before it).
+Adding a layer
 is one module and one entry here.
 """
 
@@ -15,8 +17,10 @@ from gputrace.record.cpu_faults.layer import CpuFaultsLayer
 from gputrace.record.driver_layer.layer import DriverLayer
 from gputrace.record.layer import Buffer, Due, Layer
 from gputrace.record.syscall.layer import SyscallLayer
+from gputrace.record.torch_allocator.layer import TorchAllocatorLayer
 
-RECORDER_LAYERS: tuple[type[Layer], ...] = (SyscallLayer, CpuFaultsLayer, ApiLayer, DriverLayer)
+RECORDER_LAYERS: tuple[type[Layer], ...] = (SyscallLayer, CpuFaultsLayer, TorchAllocatorLayer,
+                                            ApiLayer, DriverLayer)
 
 
 def buffer_table() -> dict[str, tuple[type[Layer], Buffer]]:

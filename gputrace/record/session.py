@@ -76,6 +76,8 @@ class Session:
     start_ns: int
     filtered: bool = False
     program: tuple[str, list[str]] = ("", [])  # the syscall layer's source and cflags
+    api_extensions: list[Any] = field(default_factory=list)  # probes built into the API program
+    api: Any = None  # the API layer's loaded program (api/libcuda.LibcudaProbes)
     probes: Any = None  # the syscall layer's loaded program (the CPU-fault hook is in it)
     targets: list[int] = field(default_factory=list)
     seeded: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)

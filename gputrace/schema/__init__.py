@@ -137,7 +137,8 @@ batches); `uvm_tools` is the driver's own UVM tools event stream and counters
 process); `live` is what the recorder concluded while recording (alerts); `allocator`
 is PyTorch's caching
 allocator (segments, tensors, its memory history), imported from a memory snapshot
-(`gputrace import torch-snapshot`), never recorded."""
+(`gputrace import torch-snapshot`) or recorded live by the torch_allocator recorder
+layer."""
 
 
 MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
@@ -173,6 +174,10 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
      "frames}), pauses (stops for a new Python stack, whose code objects were read "
      "meanwhile), warnings (one line per interpreter that could not be walked: native "
      "frames only); docs/record.md"),
+    ("torch_allocator", "the torch_allocator recorder layer (PyTorch's caching allocator, "
+     "live; docs/record.md): stacks (`--torch-stacks`), libraries [{path, release, pid}] "
+     "probed, attached (its uprobes), skipped [{name, reason}]: each libc10_cuda.so of "
+     "no release it knows, not probed"),
     ("gpus", "GPUs: index (the trace GPU index every table uses), memory_bytes, name, uuid"),
     ("synthetic", "true for traces built by gputrace.trace.builder, never recorded"),
     ("imported", "list of what `gputrace import` added: {kind (`torch-snapshot`), layer, "

@@ -1,6 +1,7 @@
 """Tables of the allocator layer: the state and history of PyTorch's CUDA caching
 allocator, imported from a memory snapshot (`gputrace import torch-snapshot`,
-docs/importers.md), never recorded by probes.
+docs/importers.md) or recorded live by the torch_allocator recorder layer
+(docs/record.md: the state tables then say what was alive at the end).
 
 The caching allocator takes big pieces of device memory from CUDA (segments, each one
 `cudaMalloc`, what the API layer's `cuMemAlloc` calls see) and carves tensors out of

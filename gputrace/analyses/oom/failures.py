@@ -110,6 +110,9 @@ def _fold_layers(rows: list[Row]) -> list[Row]:
                           and 0 <= r["ts_ns"] - o["end_ns"] <= RETRY_GAP_NS), None)
             if owner is not None and owner["allocator_entry"] is None:
                 owner["allocator_entry"] = r
+                if owner["gpu_index"] is None and r["gpu_index"] is not None:
+                    # the caching allocator's entry names its device
+                    owner["gpu_index"], owner["gpu_from"] = r["gpu_index"], "allocator"
                 continue
         r.setdefault("gpu_from", None if r["gpu_index"] is None else "call")
         out.append(r)

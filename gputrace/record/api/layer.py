@@ -57,7 +57,10 @@ class ApiLayer(Layer):
     @classmethod
     def build(cls, s: Session, prepared: Any) -> ApiLayer:
         # the syscall layer (built first) may see library loads for it (tp_btf)
-        return cls(cuda.LibcudaProbes(s.opts.libcuda, s.probes, stack_depth=s.opts.stack_depth))
+        layer = cls(cuda.LibcudaProbes(s.opts.libcuda, s.probes, stack_depth=s.opts.stack_depth,
+                                       extensions=tuple(s.api_extensions)))
+        s.api = layer.api  # for the layers whose probes it holds (s.api_extensions)
+        return layer
 
     @property
     def hooks(self) -> int:

@@ -30,7 +30,9 @@ from gputrace.record import bpf_load, decode, elf, hooks, loader, procfs, python
 from gputrace.record.api import decode as decode_cuda
 from gputrace.record.api import watchdog
 from gputrace.record.api.py_pauses import PyPauseWatch
+from gputrace.record.api.extension import Extension, attach_extra
 from gputrace.record.api.symbolize import Symbolizer
+from gputrace.record.library_watch import LibraryWatch
 from gputrace.record.unwind import tables as unwind
 
 MAIN = "cuda.bpf.c"
@@ -59,22 +61,25 @@ def cflags(probes: Path = loader.PROBES, stack_depth: int = STACK_DEPTH) -> list
             f"-DGT_CUDA_STACK_DEPTH={int(stack_depth)}", *unwind.cflags()]  # fmt: skip
 
 
-def load_program(bcc: Any, probes: Any = None, stack_depth: int = STACK_DEPTH) -> tuple[Any, str]:
+def load_program(bcc: Any, probes: Any = None, stack_depth: int = STACK_DEPTH,
+                 extensions: tuple[Extension, ...] = ()) -> tuple[Any, str]:
     """The API layer's compiled program, and what sees library loads. Beside a
     syscall layer whose tp_btf program made the maps of probes/cuda_shared.bpf.h
     (`probes.cuda_maps`), it uses those maps and attaches no syscalls:openat
-    tracepoint; alone, or if the maps it got are not those, it has its own."""
+    tracepoint; alone, or if the maps it got are not those, it has its own.
+    `extensions`: other layers' probes compiled into it (they share its walks)."""
     shared = tuple(getattr(probes, "cuda_maps", ()))
-    flags = cflags(stack_depth=stack_depth)
+    flags = cflags(stack_depth=stack_depth) + [f for x in extensions for f in x.cflags]
+    source = probe_source() + "".join("\n" + x.source for x in extensions)
     if shared:
         with contextlib.suppress(GputraceError):
-            bpf = loader.load_bpf(bcc, probe_source(), [*flags, "-DGT_CUDA_EXTERN"],
+            bpf = loader.load_bpf(bcc, source, [*flags, "-DGT_CUDA_EXTERN"],
                                   "api-layer")  # fmt: skip
             ours = [loader.map_id(bpf[n].map_fd) for n in shared]
             if None not in ours and ours == [loader.map_id(probes.bpf[n].map_fd) for n in shared]:
                 return bpf, LOADS_TP_BTF
             bpf.cleanup()
-    return loader.load_bpf(bcc, probe_source(), flags, "api-layer"), LOADS_TRACEPOINT
+    return loader.load_bpf(bcc, source, flags, "api-layer"), LOADS_TRACEPOINT
 
 
 def is_libcuda(path: str) -> bool:
@@ -130,11 +135,13 @@ class LibcudaProbes:
     """The loaded API program, its attachments and its stack symbolizer."""
 
     def __init__(self, libcuda: str | None = None, probes: Any = None,
-                 stack_depth: int = STACK_DEPTH) -> None:
+                 stack_depth: int = STACK_DEPTH, extensions: tuple[Extension, ...] = ()) -> None:
         self.libcuda = libcuda
         self.stack_depth = stack_depth
+        self.extensions = extensions
+        self.libraries_watch = LibraryWatch()  # other uprobe layers' libraries
         bcc = loader.import_bcc()
-        self.bpf, self.library_loads = load_program(bcc, probes, stack_depth)
+        self.bpf, self.library_loads = load_program(bcc, probes, stack_depth, extensions)
         self._fds, self.comm_cache_note = bpf_load.keep_names(self.bpf, "cuda_task_rename")
         self.raw: list[bytes] = []
         self._cb = self._collector()
@@ -196,6 +203,7 @@ class LibcudaProbes:
                 found |= libs
                 self._refresh(pid)
                 self.py.register(pid)
+                self.libraries_watch.scan(pid)
         self.unwind.poll(unwind.START_WAIT_S)  # their first allocations walked whole
         found |= from_ldconfig()
         if self.libcuda:
@@ -224,6 +232,10 @@ class LibcudaProbes:
         finally:
             os.close(fd)
         self.libraries.append(shown)
+        # extensions first: the kernel runs a function's newest uretprobe first, so
+        # theirs run after the API layer's (a time they stamp is past its return)
+        for x in self.extensions:
+            self.attached += attach_extra(self.bpf, path, shown, exported, x, self.skipped)
         for sym in hooks.cuda_symbols():
             name = f"uprobe:{sym}@{shown}"
             if sym not in exported:
@@ -270,6 +282,7 @@ class LibcudaProbes:
                 # runtime, the framework) have their tables before the first call,
                 # those compiled within the bounded wait (stopped meanwhile)
                 self._refresh(pid, unwind.PAUSE_WAIT_S if stopped else 0.0)
+                self.libraries_watch.scan(pid)
             self.py.register(pid)  # stopped (filter mode): its threads are read as they are
             if stopped:
                 self.pauses += 1
@@ -356,6 +369,11 @@ class LibcudaProbes:
             self.changed = False
             items.append(("api:manifest", self.manifest()))
         return items
+
+    def stack_rows(self, ev: np.ndarray[Any, Any]) -> list[dict[str, Any]]:
+        """`stacks` rows of the events `ev` (fields pid, stack_id, py_stack_id) not
+        handed over before: for the layers compiled into this program."""
+        return self._stacks(ev)
 
     def _stacks(self, ev: np.ndarray[Any, Any]) -> list[dict[str, Any]]:
         sid, py = ev["stack_id"].astype(np.int64), ev["py_stack_id"].astype(np.int64)

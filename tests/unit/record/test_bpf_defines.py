@@ -17,6 +17,8 @@ from gputrace.record import driver_version as driver
 from gputrace.record.api import decode as decode_cuda
 from gputrace.record.api import libcuda as cuda
 from gputrace.record.cpu_faults import decode as decode_faults
+from gputrace.record.torch_allocator import decode as decode_torch
+from gputrace.record.torch_allocator import layer as torch_layer
 from gputrace.record.unwind import cfi as unwind_cfi
 from gputrace.record.unwind import tables as unwind_tables
 
@@ -64,6 +66,8 @@ def python_value(name: str) -> int | None:
         "GT_FAULT_RB_PAGES": loader.FAULT_RB_PAGES,
         "GT_CUDA_RB_PAGES": cuda.CUDA_RB_PAGES,
         "GT_CUDA_STACK_DEPTH": cuda.STACK_DEPTH,
+        "GT_TORCH_STACKS": torch_layer.STACKS["python"],  # --torch-stacks' default
+        "GT_TORCH_RB_PAGES": torch_layer.RB_PAGES,
         "GT_UNWIND_ROWS": unwind_tables.ROWS,
         "GT_UNWIND_MAPS": unwind_tables.MAPS,
         "GT_UNWIND_FRAMES": unwind_tables.FRAMES,
@@ -115,6 +119,8 @@ def python_value(name: str) -> int | None:
     if name.startswith("GT_CV_"):
         col = {"SIZE": "size_bytes"}.get(name[6:], name[6:].lower())
         return 1 << decode_cuda.CUDA_VALID_BITS[col]
+    if name.startswith("GT_TORCH_"):
+        return {v: k for k, v in decode_torch.KINDS.items()}[name[9:].lower()]
     if name.startswith("GT_BUF_"):
         return [b.removesuffix("_events").upper() for b in loader.BUFFERS].index(name[7:])
     if name.startswith("GT_FS_"):

@@ -27,6 +27,7 @@ from gputrace.record.layers import buffer_table
 from gputrace.record.recorder import PID_MAX, Options
 from gputrace.record.session import Session
 from gputrace.record.syscall.layer import SyscallLayer
+from gputrace.record.torch_allocator import layer as torch_layer
 
 FUZZ = settings(max_examples=200, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
@@ -237,7 +238,7 @@ def test_known_and_records_building_blocks() -> None:
     batch, skipped = cpufaults.decode_batch("fault_events", faults.tobytes())
     assert skipped == 0 and batch is not None and batch.num_rows == 3
     assert loader.BUFFERS  # every buffer has a decode_errors key
-    assert set(recorder().decode_errors) == {*loader.BUFFERS, cuda.BUFFER}
+    assert set(recorder().decode_errors) == {*loader.BUFFERS, cuda.BUFFER, torch_layer.BUFFER}
 
 
 @FUZZ

@@ -49,7 +49,8 @@ def test_one_table_routes_every_kind_to_one_layer() -> None:
     assert table["fault_leftover"][1].counted_as == "fault_events"
     assert table["api:cuda_calls"][1].table == "cuda_calls"
     assert [b.last for _, b in table.values()].count(True) == 1  # process exits go last
-    assert [cls.name for cls in RECORDER_LAYERS] == ["syscall", "cpu_faults", "api", "driver"]
+    assert [cls.name for cls in RECORDER_LAYERS] == ["syscall", "cpu_faults", "torch_allocator",
+                                                     "api", "driver"]
     assert layers.Layer().drain(None, layers.Due.POLL) == []  # type: ignore[arg-type]
 
 

@@ -1,0 +1,206 @@
+/* gputrace torch_allocator layer: PyTorch's CUDA caching allocator, from outside.
+ *
+ * Compiled into the API layer's program (appended to cuda.bpf.c by
+ * gputrace/record/torch_allocator/layer.py): its probes share the API layer's
+ * targets, its Python walk (cuda_python.bpf.h) and its native walk (cuda_stack_id).
+ * Attached by gputrace/record/torch_allocator/probes.py:
+ *   - NativeCachingAllocator::malloc(this, void **devPtr, DeviceIndex device,
+ *     size_t size, cudaStream_t stream): at its entry, and at each of its `ret`
+ *     instructions (never a uretprobe: malloc throws c10::OutOfMemoryError, and a
+ *     C++ exception cannot unwind through a uretprobe's trampoline);
+ *   - NativeCachingAllocator::free(this, void *ptr) at its entry, or where a
+ *     release inlined it, its callers (symbols.py);
+ *   - libcuda's cuMemAlloc_v2 (entry and return) and cuMemFree_v2 (entry): the
+ *     allocator's segments, kept only inside a malloc (allocs) or in a process
+ *     that called malloc (frees; the recorder keeps those of its segments).
+ * GT_TORCH_STACKS: 0 no stacks, 1 Python frames, 2 Python and native frames.
+ */
+#include "torch_events.h"
+
+#ifndef GT_TORCH_STACKS
+#define GT_TORCH_STACKS 1
+#endif
+#ifndef GT_TORCH_RB_PAGES
+#define GT_TORCH_RB_PAGES 1024
+#endif
+
+struct torch_call {
+    u64 ts_ns, out, size, stream;
+    u64 seg_out, seg_size, seg_ts;
+    u64 fail_ts;        /* when its last out-of-memory segment call returned */
+    s32 py_id;
+    s16 device;
+    u8 active;          /* inside malloc */
+    u8 failed;          /* a cuMemAlloc_v2 of this malloc failed out of memory */
+};
+BPF_TASK_STORAGE(torch_calls, struct torch_call);
+BPF_HASH(torch_pids, u32, u8, 65536);   /* processes that called malloc */
+BPF_RINGBUF_OUTPUT(torch_events, GT_TORCH_RB_PAGES);
+BPF_PERCPU_ARRAY(torch_drops, u64, 1);
+
+static __always_inline void torch_emit(u8 kind, u64 ts, u64 lat, u64 ptr, u64 size, u64 stream,
+                                       u64 request, s16 device, s32 stack, s32 py, s32 result)
+{
+    struct torch_event *e = torch_events.ringbuf_reserve(sizeof(struct torch_event));
+    if (!e) {
+        u32 zero = 0;
+        u64 *d = torch_drops.lookup(&zero);
+        if (d)
+            *d += 1;
+        return;
+    }
+    u64 id = bpf_get_current_pid_tgid();
+    e->ts_ns = ts;
+    e->latency_ns = lat;
+    e->ptr = ptr;
+    e->size_bytes = size;
+    e->stream = stream;
+    e->request_bytes = request;
+    e->pid = id >> 32;
+    e->tid = (u32)id;
+    e->stack_id = stack;
+    e->py_stack_id = py;
+    e->result = result;
+    e->device = device;
+    e->kind = kind;
+    e->_pad = 0;
+    torch_events.ringbuf_submit(e, 0);
+}
+
+/* A malloc of this thread that never returned after an out-of-memory failure of
+ * its segment call: it threw. Its oom entry, at the thread's next call. */
+static __always_inline void torch_settle(struct torch_call *t)
+{
+    if (t->active && t->failed)
+        torch_emit(GT_TORCH_OOM, t->fail_ts, 0, 0, t->size, t->stream, t->size, t->device, -1,
+                   t->py_id, 0);
+    t->active = 0;
+    t->failed = 0;
+}
+
+static __always_inline struct torch_call *torch_call_of(void *task, int create)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct cuda_config *cfg = cuda_cfg();
+    if (!cfg || !cuda_wanted(tgid, cfg))
+        return 0;
+    return torch_calls.task_storage_get(task, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
+
+int torch_malloc_enter(struct pt_regs *ctx)
+{
+    void *task = (void *)bpf_get_current_task_btf();
+    struct torch_call *t = torch_call_of(task, 1);
+    if (!t)
+        return 0;
+    torch_settle(t);
+    u64 id = bpf_get_current_pid_tgid();
+    u32 pid = id >> 32;
+    u8 one = 1;
+    if (!torch_pids.lookup(&pid))
+        torch_pids.update(&pid, &one);
+    t->out = PT_REGS_PARM2(ctx);
+    t->device = (s8)PT_REGS_PARM3(ctx);
+    t->size = PT_REGS_PARM4(ctx);
+    t->stream = PT_REGS_PARM5(ctx);
+    t->seg_out = 0;
+    t->py_id = -1;
+#if GT_TORCH_STACKS >= 1
+    /* walked and taken at once: the segment calls inside malloc walk again */
+    cuda_py_enter(task, pid, (u32)id);
+    t->py_id = cuda_py_take(task);
+#endif
+    t->active = 1;
+    t->ts_ns = bpf_ktime_get_ns();
+    return 0;
+}
+
+int torch_malloc_ret(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    void *task = (void *)bpf_get_current_task_btf();
+    struct torch_call *t = torch_calls.task_storage_get(task, 0, 0);
+    if (!t || !t->active)
+        return 0;
+    t->active = 0;
+    t->failed = 0;
+    u64 ptr = 0;
+    if (bpf_probe_read_user(&ptr, sizeof(ptr), (void *)t->out))
+        ptr = 0;
+    s32 stack = -1;
+#if GT_TORCH_STACKS >= 2
+    /* At a `ret`, the stack walk starts as at a uretprobe: from the return address
+     * (its caller's frame), with the stack pointer past it. */
+    u64 v = 0, pv = 0, ra = 0;
+    int have = 0;
+    if (bpf_probe_read_user(&ra, sizeof(ra), (void *)PT_REGS_SP(ctx)) == 0) {
+        struct pt_regs r = {};
+        r.ip = ra;
+        r.sp = PT_REGS_SP(ctx) + 8;
+        r.bp = PT_REGS_FP(ctx);
+        stack = cuda_stack_id(&r, task, t->ts_ns, 0, 0, &v, &pv, &have);
+    }
+#endif
+    torch_emit(GT_TORCH_ALLOC, t->ts_ns, now - t->ts_ns, ptr, t->size, t->stream, t->size,
+               t->device, stack, t->py_id, 0);
+    return 0;
+}
+
+static __always_inline int torch_free(u64 ptr)
+{
+    void *task = (void *)bpf_get_current_task_btf();
+    struct torch_call *t = torch_call_of(task, 1);
+    if (!t)
+        return 0;
+    torch_settle(t);
+    torch_emit(GT_TORCH_FREE, bpf_ktime_get_ns(), 0, ptr, 0, 0, 0, -1, -1, -1, 0);
+    return 0;
+}
+
+/* free(this, ptr), raw_delete(this, ptr); local_raw_delete(ptr) */
+int torch_free_enter(struct pt_regs *ctx) { return torch_free(PT_REGS_PARM2(ctx)); }
+int torch_free_arg1_enter(struct pt_regs *ctx) { return torch_free(PT_REGS_PARM1(ctx)); }
+
+int torch_seg_alloc_enter(struct pt_regs *ctx)
+{
+    void *task = (void *)bpf_get_current_task_btf();
+    struct torch_call *t = torch_calls.task_storage_get(task, 0, 0);
+    if (!t || !t->active)
+        return 0;
+    t->seg_out = PT_REGS_PARM1(ctx);
+    t->seg_size = PT_REGS_PARM2(ctx);
+    t->seg_ts = bpf_ktime_get_ns();
+    return 0;
+}
+
+int torch_seg_alloc_ret(struct pt_regs *ctx)
+{
+    void *task = (void *)bpf_get_current_task_btf();
+    struct torch_call *t = torch_calls.task_storage_get(task, 0, 0);
+    if (!t || !t->active || !t->seg_out)
+        return 0;
+    s32 rc = (s32)PT_REGS_RC(ctx);
+    u64 ptr = 0;
+    if (rc == GT_CUDA_ERROR_OUT_OF_MEMORY) {
+        /* the oom entry is stamped after the failure it follows, as PyTorch's is */
+        t->failed = 1;
+        t->fail_ts = bpf_ktime_get_ns();
+        torch_emit(GT_TORCH_SEG_FAIL, t->fail_ts, 0, 0, t->size, t->stream, t->size, t->device,
+                   -1, t->py_id, rc);
+    }
+    if (rc == 0 && bpf_probe_read_user(&ptr, sizeof(ptr), (void *)t->seg_out) == 0)
+        torch_emit(GT_TORCH_SEG_ALLOC, t->seg_ts, 0, ptr, t->seg_size, t->stream, t->size,
+                   t->device, -1, -1, rc);
+    t->seg_out = 0;
+    return 0;
+}
+
+int torch_seg_free_enter(struct pt_regs *ctx)
+{
+    u32 pid = bpf_get_current_pid_tgid() >> 32;
+    if (!torch_pids.lookup(&pid))
+        return 0;
+    torch_emit(GT_TORCH_SEG_FREE, bpf_ktime_get_ns(), 0, PT_REGS_PARM1(ctx), 0, 0, 0, -1, -1, -1,
+               0);
+    return 0;
+}
