@@ -42,6 +42,7 @@ class Options:
     raw: bool = False  # --raw: ioctl events written undecoded (rawparts.py)
     flight: Flight = field(default_factory=Flight)  # --keep, --freeze-on, --after
     kube_root: str = "/"  # --kube-root: the host root of /var/log/pods, runtime files
+    no_cache: bool = False  # --no-cache: no BPF object or unwind-table cache
 
 
 SPILL_ENV = "GPUTRACE_SPILL_MIB"

@@ -23,7 +23,7 @@ from typing import Any
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
 from gputrace.identity import Identity
-from gputrace.record import hooks, loader, procfs
+from gputrace.record import hooks, loader, procfs, startup
 from gputrace.record.freeze import Freezer
 from gputrace.record.layers import RECORDER_LAYERS, Due, Layer
 from gputrace.record.options import (
@@ -157,6 +157,7 @@ class Recorder:
     def run(self) -> int:
         """Record until CMD exits, the -p targets exit, -d passes or SIGINT/SIGTERM.
         Returns CMD's exit status (128 + N when signal N ended it), else 0."""
+        self._caches = startup.Caches(off=self.opts.no_cache)
         try:
             prefix = self._validate()
             source, flags, drv, (attach, skipped, _defs) = build_program(self.opts)
@@ -169,11 +170,7 @@ class Recorder:
                         spill_bytes=self._spill)  # fmt: skip
             self.session = s
             try:
-                for cls in RECORDER_LAYERS:  # loads each layer's programs, in order
-                    layer = cls.build(s, self._prepared.get(cls.name))
-                    if layer is not None:
-                        self.layers.append(layer)
-                        s.decode_errors.update({b.counted_as: 0 for b in cls.BUFFERS.values()})
+                self._build_layers(s)
                 return self._record(s)
             finally:
                 for layer in reversed(self.layers):
@@ -181,6 +178,25 @@ class Recorder:
                         layer.close(s)
         finally:
             self._stop_unreleased()
+            self._caches.close()
+
+    def _build_layers(self, s: Session) -> None:
+        """Load each layer's programs, in RECORDER_LAYERS order. Their missing cache
+        entries are compiled first, all at once (startup.prepare); with the syscall
+        probes on tracepoints the API layer, which then shares nothing with them,
+        loads in a thread beside them (the verifier runs in the loading thread)."""
+        ahead = startup.prepare(s, self._prepared)
+        try:
+            for cls in RECORDER_LAYERS:
+                layer = ahead.result(cls) if ahead.has(cls) else cls.build(
+                    s, self._prepared.get(cls.name))  # fmt: skip
+                if layer is not None:
+                    self.layers.append(layer)
+                    s.decode_errors.update({b.counted_as: 0 for b in cls.BUFFERS.values()})
+        finally:
+            for layer in ahead.leftover():  # built beside a layer that failed
+                with contextlib.suppress(Exception):
+                    layer.close(s)
 
     def _record(self, s: Session) -> int:
         self._start(s)
