@@ -66,12 +66,13 @@ def cache_dir() -> Path | None:
 
 def host() -> dict[str, str]:
     """The compile's environment beyond the text: kernel and bcc."""
+    from gputrace.errors import GputraceError
+    from gputrace.record import loader
+
     u = os.uname()
     try:
-        from bcc import version
-
-        bcc_version = str(version.__version__)
-    except ImportError:
+        bcc_version = str(loader.import_bcc().version.__version__)
+    except (GputraceError, AttributeError):
         bcc_version = "?"
     return {"kernel": f"{u.release} {u.version}", "machine": u.machine, "bcc": bcc_version}
 

@@ -23,7 +23,7 @@ from typing import Any
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
 from gputrace.identity import Identity
-from gputrace.record import hooks, loader, procfs, startup
+from gputrace.record import bpf_cache, hooks, loader, procfs, startup
 from gputrace.record.freeze import Freezer
 from gputrace.record.layers import RECORDER_LAYERS, Due, Layer
 from gputrace.record.options import (
@@ -170,7 +170,7 @@ class Recorder:
                         spill_bytes=self._spill)  # fmt: skip
             self.session = s
             try:
-                self._build_layers(s)
+                startup.build_layers(s, self._prepared, self.layers)
                 return self._record(s)
             finally:
                 for layer in reversed(self.layers):
@@ -179,24 +179,6 @@ class Recorder:
         finally:
             self._stop_unreleased()
             self._caches.close()
-
-    def _build_layers(self, s: Session) -> None:
-        """Load each layer's programs, in RECORDER_LAYERS order. Their missing cache
-        entries are compiled first, all at once (startup.prepare); with the syscall
-        probes on tracepoints the API layer, which then shares nothing with them,
-        loads in a thread beside them (the verifier runs in the loading thread)."""
-        ahead = startup.prepare(s, self._prepared)
-        try:
-            for cls in RECORDER_LAYERS:
-                layer = ahead.result(cls) if ahead.has(cls) else cls.build(
-                    s, self._prepared.get(cls.name))  # fmt: skip
-                if layer is not None:
-                    self.layers.append(layer)
-                    s.decode_errors.update({b.counted_as: 0 for b in cls.BUFFERS.values()})
-        finally:
-            for layer in ahead.leftover():  # built beside a layer that failed
-                with contextlib.suppress(Exception):
-                    layer.close(s)
 
     def _record(self, s: Session) -> int:
         self._start(s)
@@ -447,7 +429,8 @@ class Recorder:
             "drops": {},
             "decode_errors": dict(s.decode_errors),
             "start_ts_ns": s.start_ns,
-            "recorder": {"pid": os.getpid(), "argv": sys.argv},
+            "recorder": {"pid": os.getpid(), "argv": sys.argv,
+                         "bpf_objects": dict(bpf_cache.used)},
         }  # fmt: skip
         for layer in self.layers:
             m.update(merged(m, layer.manifest(s, m)))

@@ -9,6 +9,7 @@ benchmarks/README.md "Start-up" has the measurements.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ class Caches:
     unwind compile worker inherits); `close` puts them back."""
 
     def __init__(self, off: bool) -> None:
+        bpf_cache.used.clear()  # this recording's programs only
         self._saved: dict[str, str | None] = {}
         if off:
             for var in (bpf_cache.CACHE_ENV, unwind_cache.CACHE_ENV):
@@ -87,6 +89,7 @@ def prepare(s: Session, prepared: dict[str, Any]) -> Ahead:
     from gputrace.record.api import libcuda
     from gputrace.record.api.layer import ApiLayer
 
+    loader.import_bcc()  # once, here: the layers' threads would race to find it
     tracepoints = os.environ.get(loader.HOOKS_ENV, loader.HOOKS_DEFAULT) == "tracepoint"
     programs = [(libcuda.probe_source(), libcuda.cflags(stack_depth=s.opts.stack_depth),
                  "api-layer")]  # fmt: skip
@@ -100,3 +103,23 @@ def prepare(s: Session, prepared: dict[str, Any]) -> Ahead:
         # the API layer shares maps only with a tp_btf syscall program (s.probes unused)
         ahead.start(ApiLayer, s, prepared.get(ApiLayer.name))
     return ahead
+
+
+def build_layers(s: Session, prepared: dict[str, Any], out: list[Layer]) -> None:
+    """Load each layer's programs, appending the layers to `out` in RECORDER_LAYERS
+    order. Their missing cache entries are compiled first, all at once (`prepare`);
+    with the syscall probes on tracepoints the API layer, which then shares nothing
+    with them, loads in a thread beside them."""
+    from gputrace.record.layers import RECORDER_LAYERS
+
+    ahead = prepare(s, prepared)
+    try:
+        for cls in RECORDER_LAYERS:
+            layer = ahead.result(cls) if ahead.has(cls) else cls.build(s, prepared.get(cls.name))
+            if layer is not None:
+                out.append(layer)
+                s.decode_errors.update({b.counted_as: 0 for b in cls.BUFFERS.values()})
+    finally:
+        for layer in ahead.leftover():  # built beside a layer that failed
+            with contextlib.suppress(Exception):
+                layer.close(s)
