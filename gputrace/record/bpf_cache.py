@@ -46,6 +46,8 @@ _SUFFIX = ".bpfobj.json"
 used: dict[str, str] = {}
 """What each loaded program came from this run: "cache", "compiled (cached now)",
 "compiled (…why not cached)": the trace manifest's recorder.bpf_objects."""
+fresh: set[str] = set()
+"""Keys compile_entries wrote in this process (their loads are "compiled (cached now)")."""
 
 
 def cache_dir() -> Path | None:
@@ -144,9 +146,12 @@ def compile_entries(d: Path, programs: list[tuple[str, list[str], str]]) -> None
     tree = str(Path(__file__).resolve().parent.parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [tree, *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
+    keys = []
     for text, flags, what in programs:
-        if not cacheable(flags) or read(d, key(text, flags)) is not None:
+        k = key(text, flags)
+        if not cacheable(flags) or read(d, k) is not None:
             continue
+        keys.append(k)
         p = subprocess.Popen([sys.executable, "-m", "gputrace.record.bpf_cache", str(d), what],
                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, env=env)  # fmt: skip
@@ -161,6 +166,7 @@ def compile_entries(d: Path, programs: list[tuple[str, list[str], str]]) -> None
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+    fresh.update(k for k in keys if read(d, k) is not None)
 
 
 def _compile_child(d: Path, what: str) -> int:
@@ -186,26 +192,30 @@ def _compile_child(d: Path, what: str) -> int:
     return 0
 
 
-def state(d: Path | None = None) -> dict[str, Any]:
-    """For `doctor`: where the cache is, its entries, how many were made on this
-    kernel and bcc (older ones are never used again: `rm` them freely)."""
+def state() -> dict[str, Any]:
+    """For `doctor` (which changes nothing: the directory is not made here): where
+    the cache is, whether it is used, its entries and how many were made on this
+    kernel and bcc (older ones are never used again: removing them is safe)."""
     where = os.environ.get(CACHE_ENV, DEFAULT_DIR)
     if where == "off" or not where:
         return {"dir": None, "state": f"off ({CACHE_ENV}=off)"}
-    d = d or cache_dir()
-    if d is None:
+    try:
+        st = os.lstat(where)
+    except OSError:
+        return {"dir": where, "state": "empty (made at the first recording)"}
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         return {"dir": where, "state": "not used: not a directory of this user, "
                 "writable by it alone"}  # fmt: skip
     now = host()
     entries = current = size = 0
-    for p in d.glob("*" + _SUFFIX):
+    for p in Path(where).glob("*" + _SUFFIX):
         with contextlib.suppress(OSError, ValueError):
             entries += 1
             size += p.stat().st_size
             with open(p, "rb") as f:
                 head = json.loads(f.read())
             current += all(head.get(k) == v for k, v in now.items())
-    return {"dir": str(d), "state": "on", "entries": entries, "current": current,
+    return {"dir": where, "state": "on", "entries": entries, "current": current,
             "bytes": size, **now}  # fmt: skip
 
 

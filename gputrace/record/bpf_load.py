@@ -140,10 +140,10 @@ def load_bpf(bcc: Any, text: str, flags: list[str], what: str) -> Any:
     if d is not None:
         k = bpf_cache.key(text, flags)
         entry = bpf_cache.read(d, k)
-        how = "cache"
         if entry is None:
             bpf_cache.compile_entries(d, [(text, flags, what)])
-            entry, how = bpf_cache.read(d, k), "compiled (cached now)"
+            entry = bpf_cache.read(d, k)
+        how = "compiled (cached now)" if k in bpf_cache.fresh else "cache"
         if entry is not None:
             try:
                 obj = bpf_object.load(bcc, entry)

@@ -29,6 +29,7 @@ class Caches:
 
     def __init__(self, off: bool) -> None:
         bpf_cache.used.clear()  # this recording's programs only
+        bpf_cache.fresh.clear()
         self._saved: dict[str, str | None] = {}
         if off:
             for var in (bpf_cache.CACHE_ENV, unwind_cache.CACHE_ENV):
