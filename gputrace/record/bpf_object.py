@@ -45,7 +45,7 @@ class NotCacheable(Exception):
 
 
 @dataclass(frozen=True)
-class Table:
+class MapDesc:
     name: str
     type: int
     key_size: int
@@ -62,7 +62,7 @@ class Entry:
     the map's index in `tables`), its license and kernel version word."""
 
     functions: dict[str, bytes]
-    tables: list[Table]
+    tables: list[MapDesc]
     license: str
     kern_version: int
 
@@ -74,7 +74,7 @@ class Entry:
     @staticmethod
     def from_json(doc: dict[str, Any]) -> Entry:
         """The entry `doc` holds; ValueError/KeyError/TypeError when it is not one."""
-        tables = [Table(str(t["name"]), int(t["type"]), int(t["key_size"]),
+        tables = [MapDesc(str(t["name"]), int(t["type"]), int(t["key_size"]),
                         int(t["leaf_size"]), int(t["max_entries"]), int(t["flags"]),
                         str(t["key_desc"]), str(t["leaf_desc"]))
                   for t in doc["tables"]]  # fmt: skip
@@ -121,7 +121,7 @@ def _lib() -> Any:
 def extract(module: int) -> Entry:
     """The Entry of a module bcc compiled (`bpf_module_create_c_from_string`)."""
     lib = _lib()
-    tables: list[Table] = []
+    tables: list[MapDesc] = []
     index: dict[int, int] = {}
     for i in range(lib.bpf_num_tables(module)):
         name = lib.bpf_table_name(module, i).decode()
@@ -131,7 +131,7 @@ def extract(module: int) -> Entry:
             raise NotCacheable(f"table {name}: type {ttype}, fd {fd}")
         index[fd] = len(tables)
         b = name.encode()
-        tables.append(Table(name, ttype, int(lib.bpf_table_key_size_id(module, i)),
+        tables.append(MapDesc(name, ttype, int(lib.bpf_table_key_size_id(module, i)),
                             int(lib.bpf_table_leaf_size_id(module, i)),
                             int(lib.bpf_table_max_entries_id(module, i)),
                             int(lib.bpf_table_flags_id(module, i)),
@@ -195,7 +195,7 @@ def _storage_btf(value_size: int) -> int:
     return fd
 
 
-def create_map(t: Table) -> int:
+def create_map(t: MapDesc) -> int:
     """A new map like table `t`; its fd."""
     attr = _MapAttr(map_type=t.type, key_size=t.key_size, value_size=t.leaf_size,
                     max_entries=t.max_entries, map_flags=t.flags,

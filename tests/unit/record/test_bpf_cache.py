@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gputrace.record import bpf_cache, startup
-from gputrace.record.bpf_object import Entry, Table
+from gputrace.record.bpf_object import Entry, MapDesc
 from gputrace.record.unwind import cache as unwind_cache
 
 LD_MAP = bytes([0x18, 0x11, 0, 0]) + (1).to_bytes(4, "little") + bytes(8)  # r1 = map #1
@@ -25,8 +25,8 @@ EXIT = bytes([0x95]) + bytes(7)
 
 
 def _entry() -> Entry:
-    t = [Table("config", 2, 4, 16, 1, 0, '"int"', '["cfg", [["a", "int"]], "struct"]'),
-         Table("events", 27, 0, 0, 4096, 0, '"int"', '"int"')]  # fmt: skip
+    t = [MapDesc("config", 2, 4, 16, 1, 0, '"int"', '["cfg", [["a", "int"]], "struct"]'),
+         MapDesc("events", 27, 0, 0, 4096, 0, '"int"', '"int"')]  # fmt: skip
     return Entry({"tracepoint__sched__x": LD_MAP + EXIT}, t, "GPL", 0)
 
 
