@@ -119,7 +119,10 @@ def _lib() -> Any:
 
 
 def extract(module: int) -> Entry:
-    """The Entry of a module bcc compiled (`bpf_module_create_c_from_string`)."""
+    """The Entry of a module bcc compiled (`bpf_module_create_c_from_string`).
+    A table shared with another module ("extern", BPF_TABLE_SHARED) looks like its
+    own here (its fd is in the module's list): such programs must not be cached
+    (bpf_cache.UNCACHED_FLAGS are the flags that make gputrace's share)."""
     lib = _lib()
     tables: list[MapDesc] = []
     index: dict[int, int] = {}
