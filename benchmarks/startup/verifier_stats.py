@@ -54,8 +54,9 @@ def main() -> None:
                 states = "?"
                 if "total_states" in words:
                     states = words[words.index("total_states") + 1]
+                note = "" if fd >= 0 else "  (not a tracepoint/kprobe program: tp_btf)"
                 print(f"{doc['what']:14} {name[:44]:44} {size // 8:6} {processed:>10} "
-                      f"{states:>7} {cpu:6.2f}" + ("" if fd >= 0 else "  (not a tracepoint/kprobe program: tp_btf)"))  # fmt: skip
+                      f"{states:>7} {cpu:6.2f}{note}")  # fmt: skip
         finally:
             obj.cleanup()
 
