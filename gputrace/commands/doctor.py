@@ -285,6 +285,25 @@ def check_torch(h: Host) -> Check:
                  "layer: found when one does)")  # fmt: skip
 
 
+def check_bpf_cache(h: Host) -> Check:
+    """Whether the start-up reuses compiled BPF programs (record/bpf_cache.py)."""
+    from gputrace.record import bpf_cache
+    from gputrace.render.safe import printable
+
+    st = bpf_cache.state()
+    if st["dir"] is None:
+        return Check("bpf-cache", WARN, f"{st['state']}: each recording compiles its BPF "
+                     "programs (seconds of clang)")  # fmt: skip
+    where = printable(str(st["dir"]))
+    if st["state"] != "on":
+        ok = st["state"].startswith("empty")
+        return Check("bpf-cache", OK if ok else WARN, f"{where}: {st['state']}"
+                     + ("" if ok else "; each recording compiles its BPF programs"))  # fmt: skip
+    return Check("bpf-cache", OK, f"{where}: {st['entries']} programs "
+                 f"({st['bytes'] >> 10} KiB), {st['current']} for this kernel and "
+                 f"bcc {printable(st['bcc'])}")  # fmt: skip
+
+
 CHECKS: tuple[Callable[[Host], Check], ...] = (
     check_privileges, check_bcc, check_headers, check_tracefs, check_hooks,
     lambda h: check_config(h, "CONFIG_UPROBE_EVENTS", "uprobes", "uprobe_register",
@@ -293,6 +312,7 @@ CHECKS: tuple[Callable[[Host], Check], ...] = (
                            "in-kernel driver hooks"),
     check_btf, check_lockdown, check_driver, check_devices, check_tools, check_rm,
     check_torch,
+    check_bpf_cache,
 )  # fmt: skip
 
 

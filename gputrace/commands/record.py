@@ -128,6 +128,13 @@ def register(app: typer.Typer) -> None:
                               "hosts; `gputrace convert` decodes them later, anywhere. "
                               "No --live, --metrics or --alert."),
         ] = False,
+        no_cache: Annotated[
+            bool,
+            typer.Option("--no-cache",
+                         help="Compile the BPF programs and unwind tables afresh, neither "
+                              "reading nor writing the caches in /var/cache/gputrace "
+                              "(start-up takes seconds longer; docs/record.md)."),
+        ] = False,
         ebpf: Annotated[
             bool, typer.Option("--ebpf", help="Print the BPF program and cflags, then exit.")
         ] = False,
@@ -244,6 +251,7 @@ def register(app: typer.Typer) -> None:
             flight=flight,
             kube_root=kube_root,
             torch_stacks=torch_stacks,
+            no_cache=no_cache,
         )
         if ebpf:
             from gputrace.record.api import libcuda as cuda

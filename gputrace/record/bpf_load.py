@@ -9,10 +9,12 @@ import ctypes
 import os
 import platform
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 from gputrace.errors import GputraceError
+from gputrace.record import bpf_cache, bpf_object
 
 _BPF_PROG_LOAD = 5
 _PROG_TYPE_TRACING = 26
@@ -50,8 +52,11 @@ def load_tp_btf(bpf: Any, func: str, tracepoint: str) -> int:
     if btf_id < 0:
         raise GputraceError(f"tp_btf/{tracepoint}: not in the kernel's BTF")
     name = func.encode()
-    start = lib.bpf_function_start(bpf.module, name)
-    size = lib.bpf_function_size(bpf.module, name)
+    if hasattr(bpf, "instructions"):  # a cached program (bpf_object): no bcc module
+        start, size = bpf.instructions(func)
+    else:
+        start = lib.bpf_function_start(bpf.module, name)
+        size = lib.bpf_function_size(bpf.module, name)
     if not start or not size:
         raise GputraceError(f"tp_btf/{tracepoint}: {func} was not compiled")
     lic = ctypes.create_string_buffer(b"GPL")
@@ -126,16 +131,49 @@ def check_headers() -> None:
 
 
 def load_bpf(bcc: Any, text: str, flags: list[str], what: str) -> Any:
-    """Compile and load a bcc program, keeping clang's and the verifier's output
-    off the terminal: on failure it is saved to a file the one-line error names."""
+    """A loaded bcc program: from the BPF object cache when it holds the program
+    (bpf_cache.py; compiled into it now in a child process if not), else compiled
+    here by bcc. clang's and the verifier's output stay off the terminal: on
+    failure it is saved to a file the one-line error names."""
+    d = bpf_cache.cache_dir() if bpf_cache.cacheable(flags) else None
+    why = "not cacheable" if not bpf_cache.cacheable(flags) else "cache off"
+    if d is not None:
+        k = bpf_cache.key(text, flags)
+        entry = bpf_cache.read(d, k)
+        if entry is None:
+            bpf_cache.compile_entries(d, [(text, flags, what)])
+            entry = bpf_cache.read(d, k)
+        how = "compiled (cached now)" if k in bpf_cache.fresh else "cache"
+        if entry is not None:
+            try:
+                obj = bpf_object.load(bcc, entry)
+                bpf_cache.used[what] = how
+                return obj
+            except Exception as e:  # bcc's own load below says it again if it is real
+                why = f"cached object refused: {str(e).splitlines()[0] if str(e) else e!r}"
+    bpf_cache.used[what] = f"compiled ({why})"
+    return _quiet(what, lambda: bcc.BPF(text=text.encode(), cflags=[*flags, "-w"]))
+
+
+def _quiet(what: str, make: Any) -> Any:
+    """`make()` with stderr in a file; its text saved when make raises. One at a
+    time: fd 2 is the process's (layers may load from two threads)."""
     import tempfile
 
+    with _STDERR:
+        return _quiet_locked(what, make, tempfile)
+
+
+_STDERR = threading.Lock()
+
+
+def _quiet_locked(what: str, make: Any, tempfile: Any) -> Any:
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as log:
         os.dup2(log.fileno(), 2)
         try:
-            return bcc.BPF(text=text.encode(), cflags=[*flags, "-w"])
+            return make()
         except Exception as e:
             os.dup2(saved, 2)
             log.seek(0)

@@ -25,6 +25,7 @@ from gputrace.record import decode, hooks
 from gputrace.record.bpf_load import attach_tp_btf, keep_names, load_tp_btf
 from gputrace.record.bpf_load import check_headers as check_headers  # re-exported
 from gputrace.record.bpf_load import load_bpf as load_bpf
+from gputrace.record.bpf_object import detach_parallel
 from gputrace.record.cpu_faults import decode as decode_faults
 from gputrace.record.driver_version import DriverInfo, slot
 
@@ -146,8 +147,9 @@ def import_bcc() -> Any:
     try:
         import bcc
     except ImportError:
-        if os.path.isdir(os.path.join(_SYSTEM_DIST, "bcc")) and _SYSTEM_DIST not in sys.path:
-            sys.path.append(_SYSTEM_DIST)
+        if os.path.isdir(os.path.join(_SYSTEM_DIST, "bcc")):
+            if _SYSTEM_DIST not in sys.path:  # (another thread may have added it)
+                sys.path.append(_SYSTEM_DIST)
             try:
                 import bcc
             except ImportError as e:
@@ -437,4 +439,5 @@ class Probes:
 
     def close(self) -> None:
         self._close_fds()
+        detach_parallel(self.bpf)  # bcc's cleanup closes them one grace period at a time
         self.bpf.cleanup()

@@ -43,6 +43,7 @@ class Options:
     flight: Flight = field(default_factory=Flight)  # --keep, --freeze-on, --after
     kube_root: str = "/"  # --kube-root: the host root of /var/log/pods, runtime files
     torch_stacks: str = "python"  # --torch-stacks: none|python|full (torch_allocator layer)
+    no_cache: bool = False  # --no-cache: no BPF object or unwind-table cache
 
 
 SPILL_ENV = "GPUTRACE_SPILL_MIB"

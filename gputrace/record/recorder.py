@@ -23,7 +23,7 @@ from typing import Any
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
 from gputrace.identity import Identity
-from gputrace.record import hooks, loader, procfs, reap
+from gputrace.record import bpf_cache, hooks, loader, procfs, reap, startup
 from gputrace.record.freeze import Freezer
 from gputrace.record.layers import RECORDER_LAYERS, Due, Layer
 from gputrace.record.options import (
@@ -157,6 +157,7 @@ class Recorder:
     def run(self) -> int:
         """Record until CMD exits, the -p targets exit, -d passes or SIGINT/SIGTERM.
         Returns CMD's exit status (128 + N when signal N ended it), else 0."""
+        self._caches = startup.Caches(off=self.opts.no_cache)
         try:
             prefix = self._validate()
             source, flags, drv, (attach, skipped, _defs) = build_program(self.opts)
@@ -169,11 +170,7 @@ class Recorder:
                         spill_bytes=self._spill)  # fmt: skip
             self.session = s
             try:
-                for cls in RECORDER_LAYERS:  # loads each layer's programs, in order
-                    layer = cls.build(s, self._prepared.get(cls.name))
-                    if layer is not None:
-                        self.layers.append(layer)
-                        s.decode_errors.update({b.counted_as: 0 for b in cls.BUFFERS.values()})
+                startup.build_layers(s, self._prepared, self.layers)
                 return self._record(s)
             finally:
                 for layer in reversed(self.layers):
@@ -181,6 +178,7 @@ class Recorder:
                         layer.close(s)
         finally:
             self._stop_unreleased()
+            self._caches.close()
 
     def _record(self, s: Session) -> int:
         self._start(s)
@@ -434,7 +432,8 @@ class Recorder:
             "drops": {},
             "decode_errors": dict(s.decode_errors),
             "start_ts_ns": s.start_ns,
-            "recorder": {"pid": os.getpid(), "argv": sys.argv},
+            "recorder": {"pid": os.getpid(), "argv": sys.argv,
+                         "bpf_objects": dict(bpf_cache.used)},
         }  # fmt: skip
         for layer in self.layers:
             m.update(merged(m, layer.manifest(s, m)))

@@ -29,8 +29,8 @@ from gputrace.errors import GputraceError, UsageError
 from gputrace.record import bpf_load, decode, elf, hooks, loader, procfs, python_stacks
 from gputrace.record.api import decode as decode_cuda
 from gputrace.record.api import watchdog
-from gputrace.record.api.py_pauses import PyPauseWatch
 from gputrace.record.api.extension import Extension, attach_extra
+from gputrace.record.api.py_pauses import PyPauseWatch
 from gputrace.record.api.symbolize import Symbolizer
 from gputrace.record.library_watch import LibraryWatch
 from gputrace.record.unwind import tables as unwind

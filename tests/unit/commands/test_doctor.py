@@ -82,7 +82,7 @@ def test_doctor_here_exits_by_whether_record_can_run(capsys: pytest.CaptureFixtu
     lines = out.strip().splitlines()
     assert [ln.split()[0] for ln in lines[:-1]] == [
         "root", "bcc", "kernel-headers", "tracefs", "hooks", "uprobes", "kprobes", "btf",
-        "lockdown", "driver", "devices", "uvm-tools", "rm-client", "torch"]
+        "lockdown", "driver", "devices", "uvm-tools", "rm-client", "torch", "bpf-cache"]
     assert "no nvidiactl" in out
     assert rc == 1 and lines[-1].startswith("record: cannot run")
 
