@@ -172,7 +172,9 @@ def entries(inp: Inputs) -> pl.LazyFrame:
     ev = (ev.join(dev_end, on="device", how="left").join(req_end, on="device", how="left")
           .join(end.select(*POOL_KEYS, pl.col("reserved_bytes").alias("_pr"),
                            pl.col("active_bytes").alias("_pa")),
-                on=POOL_KEYS, how="left", nulls_equal=False)
+                # a format without pool ids (null) still has its pools; an entry in no
+                # snapshot segment (pool null) matches none: it ends at zero
+                on=POOL_KEYS, how="left", nulls_equal=True)
           .with_columns(pl.col("_r", "_a", "_q", "_pr", "_pa").fill_null(0))
           .sort("i"))
 

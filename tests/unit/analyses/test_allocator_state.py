@@ -32,10 +32,10 @@ def test_replayed_backwards_from_the_snapshot(trace: Path) -> None:
     a = allocator_state(inputs_from_trace(open_trace(trace)), buckets=1000)
     assert a["devices"] == [0]
     (s,) = a["series"]
-    assert (s["end_reserved_bytes"], s["end_allocated_bytes"]) == (45 * MiB, 36 * MiB)
-    assert s["reserved"][-1] == 45 * MiB and s["allocated"][-1] == 36 * MiB
+    assert (s["end_reserved_bytes"], s["end_active_bytes"]) == (45 * MiB, 36 * MiB)
+    assert s["reserved"][-1] == 45 * MiB and s["active"][-1] == 36 * MiB
     # the history starts from nothing: the first tensor's segment, then the first tensor
-    seen = [v for v in s["allocated"] if v is not None]
+    seen = [v for v in s["active"] if v is not None]
     assert seen[0] in (0, 1 * MiB) and max(seen) == 45 * MiB
     assert len(s["oom_t_s"]) == 1 and 0 < s["oom_t_s"][0] <= s["t_s"][-1]
 
@@ -79,7 +79,7 @@ def test_pools_add_up_to_the_device_on_the_real_snapshot(tmp_path: Path) -> None
     assert set(pools) == {"large", "small"}
     assert (pools["large"]["reserved"][-1], pools["small"]["reserved"][-1]) == (
         281_018_368, 2_097_152)
-    for k in ("reserved", "allocated"):
+    for k in ("reserved", "active"):
         for i, total in enumerate(s[k]):
             parts = [p[k][i] for p in pools.values() if p[k][i] is not None]
             assert total == sum(parts), (k, i)
