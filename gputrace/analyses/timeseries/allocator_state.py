@@ -107,26 +107,32 @@ def _pool_label(pool: Any, pool_id: Any) -> str:
 def _pool_series(end: pl.DataFrame, rep: pl.DataFrame, grid: list[int]
                  ) -> list[dict[str, Any]]:
     """The device's reserved and active bytes per pool (`large`, `small`, a private pool
-    by its id, FREED), the replay's pool columns sampled. Once the device's history
-    has begun, a pool before its own first entry holds what that entry started from."""
+    by its id, FREED), the replay's pool columns sampled; null before the device's kept
+    history begins, as its totals are. A pool before its own first entry holds what
+    that entry started from (its end state when it has none)."""
     times = rep["ts_ns"].drop_nulls()
     begun = int(times.min()) if times.len() else None  # type: ignore[arg-type]
-    pools: dict[tuple[Any, Any], dict[str, Any]] = {
-        (r["pool_id"], r["pool"]): {"reserved": [int(r["reserved_bytes"])] * len(grid),
-                                    "active": [int(r["active_bytes"])] * len(grid)}
+    lines: dict[tuple[Any, Any], dict[str, list[int | None]]] = {}
+    starts: dict[tuple[Any, Any], dict[str, int]] = {
+        (r["pool_id"], r["pool"]): {"reserved": int(r["reserved_bytes"]),
+                                    "active": int(r["active_bytes"])}
         for r in end.iter_rows(named=True)}
-    for (pool_id, pool), p in rep.group_by(POOL_KEYS[1:], maintain_order=True):
-        vals = _sample(p, grid, {"pool_reserved_bytes": "reserved",
-                                 "pool_active_bytes": "active"})
+    # an entry without an address (oom, snapshot, user_defined) is in no pool
+    with_addr = rep.filter(pl.col("address").is_not_null())
+    for (pool_id, pool), p in with_addr.group_by(POOL_KEYS[1:], maintain_order=True):
+        lines[(pool_id, pool)] = _sample(p, grid, {"pool_reserved_bytes": "reserved",
+                                                   "pool_active_bytes": "active"})
         first = p.row(0, named=True)
-        start = {"reserved": first["pool_reserved_bytes"] - first["d_reserved"],
-                 "active": first["pool_active_bytes"] - first["d_active"]}
-        for k, line in vals.items():
-            line[:] = [start[k] if v is None and begun is not None and g >= begun else v
-                       for g, v in zip(grid, line, strict=True)]
-        pools[(pool_id, pool)] = vals
-    return sorted(({"pool": _pool_label(pool, pool_id), **v}
-                   for (pool_id, pool), v in pools.items()), key=lambda p: p["pool"])
+        starts[(pool_id, pool)] = {
+            "reserved": first["pool_reserved_bytes"] - first["d_reserved"],
+            "active": first["pool_active_bytes"] - first["d_active"]}
+    out = []
+    for key, start in starts.items():
+        got = lines.get(key) or {k: [None] * len(grid) for k in start}
+        vals = {k: [None if begun is None or g < begun else (start[k] if v is None else v)
+                    for g, v in zip(grid, got[k], strict=True)] for k in start}
+        out.append({"pool": _pool_label(key[1], key[0]), **vals})
+    return sorted(out, key=lambda p: str(p["pool"]))
 
 
 def _segment_map(device: int, segs: pl.DataFrame, blocks: pl.DataFrame) -> dict[str, Any]:
