@@ -35,9 +35,25 @@ def trace_rows(rows: AllocatorRows, traces: list[Any]) -> None:
         if dev >= 1 << 15:
             raise SnapshotError(f"{wt}: more devices than CUDA numbers")
         for seq, e in enumerate(trace):
-            if not (type(e) is dict and _fast_entry(rows, e, dev, seq)):
+            row = _fast_entry(rows, e) if type(e) is dict else None
+            if row is None:
                 w = _where("device_traces", dev, seq)
-                _entry(rows, _dict(e, w), w, dev, seq)
+                row = _entry(rows, _dict(e, w), w)
+            # one place appends an entry's row, whichever path checked it
+            t, code, action, addr, free, size, stream, stack, ctx, meta = row
+            cols = rows.events
+            cols["time_us"].append(t)
+            cols["seq"].append(seq)
+            cols["device"].append(dev)
+            cols["action_code"].append(code)
+            cols["action"].append(action)
+            cols["address"].append(addr)
+            cols["device_free_bytes"].append(free)
+            cols["size_bytes"].append(size)
+            cols["stream"].append(stream)
+            cols["stack_id"].append(stack)
+            cols["compile_context"].append(ctx)
+            cols["user_metadata"].append(meta)
             _consume(e)
             trace[seq] = None  # the entry's memory goes now
             rows.event_count += 1
@@ -51,18 +67,23 @@ def trace_rows(rows: AllocatorRows, traces: list[Any]) -> None:
         raise SnapshotError(f"refused: more than {MAX_ROWS:,} trace entries")
 
 
+Row = tuple[int | None, int, str, int | None, int | None, int | None, int | None,
+            int | None, str | None, str | None]
+"""An entry's fields as its row holds them: time_us, action code, action, address,
+device_free_bytes, size_bytes, stream, stack_id, compile_context, user_metadata."""
+
 _FAST_ACTIONS = {a: c for a, c in _ACTIONS.items() if a not in ("oom", "snapshot",
                                                                    "user_defined")}
 _FAST_TIME_MAX = I64_MAX // 1000
 
 
-def _fast_entry(rows: AllocatorRows, e: dict[Any, Any], dev: int, seq: int) -> bool:
-    """Append the common entry (an allocation or segment action with plain fields, a
-    time stamp and no metadata) without building its path for error messages; False
-    (nothing appended) for anything else, which `_entry` checks field by field."""
+def _fast_entry(rows: AllocatorRows, e: dict[Any, Any]) -> Row | None:
+    """The row of the common entry (an allocation or segment action with plain fields,
+    a time stamp and no metadata), checked without building its path for error
+    messages; None for anything else, which `_entry` checks field by field."""
     if _SEEN in e:
-        return False
-    action = e.get("action")
+        return None
+    action: Any = e.get("action")
     code = _FAST_ACTIONS.get(action) if type(action) is str else None
     addr, size, t, stream = e.get("addr"), e.get("size"), e.get("time_us"), e.get("stream")
     if (code is None or type(addr) is not int or type(size) is not int
@@ -71,7 +92,7 @@ def _fast_entry(rows: AllocatorRows, e: dict[Any, Any], dev: int, seq: int) -> b
                     and 0 <= t <= _FAST_TIME_MAX and -(1 << 63) <= stream <= U64_MAX)
             or e.get("compile_context") not in (None, "N/A", "")
             or e.get("user_metadata") not in (None, "")):
-        return False
+        return None
     frames = e.get("frames")
     if type(frames) is list and len(frames) == 2 and frames[0] is _FRAME:
         stack = frames[1]
@@ -79,25 +100,13 @@ def _fast_entry(rows: AllocatorRows, e: dict[Any, Any], dev: int, seq: int) -> b
         try:  # the path is built only when a frame is wrong: the slow path says it
             stack = stack_of(rows, frames, "")
         except SnapshotError:
-            return False
-    cols = rows.events
-    cols["time_us"].append(t)
-    cols["seq"].append(seq)
-    cols["device"].append(dev)
-    cols["action_code"].append(code)
-    cols["action"].append(action)
-    cols["address"].append(addr)
-    cols["device_free_bytes"].append(None)
-    cols["size_bytes"].append(size)
-    cols["stream"].append(stream)
-    cols["stack_id"].append(stack)
-    cols["compile_context"].append(e.get("compile_context"))
-    cols["user_metadata"].append(e.get("user_metadata"))
-    return True
+            return None
+    return (t, code, action, addr, None, size, stream, stack, e.get("compile_context"),
+            e.get("user_metadata"))
 
 
-def _entry(rows: AllocatorRows, e: dict[Any, Any], w: str, dev: int, seq: int) -> None:
-    cols = rows.events
+def _entry(rows: AllocatorRows, e: dict[Any, Any], w: str) -> Row:
+    """The row of any entry, checked field by field (`w`: its path, for errors)."""
     action = _str(e, "action", w)
     if action not in _ACTIONS:
         raise SnapshotError(f"{w}.action is {action!r}, not a trace entry action")
@@ -106,20 +115,13 @@ def _entry(rows: AllocatorRows, e: dict[Any, Any], w: str, dev: int, seq: int) -
     if t is None:
         rows.note("trace entries without time_us (PyTorch 2.1 and older): their order "
                   "is kept, their times are null")
-    cols["time_us"].append(t)
-    cols["seq"].append(seq)
-    cols["device"].append(dev)
-    cols["action_code"].append(_ACTIONS[action])
-    cols["action"].append(action)
-    cols["address"].append(None if oom else _int(e, "addr", w, required=action not in (
-        "snapshot", "user_defined")))
-    cols["device_free_bytes"].append(_int(e, "device_free", w, required=False) if oom
-                                     else None)
-    cols["size_bytes"].append(_size(e, "size", w, required=False))
-    cols["stream"].append(_int(e, "stream", w, lo=-(1 << 63), required=False))
-    cols["stack_id"].append(stack_of(rows, e.get("frames"), f"{w}.frames"))
+    addr = None if oom else _int(e, "addr", w, required=action not in (
+        "snapshot", "user_defined"))
+    free = _int(e, "device_free", w, required=False) if oom else None
+    size = _size(e, "size", w, required=False)
+    stream = _int(e, "stream", w, lo=-(1 << 63), required=False)
+    stack = stack_of(rows, e.get("frames"), f"{w}.frames")
     ctx, meta = _str(e, "compile_context", w), _str(e, "user_metadata", w)
     if ctx or meta:
         rows.count_text(len(ctx or "") + len(meta or ""))
-    cols["compile_context"].append(ctx)
-    cols["user_metadata"].append(meta)
+    return (t, _ACTIONS[action], action, addr, free, size, stream, stack, ctx, meta)

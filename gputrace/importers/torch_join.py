@@ -125,10 +125,17 @@ def _read_part(part: Path) -> Any:
         why = "a symbolic link" if e.errno == errno.ELOOP else (e.strerror or str(e))
         raise JoinRefused(f"refused: {part} is {why}; a part is read only as a "
                           "regular file") from None
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise JoinRefused(f"refused: {part} is not a regular file")
-        return pq.read_table(f)
+        try:
+            return pq.read_table(f)
+        except (OSError, pa.ArrowException) as e:  # as Trace.read_part says it
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise JoinRefused(f"corrupt Parquet part {part}: {reason}") from None
 
 
 def write_joined(snap: TorchSnapshot, recording: str | os.PathLike[str],

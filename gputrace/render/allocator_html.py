@@ -46,7 +46,7 @@ def tensors_html(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
 
 
 def pool_html(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
-    """Reserved versus allocated over time and the segment map, per device, with the
+    """Reserved versus active over time and the segment map, per device, with the
     per-pool and per-segment tables (allocator-pool report)."""
     d = doc.get("allocator_pool") or {}
     st = s.get("allocator_state") or {}
@@ -56,8 +56,9 @@ def pool_html(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                      '<p class="note">the snapshot keeps no history: its state at the end '
                      "is below</p>",
                      f"<p>at the end: reserved {human_bytes(series['end_reserved_bytes'])}, "
-                     f"allocated {human_bytes(series['end_allocated_bytes'])} (requested "
-                     f"bytes) from {num(series['entries'])} trace entries</p>")
+                     f"active {human_bytes(series['end_active_bytes'])} (blocks held by "
+                     "tensors or pending free, in their rounded sizes) from "
+                     f"{num(series['entries'])} trace entries</p>")
     for m in st.get("maps") or []:
         labels = [f"{hexa(x['address'])} {x['pool']} ({human_bytes(x['total_bytes'])})"
                   for x in m["segments"]]
@@ -65,7 +66,7 @@ def pool_html(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                 if m["left_out"] else "")
         when = "" if m.get("oom_t_s") is None else (
             f" at the out-of-memory at {num(m['oom_t_s'])} s (asked for "
-            f"{human_bytes(m['requested_bytes'])}; tensors in requested bytes)")
+            f"{human_bytes(m['requested_bytes'])}; blocks in their rounded sizes)")
         page.section(f"Segment map, device {m['device']}{when}", plots.segment_map(m, labels),
                      '<p class="note">no segments</p>', more)
     page.section("PyTorch allocator pool", None, None, (

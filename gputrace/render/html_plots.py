@@ -153,23 +153,23 @@ def _short(site: str, width: int = 60) -> str:
 
 
 def allocator_state(s: dict[str, Any]) -> Figure | None:
-    """One device's reserved and allocated bytes over time (the caching allocator's view),
-    in all and per pool (reserved solid, allocated dotted), with a marker at each
+    """One device's reserved and active bytes over time (the caching allocator's view),
+    in all and per pool (reserved solid, active dotted), with a marker at each
     out-of-memory entry."""
     if not s.get("entries"):
         return None
     data: list[dict[str, Any]] = [
         {"type": "scatter", "mode": "lines", "name": "reserved (segments)", "x": s["t_s"],
          "y": s["reserved"], "line": {"shape": "hv"}},
-        {"type": "scatter", "mode": "lines", "name": "allocated (tensors, requested bytes)",
-         "x": s["t_s"], "y": s["allocated"], "line": {"shape": "hv"}, "fill": "tozeroy"}]
+        {"type": "scatter", "mode": "lines", "name": "active (blocks held, rounded sizes)",
+         "x": s["t_s"], "y": s["active"], "line": {"shape": "hv"}, "fill": "tozeroy"}]
     pools = s.get("pools") or []
     if len(pools) > 1:  # one pool: its lines are the totals
         for p in pools:
             data.append({"type": "scatter", "mode": "lines", "name": f"reserved: {p['pool']}",
                          "x": s["t_s"], "y": p["reserved"], "line": {"shape": "hv", "width": 1}})
-            data.append({"type": "scatter", "mode": "lines", "name": f"allocated: {p['pool']}",
-                         "x": s["t_s"], "y": p["allocated"],
+            data.append({"type": "scatter", "mode": "lines", "name": f"active: {p['pool']}",
+                         "x": s["t_s"], "y": p["active"],
                          "line": {"shape": "hv", "width": 1, "dash": "dot"}})
     if s.get("oom_t_s"):
         top = max((v for v in s["reserved"] if v is not None), default=0)
@@ -177,7 +177,7 @@ def allocator_state(s: dict[str, Any]) -> Figure | None:
                      "x": s["oom_t_s"], "y": [top] * len(s["oom_t_s"]),
                      "marker": {"symbol": "x", "size": 10, "color": "#d62728"}})
     return plot_figure(data, _layout(
-        f"PyTorch allocator on device {s['device']}: reserved and allocated", _BYTES_AXIS))
+        f"PyTorch allocator on device {s['device']}: reserved and active", _BYTES_AXIS))
 
 
 _PIECE_COLOR = {"allocated": "#1f77b4", "internal free": "#ff7f0e", "free": "#dddddd"}

@@ -21,7 +21,7 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses.allocator.frames import with_labels
-from gputrace.analyses.allocator.replay import entries, per_device
+from gputrace.analyses.allocator.replay import entries, paired_allocs, per_device
 from gputrace.analyses.helpers.common import NS_PER_S
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.registry import spec, unrecorded
@@ -43,13 +43,8 @@ def replay(inp: Inputs) -> pl.LazyFrame:
 
 def retained_by_stack(inp: Inputs, events: pl.LazyFrame) -> pl.LazyFrame:
     """Per allocating stack: allocs, and how many (bytes) were not freed by the end."""
-    allocs = events.filter(pl.col("action") == "alloc").select(
-        "i", "device", "address", "size", "stack_id")
-    frees = (events.filter(pl.col("action") == "free_completed")
-             .select("device", "address", pl.col("i").alias("free_i")))
-    paired = allocs.sort("i").join_asof(frees.sort("free_i"), left_on="i", right_on="free_i",
-                                        by=["device", "address"], strategy="forward",
-                                        check_sortedness=False)
+    paired = paired_allocs(events.select("i", "action", "device", "address", "size",
+                                         "stack_id"))
     per = paired.group_by("stack_id").agg(
         pl.len().alias("allocs"), pl.col("size").sum().alias("alloc_bytes"),
         pl.col("free_i").is_null().sum().alias("retained_count"),

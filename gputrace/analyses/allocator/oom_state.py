@@ -21,6 +21,7 @@ allocator-pool reports per device and pool, is the allocator at the failure.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Iterator
 from typing import Any
 
 import polars as pl
@@ -32,8 +33,9 @@ from gputrace.analyses.helpers.inputs import Inputs
 _RELEASE = ("segment_free", "segment_unmap")
 
 
-class _Memory:
-    """One device's segments (pieces of mapped address space) and live blocks."""
+class CacheMemory:
+    """One device's segments (pieces of mapped address space) and live blocks (address:
+    bytes), as the replay rolls them back."""
 
     def __init__(self, pieces: list[tuple[int, int, bool]], blocks: dict[int, int]) -> None:
         self.pieces = {s: (e, x) for s, e, x in pieces}
@@ -54,9 +56,10 @@ class _Memory:
             if e > end:
                 self.pieces[end] = (e, x)
 
-    def largest_free(self) -> int:
-        """The largest run of mapped bytes in one segment holding no live block
-        (adjacent pieces of expandable segments join; whole segments never do)."""
+    def runs(self) -> list[tuple[int, int, list[tuple[int, int]]]]:
+        """The mapped ranges as the allocator can use them, in address order (each
+        segment; the adjacent mapped pieces of an expandable segment joined), each with
+        its live blocks (address, bytes) in address order."""
         runs: list[tuple[int, int]] = []
         for s in sorted(self.pieces):
             e, x = self.pieces[s]
@@ -65,15 +68,24 @@ class _Memory:
             else:
                 runs.append((s, e))
         addrs = sorted(self.blocks)
-        best = 0
+        out = []
         for s, e in runs:
-            cur = s
-            k = bisect_left(addrs, s)
+            k, inside = bisect_left(addrs, s), []
             while k < len(addrs) and addrs[k] < e:
-                a = addrs[k]
-                best = max(best, a - cur)
-                cur = max(cur, a + self.blocks[a])
+                inside.append((addrs[k], self.blocks[addrs[k]]))
                 k += 1
+            out.append((s, e, inside))
+        return out
+
+    def largest_free(self) -> int:
+        """The largest run of mapped bytes in one segment holding no live block
+        (adjacent pieces of expandable segments join; whole segments never do)."""
+        best = 0
+        for s, e, inside in self.runs():
+            cur = s
+            for a, size in inside:
+                best = max(best, a - cur)
+                cur = max(cur, a + size)
             best = max(best, e - cur)
         return best
 
@@ -81,7 +93,7 @@ class _Memory:
         return any(e == at and x for e, x in self.pieces.values())
 
 
-def _rollback(mem: _Memory, e: dict[str, Any]) -> None:
+def _rollback(mem: CacheMemory, e: dict[str, Any]) -> None:
     """Undo one entry (walking backwards from the snapshot)."""
     a, addr, size = e["action"], e["address"], int(e["size"] or 0)
     if addr is None:
@@ -98,13 +110,13 @@ def _rollback(mem: _Memory, e: dict[str, Any]) -> None:
         mem.add_piece(addr, size, True)
 
 
-def _end_memory(inp: Inputs, device: int) -> _Memory:
+def _end_memory(inp: Inputs, device: int) -> CacheMemory:
     segs = (inp.scan("allocator_segments").filter(pl.col("device") == device)
             .select("address", "total_size_bytes", "is_expandable").collect())
     blocks = (inp.scan("allocator_blocks")
               .filter((pl.col("device") == device) & (pl.col("state") != "inactive"))
               .select("address", "size_bytes").collect())
-    return _Memory([(int(a), int(a) + int(t), bool(x)) for a, t, x in segs.iter_rows()],
+    return CacheMemory([(int(a), int(a) + int(t), bool(x)) for a, t, x in segs.iter_rows()],
                    {int(a): int(s) for a, s in blocks.iter_rows()})
 
 
@@ -120,16 +132,12 @@ def _released(dev: pl.DataFrame, i: int) -> dict[str, int]:
             "bytes": int(rel["size"].sum())}
 
 
-def oom_states(inp: Inputs) -> list[dict[str, Any]]:
-    """Per `oom` entry (device, then history order): the allocator at the failure."""
-    if not inp.has("allocator"):
-        return []
-    n = (inp.scan("allocator_events").filter(pl.col("action") == "oom").select(pl.len())
-         .collect().item())
-    if not n:  # the replay is not built for nothing
-        return []
-    rep = entries(inp).collect()
-    out: list[dict[str, Any]] = []
+def memory_at_ooms(inp: Inputs, rep: pl.DataFrame
+                   ) -> Iterator[tuple[dict[str, Any], pl.DataFrame, CacheMemory]]:
+    """Per `oom` entry of the replay `rep` (allocator/replay.py `entries`, collected),
+    device by device, latest first: its row, its device's rows, and the memory just
+    before it (the snapshot's, the later entries rolled back). The memory is rolled on
+    for the next entry: read it before asking for the next."""
     for (device,), dev in rep.group_by(["device"], maintain_order=True):
         ooms = dev.filter(pl.col("action") == "oom")
         if not ooms.height:
@@ -143,7 +151,25 @@ def oom_states(inp: Inputs) -> list[dict[str, Any]]:
             while pending is not None and pending["i"] > o["i"]:
                 _rollback(mem, pending)
                 pending = next(rows, None)
-            out.append(_state(o, mem.largest_free(), _released(dev, o["i"])))
+            yield o, dev, mem
+
+
+def has_oom(inp: Inputs) -> bool:
+    """Whether the snapshot's history holds an `oom` entry (the replay is not built
+    for nothing)."""
+    if not inp.has("allocator"):
+        return False
+    n = (inp.scan("allocator_events").filter(pl.col("action") == "oom").select(pl.len())
+         .collect().item())
+    return bool(n)
+
+
+def oom_states(inp: Inputs) -> list[dict[str, Any]]:
+    """Per `oom` entry (device, then history order): the allocator at the failure."""
+    if not has_oom(inp):
+        return []
+    out = [_state(o, mem.largest_free(), _released(dev, o["i"]))
+           for o, dev, mem in memory_at_ooms(inp, entries(inp).collect())]
     return sorted(out, key=lambda r: (r["device"], r["seq"]))
 
 

@@ -136,6 +136,17 @@ def _pools(inp: Inputs, ev: pl.LazyFrame) -> pl.LazyFrame:
     return pl.concat([matched, no_addr], how="vertical_relaxed")
 
 
+def paired_allocs(ev: pl.LazyFrame) -> pl.LazyFrame:
+    """The `alloc` rows of `ev` (trace entries numbered `i` in each device's order, as
+    `entries` numbers them), each with `free_i`: the `i` of the next `free_completed` of
+    its device and address, null when the block is still allocated at the end."""
+    frees = (ev.filter(pl.col("action") == "free_completed")
+             .select("device", "address", pl.col("i").alias("free_i")).sort("free_i"))
+    return (ev.filter(pl.col("action") == "alloc").sort("i")
+            .join_asof(frees, left_on="i", right_on="free_i", by=["device", "address"],
+                       strategy="forward", check_sortedness=False))
+
+
 def entries(inp: Inputs) -> pl.LazyFrame:
     """Every trace entry in each device's order (`i` counts all devices, device by
     device) with the state just after it, on its device: reserved_bytes,
@@ -148,15 +159,9 @@ def entries(inp: Inputs) -> pl.LazyFrame:
           .sort("device", "seq").with_row_index("i"))
     # the real size of a block allocated by its last alloc and alive at the end
     alive = _alive_blocks(inp)
-    frees = (ev.filter(pl.col("action") == "free_completed")
-             .select("device", "address", pl.col("i").alias("_free_i")).sort("_free_i"))
-    allocs = (ev.filter(pl.col("action") == "alloc").select("i", "device", "address")
-              .sort("i")
-              .join_asof(frees, left_on="i", right_on="_free_i", by=["device", "address"],
-                         strategy="forward", check_sortedness=False)
+    allocs = (paired_allocs(ev.select("i", "action", "device", "address"))
               .join(alive, on=["device", "address"], how="left")
-              .select("i", "_free_i",
-                      pl.when(pl.col("_free_i").is_null()).then(pl.col("_real"))
+              .select("i", pl.when(pl.col("free_i").is_null()).then(pl.col("_real"))
                       .otherwise(None).alias("_real")))
     ev = (ev.join(allocs, on="i", how="left")
           .with_columns(block=pl.coalesce(pl.col("_real"), _rounded(pl.col("size"))))
@@ -172,7 +177,9 @@ def entries(inp: Inputs) -> pl.LazyFrame:
     ev = (ev.join(dev_end, on="device", how="left").join(req_end, on="device", how="left")
           .join(end.select(*POOL_KEYS, pl.col("reserved_bytes").alias("_pr"),
                            pl.col("active_bytes").alias("_pa")),
-                on=POOL_KEYS, how="left", nulls_equal=False)
+                # a format without pool ids (null) still has its pools; an entry in no
+                # snapshot segment (pool null) matches none: it ends at zero
+                on=POOL_KEYS, how="left", nulls_equal=True)
           .with_columns(pl.col("_r", "_a", "_q", "_pr", "_pa").fill_null(0))
           .sort("i"))
 

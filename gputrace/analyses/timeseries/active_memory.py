@@ -16,6 +16,7 @@ from typing import Any
 
 import polars as pl
 
+from gputrace.analyses.allocator.replay import paired_allocs
 from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.helpers.lifetimes import lifetimes, memory
 from gputrace.analyses.helpers.sites import NO_STACK, allocator_sites
@@ -29,21 +30,20 @@ OTHER = "other"
 
 def _allocator_deltas(inp: Inputs) -> pl.LazyFrame:
     """(site, ts_ns, delta) of the allocator layer's blocks, site = its stack's frames."""
-    ev = inp.scan("allocator_events").select(
-        "ts_ns", "seq", "device", "action", "address", "stack_id",
-        pl.col("size_bytes").cast(pl.Int64).fill_null(0).alias("size"))
-    allocs = ev.filter(pl.col("action") == "alloc").sort("ts_ns", "seq")
-    frees = (ev.filter(pl.col("action") == "free_completed").sort("ts_ns", "seq")
-             .join_asof(allocs.select("ts_ns", "device", "address",
-                                      pl.col("stack_id").alias("a_stack"),
-                                      pl.col("size").alias("a_size")),
-                        on="ts_ns", by=["device", "address"], strategy="backward",
-                        check_sortedness=False)
-             .filter(pl.col("a_size").is_not_null())
-             .select("ts_ns", "device", pl.col("a_stack").alias("stack_id"),
-                     (-pl.col("a_size")).alias("delta")))
-    deltas = pl.concat([allocs.select("ts_ns", "device", "stack_id",
-                                      pl.col("size").alias("delta")), frees])
+    ev = (inp.scan("allocator_events")
+          .select("ts_ns", "seq", "device", "action", "address", "stack_id",
+                  pl.col("size_bytes").cast(pl.Int64).fill_null(0).alias("size"))
+          .sort("device", "seq").with_row_index("i"))
+    # each alloc with its free, as the replay pairs them (a free whose alloc is before
+    # the kept history pairs with none and is not drawn)
+    paired = paired_allocs(ev).join(
+        ev.select(pl.col("i").alias("free_i"), pl.col("ts_ns").alias("free_ts_ns")),
+        on="free_i", how="left")
+    deltas = pl.concat([
+        paired.select("ts_ns", "device", "stack_id", pl.col("size").alias("delta")),
+        paired.filter(pl.col("free_i").is_not_null()).select(
+            pl.col("free_ts_ns").alias("ts_ns"), "device", "stack_id",
+            (-pl.col("size")).alias("delta"))])
     labels = allocator_sites(inp.scan("allocator_frames"), inp.site_filter)
     return (deltas.join(labels, on="stack_id", how="left")
             .select(pl.col("site").fill_null(NO_STACK), pl.col("frames").fill_null(NO_STACK),

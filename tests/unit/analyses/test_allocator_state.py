@@ -1,13 +1,14 @@
 """The allocator's state over time and its segment maps (timeseries/allocator_state.py),
 on snapshots built beside the test (tests/cpp_snapshot.py): nine tensors of 1..9 MiB,
 each in its own segment, allocated 1 ms apart; then an allocation of 4 GiB fails and
-the 9 MiB tensor is freed. Its truth: reserved and allocated climb by each tensor's
+the 9 MiB tensor is freed. Its truth: reserved and active bytes climb by each tensor's
 size and end at 45 and 36 MiB; at the failure the 9 MiB segment is full, at the end it
 is free."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,10 +33,10 @@ def test_replayed_backwards_from_the_snapshot(trace: Path) -> None:
     a = allocator_state(inputs_from_trace(open_trace(trace)), buckets=1000)
     assert a["devices"] == [0]
     (s,) = a["series"]
-    assert (s["end_reserved_bytes"], s["end_allocated_bytes"]) == (45 * MiB, 36 * MiB)
-    assert s["reserved"][-1] == 45 * MiB and s["allocated"][-1] == 36 * MiB
+    assert (s["end_reserved_bytes"], s["end_active_bytes"]) == (45 * MiB, 36 * MiB)
+    assert s["reserved"][-1] == 45 * MiB and s["active"][-1] == 36 * MiB
     # the history starts from nothing: the first tensor's segment, then the first tensor
-    seen = [v for v in s["allocated"] if v is not None]
+    seen = [v for v in s["active"] if v is not None]
     assert seen[0] in (0, 1 * MiB) and max(seen) == 45 * MiB
     assert len(s["oom_t_s"]) == 1 and 0 < s["oom_t_s"][0] <= s["t_s"][-1]
 
@@ -79,7 +80,56 @@ def test_pools_add_up_to_the_device_on_the_real_snapshot(tmp_path: Path) -> None
     assert set(pools) == {"large", "small"}
     assert (pools["large"]["reserved"][-1], pools["small"]["reserved"][-1]) == (
         281_018_368, 2_097_152)
-    for k in ("reserved", "allocated"):
+    for k in ("reserved", "active"):
         for i, total in enumerate(s[k]):
             parts = [p[k][i] for p in pools.values() if p[k][i] is not None]
             assert total == sum(parts), (k, i)
+
+
+def _state(name: str, tmp_path: Path, buckets: int = 50) -> dict[str, Any]:
+    from tests.conftest import ROOT
+
+    snap = next((ROOT / "fixtures" / name).glob("*.pickle*"))
+    return allocator_state(inputs_from_trace(open_trace(
+        write_alone(read_snapshot(snap), tmp_path / name))), buckets=buckets)
+
+
+def test_expandable_map_at_the_failure(tmp_path: Path) -> None:
+    """fixtures/torch-expandable, device 0 (SYNTHETIC): at the 48 MiB failure its one
+    expandable segment has 32 MiB mapped (the other 32 unmapped just before), a 20 MiB
+    block live at its start and 12 MiB free after it; at the end 64 MiB are mapped.
+    By hand from the fixture's entries (make_torch_snapshots.py `expandable`)."""
+    a = _state("torch-expandable", tmp_path)
+    (oom,) = [m for m in a["maps"] if m.get("oom_t_s") is not None]
+    assert (oom["device"], oom["requested_bytes"]) == (0, 48 * MiB)
+    (seg,) = oom["segments"]
+    assert (seg["total_bytes"], seg["pool"]) == (32 * MiB, "large")
+    assert seg["pieces"] == [{"offset": 0, "bytes": 20 * MiB, "kind": "allocated"},
+                             {"offset": 20 * MiB, "bytes": 12 * MiB, "kind": "free"}]
+    s0 = a["series"][0]
+    assert s0["reserved"][-1] == 64 * MiB and 32 * MiB in s0["reserved"]
+
+
+@pytest.mark.parametrize("name", ["torch-current", "torch-expandable"])
+def test_pools_add_up_and_end_at_the_pool_report(name: str, tmp_path: Path) -> None:
+    """Every device: its pools (private ones and entries of freed segments apart) add up
+    to its reserved and active lines at every bucket, null where it is null; each ends
+    at the snapshot's own figures, summed here from the raw segments' blocks."""
+    from tests.unit.importers.test_torch_formats import FILES, raw
+
+    a = _state(name, tmp_path)
+    want: dict[int, list[int]] = {}
+    for seg in raw(FILES[name])["segments"]:
+        w = want.setdefault(seg["device"], [0, 0])
+        w[0] += seg["total_size"]
+        w[1] += sum(b["size"] for b in seg["blocks"] if b["state"] != "inactive")
+    for s in a["series"]:
+        assert [s["end_reserved_bytes"], s["end_active_bytes"]] == want[s["device"]]
+        assert [s["reserved"][-1], s["active"][-1]] == want[s["device"]]
+        for k in ("reserved", "active"):
+            for i, total in enumerate(s[k]):
+                parts = [p[k][i] for p in s.get("pools") or []]
+                if total is None:
+                    assert set(parts) <= {None}, (s["device"], k, i)
+                elif parts:
+                    assert total == sum(parts), (s["device"], k, i)
