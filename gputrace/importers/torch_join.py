@@ -117,8 +117,6 @@ def _read_part(part: Path) -> Any:
     """A part of the recording, opened without following a link: run as root on
     another user's trace, a part that is a symbolic link to a root-only file would
     otherwise copy that file's rows into the joined trace."""
-    import pyarrow.parquet as pq
-
     try:
         fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
