@@ -5,6 +5,15 @@
 #ifndef GPUTRACE_TORCH_EVENTS_H
 #define GPUTRACE_TORCH_EVENTS_H
 
+#ifdef GT_USERSPACE /* host compilers (the struct test); bcc has the kernel types */
+#include <stdint.h>
+typedef uint8_t u8;
+typedef int16_t s16;
+typedef int32_t s32;
+typedef uint32_t u32;
+typedef uint64_t u64;
+#endif
+
 /* torch_event.kind */
 #define GT_TORCH_ALLOC 0     /* malloc returned: ptr, requested size, device, stream */
 #define GT_TORCH_FREE 1      /* free(ptr) entered */

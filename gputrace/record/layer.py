@@ -66,6 +66,8 @@ class Layer:
     """One layer of the recording. Subclasses override the steps they take part in."""
 
     name: ClassVar[str] = ""
+    trace_layer: ClassVar[str | None] = None
+    """The trace layer (`schema.LAYERS`) its buffers write, when not its `name`."""
     BUFFERS: ClassVar[dict[str, Buffer]] = {}
 
     @classmethod

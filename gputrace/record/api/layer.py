@@ -8,8 +8,8 @@ import sys
 from typing import Any, ClassVar
 
 from gputrace.record.api import decode as decode_cuda
+from gputrace.record.api import discovery, watchdog
 from gputrace.record.api import libcuda as cuda
-from gputrace.record.api import watchdog
 from gputrace.record.layer import Batch, Buffer, Decoded, Due, Layer
 from gputrace.record.oom_watch import OomWatch
 from gputrace.record.session import Session
@@ -51,7 +51,7 @@ class ApiLayer(Layer):
     @classmethod
     def validate(cls, opts: Any, prefix: str) -> Any:
         if opts.libcuda is not None:
-            opts.libcuda = cuda.check_libcuda(opts.libcuda)
+            opts.libcuda = discovery.check_libcuda(opts.libcuda)
         return None
 
     @classmethod

@@ -25,13 +25,14 @@ import pyarrow as pa
 
 from gputrace import schema
 from gputrace.record import decode
+from gputrace.record.structs import mirror
 
-TORCH_DTYPE = np.dtype([
+TORCH_DTYPE = mirror("torch_events.h", "torch_event", np.dtype([
     ("ts_ns", "<u8"), ("latency_ns", "<u8"), ("ptr", "<u8"), ("size_bytes", "<u8"),
     ("stream", "<u8"), ("request_bytes", "<u8"), ("pid", "<u4"), ("tid", "<u4"),
     ("stack_id", "<i4"), ("py_stack_id", "<i4"), ("result", "<i4"), ("device", "<i2"),
     ("kind", "u1"), ("_pad", "u1"),
-])  # fmt: skip
+]))  # fmt: skip
 """Mirror of struct torch_event (tests/unit/record/test_event_structs.py compiles both)."""
 
 KINDS = {0: "alloc", 1: "free", 2: "seg_alloc", 3: "seg_free", 4: "oom", 5: "seg_fail"}

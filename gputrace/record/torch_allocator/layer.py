@@ -54,6 +54,7 @@ def _events(layer: TorchAllocatorLayer, _s: Session, _kind: str, data: Any) -> D
 
 class TorchAllocatorLayer(Layer):
     name = "torch_allocator"
+    trace_layer = "allocator"
     BUFFERS: ClassVar[dict[str, Buffer]] = {
         "torch:events": Buffer("allocator_events", BUFFER, decode.TORCH_DTYPE, _events),
     }

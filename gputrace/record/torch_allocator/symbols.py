@@ -67,7 +67,7 @@ LIBRARY = "libc10_cuda.so"
 
 
 @dataclass(frozen=True)
-class Entry:
+class ProbePoints:
     """The probe points found in one file: link-time addresses."""
 
     release: str
@@ -88,7 +88,7 @@ def _func(e: elf.Elf, name: str) -> tuple[int, int] | None:
     return e.starts[i], e.ends[i]
 
 
-def find(path: str) -> Entry:
+def find(path: str) -> ProbePoints:
     """The entry points of the libc10_cuda.so at `path`, or SymbolsMissing."""
     try:
         e = elf.read(path)
@@ -102,7 +102,7 @@ def find(path: str) -> Entry:
         if m[1] <= m[0]:
             raise SymbolsMissing(f"{path}: malloc's symbol has no size")
         rets = ret_sites(path, e, m[0], m[1])
-        return Entry(rel.name, m[0], rets, tuple((f[0], arg) for f, arg in frees if f))
+        return ProbePoints(rel.name, m[0], rets, tuple((f[0], arg) for f, arg in frees if f))
     where = ".symtab" if e.has_symtab else ".dynsym only (stripped)"
     raise SymbolsMissing(f"{path}: no NativeCachingAllocator::malloc/free in {where} "
                          "(a PyTorch release this gputrace has no table for)")

@@ -22,16 +22,17 @@ def layer_problems(layers: tuple[type[Layer], ...]) -> list[str]:
     """What is wrong with these layers' declarations against the schema."""
     out = []
     for cls in layers:
-        if cls.name not in schema.LAYERS:
-            out.append(f"{cls.__name__}: trace layer {cls.name!r} is not in schema.LAYERS")
+        writes = cls.trace_layer or cls.name
+        if writes not in schema.LAYERS:
+            out.append(f"{cls.__name__}: trace layer {writes!r} is not in schema.LAYERS")
         for kind, buf in cls.BUFFERS.items():
             t = schema.TABLES.get(buf.table)
             if t is None:
                 out.append(f"{cls.__name__}: buffer {kind} names table {buf.table!r}, "
                            "which the schema does not define")
-            elif cls.name not in t.layers:
+            elif writes not in t.layers:
                 out.append(f"{cls.__name__}: buffer {kind} writes {buf.table}, a table of "
-                           f"layers {', '.join(t.layers)}, not {cls.name}")
+                           f"layers {', '.join(t.layers)}, not {writes}")
     return out
 
 
