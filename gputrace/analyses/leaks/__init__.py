@@ -24,7 +24,7 @@ from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS, recorded_layers
 from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.rm_objects import VIRTUAL_LAYER
 from gputrace.analyses.helpers.stacks import stack_frames
-from gputrace.analyses.leaks.allocation_rows import leak_kind, with_exits
+from gputrace.analyses.allocations.rows import leak_kind, with_exits
 from gputrace.analyses.leaks.allocator_growth import allocator_growth
 from gputrace.analyses.leaks.growth import growth
 from gputrace.analyses.leaks.leaks_joined import joined_part, joined_report

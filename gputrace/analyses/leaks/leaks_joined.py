@@ -20,8 +20,8 @@ from gputrace.analyses.helpers.common import records
 from gputrace.analyses.helpers.partition import Slice
 from gputrace.analyses.helpers.stacks import stack_frames
 from gputrace.analyses.helpers.uvm_ranges import UVM_VIRTUAL_LAYER
-from gputrace.analyses.leaks.allocation_rows import leak_kind, with_exits
-from gputrace.analyses.leaks.allocations import COUNTED
+from gputrace.analyses.allocations.rows import leak_kind, with_exits
+from gputrace.analyses.allocations.pieces import COUNTED
 
 JOINED = ["pid", "comm", "kind", "class", "what", "api_count", "bytes", "rm_what",
           "rm_handle", "rm_bytes", "uvm_base", "uvm_bytes", "gpu_index", "alloc_ts_ns",

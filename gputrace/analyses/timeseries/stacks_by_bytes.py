@@ -14,7 +14,7 @@ from gputrace.analyses.helpers.allocators import CACHED, PROGRAM, stack_allocato
 from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.stacks import stack_frames
-from gputrace.analyses.leaks.allocations import COUNTED
+from gputrace.analyses.allocations.pieces import COUNTED
 
 
 def _slice_stacks(sl: Slice, allocated: bool) -> pl.DataFrame:

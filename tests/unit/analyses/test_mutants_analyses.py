@@ -22,7 +22,7 @@ from gputrace.analyses.helpers.lifetimes import lifetimes, memory
 from gputrace.analyses.helpers.rm_objects import rm_lifetimes
 from gputrace.analyses.helpers.stacks import stack_frames
 from gputrace.analyses.leaks import leaks
-from gputrace.analyses.leaks.allocation_rows import rows
+from gputrace.analyses.allocations.rows import rows
 from gputrace.analyses.run import run_reports, unmeasured
 from gputrace.analyses.summary import summary
 from gputrace.analyses.timeseries import plot_series
