@@ -104,6 +104,32 @@ def joined_part(sl: Slice, older_ns: int, min_size: int) -> dict[str, pl.DataFra
             "kept": kept}
 
 
+FOLD_KEY = ["pid", "comm", "kind", "class", "what", "api_count", "bytes", "rm_what",
+            "rm_bytes", "uvm_bytes", "gpu_index", "stack_id", "frames", "site", "freed_by"]
+"""Leaked pieces that agree on all of these are one row of the joined view, with a
+count (`pieces`): a person reads "12 x 2.0 MiB", not 12 identical rows."""
+
+
+def fold(joined: pl.DataFrame) -> pl.DataFrame:
+    """Identical leaked pieces (same `FOLD_KEY`) folded into one row: `pieces` counts
+    them, `size_bytes` is the bytes of one, `api_count`, `bytes`, `rm_bytes` and
+    `uvm_bytes` are their sums, `alloc_ts_ns` the first, `age_s` the oldest,
+    `api_ids` all of them, `rm_handle` and `uvm_base` the one value, else null."""
+    sums = ["api_count", "bytes", "rm_bytes", "uvm_bytes"]
+    keys = [pl.col(c).alias(f"_k_{c}") for c in sums]
+    out = (joined.with_columns(keys)
+           .group_by([c if c not in sums else f"_k_{c}" for c in FOLD_KEY],
+                     maintain_order=True)
+           .agg(pl.len().cast(pl.Int64).alias("pieces"),
+                *(pl.col(c).sum() for c in sums),
+                pl.col("alloc_ts_ns").min(), pl.col("age_s").max(),
+                pl.col("api_ids").list.explode(keep_nulls=False, empty_as_null=False).alias("api_ids"),
+                _uniform("rm_handle").alias("rm_handle"), _uniform("uvm_base").alias("uvm_base"))
+           .with_columns(size_bytes=pl.col("_k_bytes"))
+           .drop([f"_k_{c}" for c in sums]))
+    return out.select(*JOINED, "pieces", "size_bytes")
+
+
 def _add(parts: list[dict[str, pl.DataFrame]], name: str, key: str) -> dict[str, Any]:
     df = pl.concat([p[name] for p in parts], how="diagonal_relaxed")
     if df.is_empty():
@@ -132,6 +158,7 @@ def joined_report(parts: list[dict[str, pl.DataFrame]], top: int | None,
     total = int(joined["bytes"].sum() or 0)
     count = int(sites["count"].sum() or 0)
     held = _add(parts, "held", "kind")
+    joined = fold(joined).sort("bytes", "alloc_ts_ns", "pid", descending=[True, False, False])
     if top is not None:
         joined, sites = joined.head(top), sites.head(top)
     return {
