@@ -70,8 +70,8 @@ def render(snap: Snapshot, sort: str = "b", started_ns: int | None = None) -> Gr
                      "-" if frag is None else f"{frag:.3f}")  # fmt: skip
     procs = Table(title="Processes", title_justify="left", expand=False)
     # held: the one figure (largest layer); the api/rm layer columns are its breakdown
-    for c in ("PID", "COMM", "held", "api layer", "rm layer", "allocs", "frees", "allocs/s", "frees/s",
-              "GPU faults/s", "migr/s", "growth/min"):
+    for c in ("PID", "COMM", "held", "api layer", "rm layer", "allocs", "frees", "allocs/s",
+              "frees/s", "GPU faults/s", "migr/s", "growth/min"):
         # numbers are never cut: narrow terminals lose the name's tail first
         procs.add_column(c, justify="left" if c == "COMM" else "right", no_wrap=True,
                          min_width=None if c == "COMM" else max(len(c), 7))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from gputrace.analyses.allocations.rows import leak_kind, with_exits
 from gputrace.analyses.helpers.common import records, size_class
 from gputrace.analyses.helpers.identity import by_identity
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
@@ -24,7 +25,6 @@ from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS, recorded_layers
 from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.rm_objects import VIRTUAL_LAYER
 from gputrace.analyses.helpers.stacks import stack_frames
-from gputrace.analyses.allocations.rows import leak_kind, with_exits
 from gputrace.analyses.leaks.allocator_growth import allocator_growth
 from gputrace.analyses.leaks.growth import growth
 from gputrace.analyses.leaks.leaks_joined import joined_part, joined_report

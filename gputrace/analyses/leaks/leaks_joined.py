@@ -15,13 +15,13 @@ from typing import Any
 
 import polars as pl
 
+from gputrace.analyses.allocations.pieces import COUNTED
+from gputrace.analyses.allocations.rows import leak_kind, with_exits
 from gputrace.analyses.helpers.allocators import ALLOCATORS, CACHED, PROGRAM, stack_allocators
 from gputrace.analyses.helpers.common import records
 from gputrace.analyses.helpers.partition import Slice
 from gputrace.analyses.helpers.stacks import stack_frames
 from gputrace.analyses.helpers.uvm_ranges import UVM_VIRTUAL_LAYER
-from gputrace.analyses.allocations.rows import leak_kind, with_exits
-from gputrace.analyses.allocations.pieces import COUNTED
 
 JOINED = ["pid", "comm", "kind", "class", "what", "api_count", "bytes", "rm_what",
           "rm_handle", "rm_bytes", "uvm_base", "uvm_bytes", "gpu_index", "alloc_ts_ns",
@@ -123,7 +123,8 @@ def fold(joined: pl.DataFrame) -> pl.DataFrame:
            .agg(pl.len().cast(pl.Int64).alias("pieces"),
                 *(pl.col(c).sum() for c in sums),
                 pl.col("alloc_ts_ns").min(), pl.col("age_s").max(),
-                pl.col("api_ids").list.explode(keep_nulls=False, empty_as_null=False).alias("api_ids"),
+                pl.col("api_ids").list.explode(keep_nulls=False, empty_as_null=False)
+                .alias("api_ids"),
                 _uniform("rm_handle").alias("rm_handle"), _uniform("uvm_base").alias("uvm_base"))
            .with_columns(size_bytes=pl.col("_k_bytes"))
            .drop([f"_k_{c}" for c in sums]))
