@@ -208,7 +208,6 @@ REPORTS: list[ReportSpec] = [
         ("syscall", "rm_query"), _holders,
         unrecorded_data={"instants": [], "orphaned_bytes": None},
         terminal="gputrace.render.holder_sections:holders_section",
-        diff=(),  # pids and instants of one trace name nothing in another
         fleet=FleetUse(sums=("orphaned_bytes", "cases"))),
     ReportSpec(
         "summary", "summary", "Summary",
