@@ -152,6 +152,11 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
         "filters": {"older_s": o.older_ns / 1e9, "min_size_bytes": o.min_size_bytes,
                     "top": o.top},
     }
+    if inp.has("syscall") or inp.has("rm_query"):
+        from gputrace.analyses.holders import Facts, instants_report
+
+        # who still holds the device files at the end, and memory no live process owns
+        data["no_live_owner"] = instants_report(Facts(inp), [("end", inp.end_ns, None)])[0]
     if groups is not None:  # leaked bytes per layer and pod (or container)
         data[f"by_{o.by}"] = records(groups if o.top is None else groups.head(o.top))
     for k, v in layers.items():

@@ -92,6 +92,14 @@ def oom(inp: Inputs, window_s: float = 30.0, top: int | None = None,
         window_ns = round(window_s * NS_PER_S)
         incidents = [_incident(inp, rec, samples, f, window_ns, top) for f in found]
         identity.name_them(inp, incidents)
+        if inp.has("syscall") or inp.has("rm_query"):
+            from gputrace.analyses.holders import Facts, instants_report
+
+            # who held the device files then, and memory no live process owned
+            owners = instants_report(Facts(inp), [("incident", int(f["end_ns"]), f["gpu_index"])
+                                                  for f in found])
+            for inc, own in zip(incidents, owners, strict=True):
+                inc["no_live_owner"] = own
     per_verdict = Counter(i["verdict"] for i in incidents)
     data: dict[str, Any] = {
         "window_s": window_s,
