@@ -31,6 +31,11 @@ def holders_section(con: Console, d: dict[str, Any], limit: int) -> None:
         for c in inst["cases"][:limit]:
             con.print(Text(f"  {c['verdict']}",
                            style="red" if c["orphaned"] else ""))
+        more = inst["left_out"]
+        if more["cases"]:
+            con.print(Text(f"  ... {cells.num(more['cases'])} more cases "
+                           f"({hb(more['cases_bytes'])}; --format json lists the first ones)",
+                           style="dim"))
         if not inst["cases"]:
             said = ("every process the driver charges is alive and traced"
                     if inst["driver_accounting"] else "the driver's accounting not recorded")

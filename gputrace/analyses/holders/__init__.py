@@ -41,6 +41,11 @@ SPEC = spec("holders")
 QUESTION = SPEC.question
 MAX_PIDS_LISTED = 20
 """Pids a verdict line names (the rest counted)."""
+MAX_LISTED = 1000
+"""Cases and device-file holders listed per instant, largest first; the rest are
+counted and added up (`left_out`). The driver may list 10^5 pids another namespace
+runs: every figure still counts them, the report stays readable and bounded
+(docs/security.md)."""
 
 
 def _names(pids: list[int], comm: dict[int, str]) -> str:
@@ -158,13 +163,20 @@ def instants_report(f: Facts, asked: list[tuple[str, int, int | None]]) -> list[
         cases = _inherited(f, at, holders, driver, recorded)
         cases += _listed(f, at, driver, {c["pid"] for c in cases}
                          | {h.pid for h in holders}, seen)
+        cases.sort(key=lambda c: (-c["bytes"], c["pid"]))
+        listed = sorted(holders, key=lambda h: (-(driver.get(h.pid) or 0), h.pid))
+        left_out = {"cases": max(0, len(cases) - MAX_LISTED),
+                    "cases_bytes": sum(c["bytes"] for c in cases[MAX_LISTED:]),
+                    "holders": max(0, len(listed) - MAX_LISTED)}
         out.append({
             "at": what, "ts_ns": at, "t_s": (at - f.inp.start_ns) / NS_PER_S, "gpu_index": gpu,
             "holders": [{"pid": h.pid, "comm": f.comm.get(h.pid), "fds": h.fds,
                          "opened_by": sorted(h.origins), "inherited": set(h.origins) != {h.pid},
-                         "driver_bytes": driver.get(h.pid)} for h in holders],
-            "cases": cases,
+                         "driver_bytes": driver.get(h.pid)} for h in listed[:MAX_LISTED]],
+            "cases": cases[:MAX_LISTED],
             "orphaned_bytes": sum(c["bytes"] for c in cases if c["orphaned"]),
+            "orphaned_pids": sum(1 for c in cases if c["orphaned"]),
+            "left_out": left_out,
             "driver_accounting": bool(f.gpus),
         })
     _identity(f.inp, out)
@@ -208,5 +220,5 @@ def holders(inp: Inputs) -> Report:
                         "is unknown")
     end = instants[0]
     data = {"instants": instants, "orphaned_bytes": end["orphaned_bytes"],
-            "cases": len(end["cases"])}
+            "cases": len(end["cases"]) + end["left_out"]["cases"]}
     return Report("holders", QUESTION, True, data, [], warnings)

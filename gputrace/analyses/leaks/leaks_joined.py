@@ -150,7 +150,7 @@ def _basis(joined: pl.DataFrame, api: bool) -> str:
 
 
 def joined_report(parts: list[dict[str, pl.DataFrame]], top: int | None,
-                  api: bool) -> dict[str, Any]:
+                  api: bool, max_rows: int) -> dict[str, Any]:
     """The joined leak view's JSON keys, from each slice's `joined_part`."""
     joined = pl.concat([p["joined"] for p in parts], how="diagonal_relaxed").sort(
         "bytes", "alloc_ts_ns", "pid", descending=[True, False, False])
@@ -160,8 +160,10 @@ def joined_report(parts: list[dict[str, pl.DataFrame]], top: int | None,
     count = int(sites["count"].sum() or 0)
     held = _add(parts, "held", "kind")
     joined = fold(joined).sort("bytes", "alloc_ts_ns", "pid", descending=[True, False, False])
-    if top is not None:
-        joined, sites = joined.head(top), sites.head(top)
+    rows = top if top is not None else max_rows
+    cut = {k: v.height - rows for k, v in (("leaked", joined), ("leak_sites", sites))
+           if v.height > rows}
+    joined, sites = joined.head(rows), sites.head(rows)
     return {
         "total_bytes": total,
         "total_count": count,
@@ -175,6 +177,7 @@ def joined_report(parts: list[dict[str, pl.DataFrame]], top: int | None,
         } if api else None,
         "reservations": _add(parts, "reserved", "layer"),
         "held_by_allocator": _kept(parts),
+        "joined_left_out": cut,
     }
 
 

@@ -56,6 +56,8 @@ def _incident(inp: Inputs, rec: Recorded, samples: Any, f: dict[str, Any], windo
                         (state or {}).get("largest_free_bytes"), pool, missing)
     driver_at, driver = (gpu_state.driver_round(inp, gpu, at) if gpu is not None
                          else (None, {}))
+    listed, left_out = (holders(rec, gpu, at, window_ns, driver, alloc, top)
+                        if gpu is not None else ([], None))
     entry = f["allocator_entry"]
     return {
         "ts_ns": f["ts_ns"], "t_s": (f["ts_ns"] - inp.start_ns) / NS_PER_S,
@@ -72,8 +74,7 @@ def _incident(inp: Inputs, rec: Recorded, samples: Any, f: dict[str, Any], windo
         "gpu": state, "allocator_pool_bytes": pool,
         "verdict": v.name, "evidence": v.evidence,
         "driver_accounting": driver_at,
-        "holders": (holders(rec, gpu, at, window_ns, driver, alloc, top)
-                    if gpu is not None else []),
+        "holders": listed, "holders_left_out": left_out,
     }
 
 

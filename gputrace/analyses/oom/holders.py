@@ -37,6 +37,10 @@ from gputrace.analyses.helpers.stacks import stack_frames
 LAYERS = ("api", "rm", "uvm")
 SITES = 3
 """Top live sites listed per holder (unless --top says fewer)."""
+MAX_HOLDERS = 1000
+"""Holders listed per incident, largest first; the rest are counted and added up in
+`holders_left_out` (docs/security.md: the driver may list 10^5 pids, and a report
+of every one is megabytes nobody reads)."""
 
 
 class Recorded:
@@ -103,9 +107,10 @@ def _site_rows(rec: Recorded, pid: int, df: pl.DataFrame, weight: pl.Expr,
 
 def holders(rec: Recorded, gpu: int, at_ns: int, window_ns: int,
             driver: dict[int, int | None], allocator: dict[int, tuple[int, int]] | None,
-            top: int | None) -> list[dict[str, Any]]:
+            top: int | None) -> tuple[list[dict[str, Any]], dict[str, int] | None]:
     """Every process holding memory on `gpu` at `at_ns`, by the driver or by the trace,
-    largest first (driver bytes, then recorded bytes)."""
+    largest first (driver bytes, then recorded bytes), the first `MAX_HOLDERS`; and
+    the count and bytes of the rest (None when none was left out)."""
     n_sites = min(SITES, top) if top is not None else SITES
     start = at_ns - window_ns
     here = pl.col("gpu_index").is_null() | (pl.col("gpu_index") == gpu)
@@ -118,8 +123,15 @@ def holders(rec: Recorded, gpu: int, at_ns: int, window_ns: int,
     figures = {int(r["pid"]): r for r in by_holder(mine, at_ns, start).iter_rows(named=True)}
     per_pid = mine.partition_by("pid", as_dict=True)
     pids = set(driver) | {p for p, _ in per_layer} | set(figures) | set(allocator or {})
+    # largest first; only the listed ones get their rows and sites
+    order = sorted(pids, key=lambda p: (-(driver.get(p) or 0), -(int(figures[p]["held_bytes"])
+                                        if p in figures else 0), p))
+    listed, rest = order[:MAX_HOLDERS], order[MAX_HOLDERS:]
+    left_out = None if not rest else {
+        "count": len(rest), "driver_bytes": sum(driver.get(p) or 0 for p in rest),
+        "held_bytes": sum(int(figures[p]["held_bytes"]) for p in rest if p in figures)}
     out = []
-    for pid in pids:
+    for pid in listed:
         f, traced = figures.get(pid), pid in rec.traced
         df = per_pid.get((pid,))
         row: dict[str, Any] = {
@@ -140,6 +152,4 @@ def holders(rec: Recorded, gpu: int, at_ns: int, window_ns: int,
         if allocator is not None and pid in allocator:
             row["allocator_reserved_bytes"], row["allocator_allocated_bytes"] = allocator[pid]
         out.append(row)
-    order = sorted(range(len(out)), key=lambda i: (-(out[i]["driver_bytes"] or 0),
-                                                   -(out[i]["held_bytes"] or 0), out[i]["pid"]))
-    return [out[i] for i in order]
+    return out, left_out
