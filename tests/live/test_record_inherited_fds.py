@@ -91,3 +91,36 @@ def test_the_report_names_the_child_keeping_them(tmp_path: Path) -> None:
     assert (case["case"], case["pid"], case["holders"], case["orphaned"]) == (
         "inherited", parent, [child], True)
     assert case["verdict"].startswith(f"1 python3 process (pid {child}) forked from ")
+
+
+def _free_pid() -> int:
+    """A pid no process of this host has (the driver names it; the trace never sees it)."""
+    pid = 4_000_000
+    while os.path.exists(f"/proc/{pid}"):
+        pid += 1
+    return pid
+
+
+def test_a_pid_of_another_namespace_the_driver_lists(tmp_path: Path) -> None:
+    """The stand-in driver's GET_PIDS lists a pid no traced process has, charged 64 MiB
+    (its own accounting is the truth): the holders report calls it unseen, orphaned."""
+    from tests.standin.standin import mounted_driver
+
+    pid, vid = _free_pid(), 64 << 20
+    out = tmp_path / "trace"
+    with mounted_driver(tmp_path, budget=1 << 30, foreign=(pid, vid)) as dev:
+        r = subprocess.run(
+            record_cmd(out, "--device-dir", str(dev), *standin_driver_args(), "-d", "2"),
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    t = open_trace(out)
+    pm = t.scan("gpu_process_memory").collect()
+    assert pm.height > 0 and set(pm["pid"]) == {pid} and set(pm["vidmem_bytes"]) == {vid}
+    rep = analyze(out, ["holders"])["holders"]
+    (end,) = rep["instants"]
+    (case,) = end["cases"]
+    assert (case["case"], case["pid"], case["bytes"], case["orphaned"]) == (
+        "unseen", pid, vid, True)
+    assert rep["orphaned_bytes"] == vid
+    assert case["verdict"].startswith(f"pid {pid}: the driver charges it 64.0 MiB")

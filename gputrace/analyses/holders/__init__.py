@@ -75,6 +75,15 @@ class Facts:
         self.gpus = sorted(int(g) for g in inp.scan("gpu_process_memory").select(
             "gpu_index").unique().collect()["gpu_index"]) if inp.has("rm_query") else []
         self._held: pl.DataFrame | None = None
+        # seen: a pid of which the trace holds an event, or whose process facts the
+        # recorder read; a row the recorder wrote only because the driver named the
+        # pid (nothing readable in /proc) is not
+        known = procs.filter(pl.col("comm").is_not_null() | pl.col("start_ts_ns").is_not_null())
+        seen = [inp.scan(n).select("pid").unique() for n, layer in (
+            ("cuda_calls", "api"), ("ioctls", "syscall"), ("files", "syscall"))
+            if inp.has(layer)]
+        self.seen = {int(p) for p in known["pid"]} | {
+            int(p) for f in pl.collect_all(seen) for p in f["pid"] if p is not None}
 
     def held_at(self, at_ns: int) -> dict[int, int]:
         """Recorded bytes each pid holds at `at_ns` (the joined model, one figure)."""
@@ -154,7 +163,7 @@ def instants_report(f: Facts, asked: list[tuple[str, int, int | None]]) -> list[
     at_list = [t for _w, t, _g in asked]
     replayed = (replay(f.files, f.procs, at_list) if f.files is not None
                 else [[] for _ in asked])
-    seen = set(f.comm) | {int(p) for p in f.procs["pid"]}
+    seen = f.seen
     out = []
     for (what, at, gpu), holders in zip(asked, replayed, strict=True):
         driver = f.driver_at(at, gpu)
