@@ -37,6 +37,25 @@ def device_holders(pids: list[int], prefix: str) -> list[int]:
     return out
 
 
+def descendants(s: Any) -> set[int]:
+    """CMD's descendants the trace saw (not CMD): each pid's parent as its fork said
+    (the process facts, the fork events, the facts the poll thread read of forks the
+    writer has not taken). Only these keep the recording going: a process that held
+    the device files before the recording (`-- CMD` records the host's GPU users
+    too) is none of CMD's."""
+    with s._lock:
+        early = {pid: info.ppid for (pid, _ts), info in s.early.items()}
+    parent = {**early, **{pid: ts_ppid[1] for pid, ts_ppid in list(s.forks.items())},
+              **{pid: info.ppid for pid, info in list(s.procs.items())}}
+    tree = {s.child.pid}
+    grew = True
+    while grew:  # at most one pass per generation
+        new = {pid for pid, pp in parent.items() if pp in tree and pid not in tree}
+        tree |= new
+        grew = bool(new)
+    return tree - {s.child.pid}
+
+
 class HeldOpen:
     """Whether processes of a recorded command still hold its device files; says so
     on stderr once, when the command itself has exited and they go on."""
@@ -54,10 +73,7 @@ class HeldOpen:
         self.polls += 1
         if self.polls <= self.GRACE_POLLS:
             return True
-        with s._lock:  # facts the poll thread read of forks the writer has not taken
-            early = {pid for pid, _ts in s.early}
-        seen = sorted((set(s.procs) | set(s.forks) | set(s.names) | early) - {s.child.pid})
-        left = device_holders(seen, s.prefix + "nvidia")
+        left = device_holders(sorted(descendants(s)), s.prefix + "nvidia")
         if left and not self.told:
             self.told = True
             shown = ", ".join(str(p) for p in left[:10]) + (" ..." if len(left) > 10 else "")
