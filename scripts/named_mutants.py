@@ -67,7 +67,7 @@ MUTANTS = [
            "gputrace/analyses/helpers/inputs.py", "lost = sum(inp.drops.values())",
            'lost = inp.drops.get("ioctl_events", 0)',
            "tests/scenarios/test_mutants_named.py::test_reports_sum_lost_events_over_every_buffer"),
-    Mutant("exit-time free boundary moved by one", "gputrace/analyses/leaks/allocation_rows.py",
+    Mutant("exit-time free boundary moved by one", "gputrace/analyses/allocations/rows.py",
            "(free >= exit_)", "(free >= exit_ + 1)",
            "tests/scenarios/test_truth_planted.py::test_free_at_the_exit_nanosecond_is_teardown"),
 ]

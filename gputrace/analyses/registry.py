@@ -144,6 +144,12 @@ def _oom(ctx: Context) -> Report:
     return oom(ctx.inp, ctx.opts.oom_window_s, ctx.opts.top, ctx.opts.by)
 
 
+def _holders(ctx: Context) -> Report:
+    from gputrace.analyses.holders import holders
+
+    return holders(ctx.inp)
+
+
 _ONE_PROCESS = FleetUse(why_not="a PyTorch snapshot describes one process's allocator: "
                                 "its blocks and lines do not add up across hosts")
 
@@ -194,6 +200,15 @@ REPORTS: list[ReportSpec] = [
                         ("verdict",), ("incidents", "failures", "requested_bytes"),
                         shown=("incidents", "failures")),),
         fleet=FleetUse(sums=("count", "failures"))),
+    ReportSpec(
+        "holders", "holders", "Device-file holders",
+        "Who holds the NVIDIA device files, and what GPU memory does no live process own "
+        "(children that inherited them, exited or zombie processes, pids of another PID "
+        "namespace)?",
+        ("syscall", "rm_query"), _holders,
+        unrecorded_data={"instants": [], "orphaned_bytes": None},
+        terminal="gputrace.render.holder_sections:holders_section",
+        fleet=FleetUse(sums=("orphaned_bytes", "cases"))),
     ReportSpec(
         "summary", "summary", "Summary",
         "Which driver calls cost what, and who holds how much GPU memory, on which GPU?",

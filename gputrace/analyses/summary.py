@@ -15,6 +15,7 @@ import functools
 
 import polars as pl
 
+from gputrace.analyses.allocations.rows import with_exits
 from gputrace.analyses.helpers.common import records
 from gputrace.analyses.helpers.gpus import gpu_table, pmm_gpus, replay_steps
 from gputrace.analyses.helpers.identity import by_identity
@@ -23,7 +24,6 @@ from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS
 from gputrace.analyses.helpers.packed_keys import Field, Packing
 from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.scans import few_row_groups_ahead
-from gputrace.analyses.leaks.allocation_rows import with_exits
 from gputrace.analyses.leaks.growth import live_series
 from gputrace.analyses.registry import spec, unrecorded
 from gputrace.analyses.report import Report

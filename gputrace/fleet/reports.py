@@ -59,7 +59,7 @@ def trace_partial(entry: dict[str, Any], doc: dict[str, Any], procs: pl.DataFram
                                             "cmdline": cmd.get(int(a["pid"])), "bytes": 0,
                                             "count": 0})
         j["bytes"] += int(a.get("bytes") or 0)
-        j["count"] += 1
+        j["count"] += int(a.get("pieces") or 1)  # a row folds identical pieces
     sites = {}
     for s in leaks.get("leak_sites") or []:
         key = f"{s.get('what')}\x00{s.get('frames')}"

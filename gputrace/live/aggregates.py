@@ -46,6 +46,12 @@ SAMPLE_NS = NS // 4
 LATENCY_BUCKETS_S: tuple[float, ...] = (1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3, 4e-3,
                                         16e-3, 64e-3, 0.256, 1.0)
 """Upper bounds of the ioctl latency histogram (seconds); +Inf is implied."""
+ROUND_NS = 50_000_000
+"""Rows of one round of the driver's per-process accounting are this close in time
+(as analyses/oom/gpu_state.ROUND_NS)."""
+MAX_DRIVER_PIDS = 100_000
+"""Pids kept per round of the driver's accounting (docs/security.md): a driver that
+lists more (a hostile or broken stand-in) cannot grow the recorder's memory."""
 _BOUNDS_NS = np.array([round(b * NS) for b in LATENCY_BUCKETS_S], dtype=np.int64)
 
 
@@ -94,6 +100,8 @@ class Aggregates:
         self.rows: Counter[str] = Counter()
         self.alerts: Counter[str] = Counter()
         self.ooms: Counter[tuple[int | None, str]] = Counter()  # (gpu, verdict)
+        # the driver's latest per-process accounting: gpu -> (round ts, {pid: bytes})
+        self.driver: dict[int, tuple[int, dict[int, int]]] = {}
 
     # ------------------------------------------------------------ feeding
     def observe(self, name: str, table: pa.Table | pa.RecordBatch) -> None:
@@ -220,6 +228,24 @@ class Aggregates:
             if status == 0 and (old is None or ts >= old.ts_ns):
                 self.gpus[g] = GpuView(g, heap, free, largest, ts)
 
+    def _gpu_process_memory(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
+        """Keep each GPU's latest round of the driver's per-process accounting (rows of
+        one round are within `ROUND_NS` of its first), at most `MAX_DRIVER_PIDS` pids."""
+        cols = t.select(["ts_ns", "gpu_index", "pid", "vidmem_bytes"]).to_pydict()
+        for ts, g, pid, b in zip(*cols.values(), strict=True):
+            old = self.driver.get(g)
+            if old is None or ts >= old[0] + ROUND_NS:
+                old = self.driver[g] = (ts, {})
+            elif ts < old[0]:
+                continue  # an older round arriving late
+            if b is not None and len(old[1]) < MAX_DRIVER_PIDS:
+                old[1][pid] = b
+
+    def orphaned(self) -> dict[int, int]:
+        """Per GPU, bytes the driver charges to pids with no live traced process."""
+        return {g: sum(b for pid, b in by_pid.items() if pid not in self.procs)
+                for g, (_ts, by_pid) in sorted(self.driver.items())}
+
     def _sample(self, now: int) -> None:
         """Record each process's change points and rate samples; prune old ones."""
         horizon = now - self.growth_window_ns
@@ -290,6 +316,7 @@ class Aggregates:
                 cpu_seconds=float(stats.get("cpu_seconds", own["cpu_seconds"])),
                 rss_bytes=int(stats.get("rss_bytes", own["rss_bytes"])),
                 alerts=dict(self.alerts), exited=len(self.exited), ooms=dict(self.ooms),
+                orphaned=self.orphaned(),
             )  # fmt: skip
 
 
@@ -301,4 +328,5 @@ _HANDLERS: dict[str, Callable[[Aggregates, Any, int], None]] = {
     "fault_batches": Aggregates._fault_batches,
     "migrations": Aggregates._migrations,
     "gpu_memory": Aggregates._gpu_memory,
+    "gpu_process_memory": Aggregates._gpu_process_memory,
 }

@@ -8,7 +8,10 @@ An expression is `METRIC OP VALUE` (OP one of > >= < <=), in the spirit of
   second; VALUE a size per time: `100MiB/min`, `1G/h`, `4096/s` (bare: per second)
 - `alloc_rate`, `gpu_fault_rate`, `migration_rate` (each process): events per
   second; VALUE a count per time: `1e6/s`, `500/min`
-- `live_bytes` (each process, all layers): VALUE a size: `8GiB`
+- `live_bytes` (each process: the live bytes of its largest layer, the layers never
+  added): VALUE a size: `8GiB`
+- `orphaned` (each GPU): video memory the driver charges to pids with no live
+  traced process (docs/analyses/holders.md); VALUE a size: `1GiB`
 - `gpu_free`, `gpu_largest_free` (each GPU, RM samples): VALUE a size: `1GiB`
 - `fragmentation` (each GPU): 1 - largest free / free; VALUE a share, 0 to 1
 - `drops` (the recording): events lost so far; VALUE a count
@@ -59,8 +62,9 @@ OPS: dict[str, Callable[[float, float], bool]] = {
 }
 PROCESS_RATES = {"leak_rate": "growth_bytes_per_s", "alloc_rate": "alloc_rate",
                  "gpu_fault_rate": "gpu_fault_rate", "migration_rate": "migration_rate"}
-METRICS = (*PROCESS_RATES, "live_bytes", "gpu_free", "gpu_largest_free", "fragmentation",
-           "drops")
+SIZES = ("live_bytes", "gpu_free", "gpu_largest_free", "orphaned")
+"""Metrics whose VALUE is a size."""
+METRICS = (*PROCESS_RATES, *SIZES, "fragmentation", "drops")
 _AMOUNT = re.compile(r"\s*(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*", re.ASCII)
 _EXPR = re.compile(r"\s*([a-z_]+)\s*(>=|<=|>|<)\s*(.+?)\s*")
 ENV_PREFIX = "GPUTRACE_ALERT_"
@@ -153,7 +157,7 @@ def parse_alert(text: str) -> Rule:
         threshold = _per_time(value, option, size=True)
     elif metric in PROCESS_RATES:
         threshold = _per_time(value, option, size=False)
-    elif metric in ("live_bytes", "gpu_free", "gpu_largest_free"):
+    elif metric in SIZES:
         threshold = float(parse_size(value, option))
     elif metric == "fragmentation":
         threshold = parse_fraction(value, option, below_one=False)
@@ -167,7 +171,7 @@ def parse_alert(text: str) -> Rule:
 
 def format_value(metric: str, value: float) -> str:
     """A value as a person reads it: sizes in binary units, rates per second or minute."""
-    if metric in ("live_bytes", "gpu_free", "gpu_largest_free"):
+    if metric in SIZES:
         return format_bytes(value)
     if metric == "leak_rate":
         return f"{format_bytes(value * 60)}/min"
@@ -186,6 +190,8 @@ def measure(rule: Rule, snap: Snapshot) -> list[tuple[tuple[Any, ...], float, di
                 for p in snap.procs]
     if rule.metric == "drops":
         return [(("recording",), float(snap.drops_total), {})]
+    if rule.metric == "orphaned":
+        return [(("gpu", g), float(b), {"gpu_index": g}) for g, b in snap.orphaned.items()]
     out = []
     for g in snap.gpus:
         v = {"gpu_free": g.free_bytes, "gpu_largest_free": g.largest_free_bytes,

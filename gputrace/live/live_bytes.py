@@ -63,7 +63,14 @@ class Proc:
 
     @property
     def live_total(self) -> int:
-        return sum(self.live.values())
+        """The process's one figure: the live bytes of its largest layer. The layers see
+        the same memory (an API allocation lies in an RM object), so they are never
+        added; the RM layer, when recorded, holds what the driver accounts (the API's
+        allocations and the CUDA context), the API layer alone what the program asked."""
+        per: Counter[str] = Counter()
+        for (layer, _gpu), n in self.live.items():
+            per[layer] += n
+        return max(per.values(), default=0)
 
     def add_live(self, layer: str, gpu: int | None, delta: int) -> None:
         """Live bytes of (layer, gpu) change by `delta`; a series at zero goes away."""

@@ -158,12 +158,26 @@ class LiveCollector:
             growth.add_metric(others, sums["growth"][""])
             gfaults.add_metric(others, sums["gfaults"][""])
             cfaults.add_metric(others, sums["cfaults"][""])
+        held = GaugeMetricFamily(
+            "gputrace_held_bytes", "GPU memory a process holds, one figure: the live bytes "
+            "of its largest layer (gputrace_live_bytes is the per-layer breakdown, never "
+            "to be added across layers).", labels=WHO)
+        for who, p in rows:
+            held.add_metric(who, p.live_total)
+        if rest:
+            held.add_metric([OTHER] * len(WHO), sum(p.live_total for p in rest))
+        orphaned = GaugeMetricFamily(
+            "gputrace_orphaned_bytes", "Video memory the driver's per-process accounting "
+            "charges to pids with no live traced process (exited with a child holding "
+            "their descriptors, zombies, other PID namespaces), per GPU.", labels=["gpu"])
+        for g, b in sorted(s.orphaned.items()):
+            orphaned.add_metric([str(g)], b)
         procs = GaugeMetricFamily("gputrace_processes",
                                   "Processes with live series: all, or only those beyond "
                                   "the top-N (shown=\"false\").", labels=["shown"])
         procs.add_metric(["true"], len(shown))
         procs.add_metric(["false"], len(rest))
-        yield from (live, allocs, frees, growth, gfaults, cfaults, procs)
+        yield from (live, held, orphaned, allocs, frees, growth, gfaults, cfaults, procs)
 
     def _driver(self, s: Snapshot) -> Iterator[Metric]:
         ioctls = CounterMetricFamily("gputrace_ioctls", "ioctls on NVIDIA device files by "

@@ -69,6 +69,11 @@ class Snapshot:
     alerts: dict[str, int]
     exited: int
     ooms: dict[tuple[int | None, str], int] = field(default_factory=dict)  # (gpu, verdict)
+    orphaned: dict[int, int] = field(default_factory=dict)
+    """Per GPU, the video memory the driver's latest per-process accounting charges to
+    pids no live traced process has: exited (their memory kept alive by a child that
+    inherited the descriptors, or a zombie) or never seen (another PID namespace, or
+    started before the recording). docs/analyses/holders.md."""
 
     @property
     def drops_total(self) -> int:

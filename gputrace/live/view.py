@@ -69,15 +69,17 @@ def render(snap: Snapshot, sort: str = "b", started_ns: int | None = None) -> Gr
                                                 g.heap_bytes)),
                      "-" if frag is None else f"{frag:.3f}")  # fmt: skip
     procs = Table(title="Processes", title_justify="left", expand=False)
-    for c in ("PID", "COMM", "API live", "RM live", "allocs", "frees", "allocs/s", "frees/s",
-              "GPU faults/s", "migr/s", "growth/min"):
+    # held: the one figure (largest layer); the api/rm layer columns are its breakdown
+    for c in ("PID", "COMM", "held", "api layer", "rm layer", "allocs", "frees", "allocs/s",
+              "frees/s", "GPU faults/s", "migr/s", "growth/min"):
         # numbers are never cut: narrow terminals lose the name's tail first
         procs.add_column(c, justify="left" if c == "COMM" else "right", no_wrap=True,
                          min_width=None if c == "COMM" else max(len(c), 7))
     rows = sorted(snap.procs, key=key)
     for p in rows[:MAX_ROWS]:
         procs.add_row(
-            str(p.pid), printable(p.comm)[:16], _layer(p, "api"), _layer(p, "rm"),
+            str(p.pid), printable(p.comm)[:16], format_bytes(p.live_total), _layer(p, "api"),
+            _layer(p, "rm"),
             str(sum(p.allocations.values())), str(sum(p.frees.values())), _rate(p.alloc_rate),
             _rate(p.free_rate), _rate(p.gpu_fault_rate), _rate(p.migration_rate),
             format_bytes(p.growth_bytes_per_s * 60),

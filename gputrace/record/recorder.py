@@ -25,6 +25,7 @@ from gputrace.errors import GputraceError, UsageError
 from gputrace.identity import Identity
 from gputrace.record import bpf_cache, hooks, loader, procfs, reap, startup
 from gputrace.record.freeze import Freezer
+from gputrace.record.held_open import HeldOpen
 from gputrace.record.layers import RECORDER_LAYERS, Due, Layer
 from gputrace.record.options import (
     MAX_DURATION_S,
@@ -85,6 +86,7 @@ class Recorder:
         self.opts = opts
         self.stop_reason: str | None = None
         self.child: subprocess.Popen[bytes] | None = None
+        self.held = HeldOpen()  # after CMD exits: its processes holding its files
         self.released = False  # CMD was let go past its start gate
         self.error: BaseException | None = None
         self.layers: list[Layer] = []
@@ -258,7 +260,9 @@ class Recorder:
             now = time.monotonic()
             rotate = now >= next_rotate
             self._drain(s, work, Due.ROTATE if rotate else Due.POLL)
-            if self.child is not None and self.child.poll() is not None:
+            # CMD's exit ends it once no child of it holds its device files
+            if (self.child is not None and self.child.poll() is not None
+                    and not self.held.holding(s)):
                 self.stop_reason = "command exited"
             elif opts.pids and not any(procfs.is_alive(p) for p in s.targets):
                 self.stop_reason = "targets exited"

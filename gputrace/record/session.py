@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from gputrace import identity, schema
 from gputrace.record import decode, hooks, procfs
 from gputrace.record import driver_version as driver
+from gputrace.record.held_open import device_holders
 from gputrace.record.incidents import IncidentSignal
 from gputrace.trace.writer import TraceWriter
 
@@ -413,6 +414,8 @@ class Session:
                 self._take_early(pid, ts)
 
     def finish_processes(self) -> None:
+        for pid in device_holders(sorted(self.forks), self.prefix + "nvidia"):
+            self.new_proc(pid)  # a child that only inherited device files: no event yet
         self.write_procs(list(self.procs.values()))
         self.procs.clear()
 

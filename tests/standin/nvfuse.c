@@ -142,6 +142,8 @@ static struct {
     struct rmmap *maps;
     struct ofile *files;
     time_t start;
+    pid_t foreign_pid;     /* --foreign-pid: a process of another PID namespace that */
+    uint64_t foreign_vid;  /* holds this much vidmem on GPU 0 (GET_PIDS lists it) */
 } g;
 
 static pid_t tgid_of(pid_t tid);
@@ -776,6 +778,9 @@ static NV_STATUS rm_get_pids(struct call *c, NVOS54_PARAMETERS *p, int gpu)
         if (holds && !seen && q.pidTblCount < NV2080_CTRL_GPU_GET_PIDS_MAX_COUNT)
             q.pidTbl[q.pidTblCount++] = (NvU32)cl->tgid;
     }
+    /* the host pid of a container's process: no client of ours, the driver lists it */
+    if (g.foreign_pid && gpu == 0 && q.pidTblCount < NV2080_CTRL_GPU_GET_PIDS_MAX_COUNT)
+        q.pidTbl[q.pidTblCount++] = (NvU32)g.foreign_pid;
     CTRL_OUT();
 }
 
@@ -797,6 +802,8 @@ static NV_STATUS rm_get_pid_info(struct call *c, NVOS54_PARAMETERS *p, int gpu)
         }
         e->result = NV_OK;
         pass++;
+        if (g.foreign_pid && gpu == 0 && (pid_t)e->pid == g.foreign_pid)
+            e->data.memPrivate += g.foreign_vid;
         for (unsigned s = 0; s < HBUCKETS; s++)
             for (struct obj *o = g.htab[s]; o; o = o->hnext) {
                 struct backing *m = o->mem;
@@ -2897,7 +2904,8 @@ static int parse_bytes(const char *s, uint64_t *out)
 static void usage(const char *argv0)
 {
     fprintf(stderr,
-            "usage: %s MOUNTPOINT [--budget BYTES] [--gpus N] [--event-log FILE] [-f] [--verbose]\n"
+            "usage: %s MOUNTPOINT [--budget BYTES] [--gpus N] [--event-log FILE] "
+            "[--foreign-pid PID:BYTES] [-f] [--verbose]\n"
             "TEST STAND-IN for the NVIDIA driver's device files (gputrace tests).\n"
             "  --budget BYTES  vidmem per GPU (suffix K/M/G/T allowed; default 16G)\n"
             "  --gpus N        number of nvidiaN files (1..%d, default 1)\n"
@@ -2937,6 +2945,15 @@ int main(int argc, char **argv)
                 fprintf(stderr, "nvfuse: cannot open --event-log %s\n", argv[i]);
                 return 2;
             }
+        } else if (!strcmp(a, "--foreign-pid") && i + 1 < argc) {
+            /* PID:BYTES, e.g. 4194000:64M */
+            char *colon = strchr(argv[++i], ':');
+            long pid = colon ? strtol(argv[i], NULL, 10) : 0;
+            if (!colon || pid <= 0 || parse_bytes(colon + 1, &g.foreign_vid)) {
+                fprintf(stderr, "nvfuse: bad --foreign-pid %s\n", argv[i]);
+                return 2;
+            }
+            g.foreign_pid = (pid_t)pid;
         } else if (!strcmp(a, "--verbose")) {
             g.verbose = 1;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

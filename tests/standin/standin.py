@@ -143,12 +143,15 @@ def mounted_driver(
     gpus: int = 1,
     verbose: bool = False,
     event_log: Path | None = None,
+    foreign: tuple[int, int] | None = None,
 ) -> Iterator[Path]:
     """Mount nvfuse on tmp_path/"nvdev" in the foreground, yield that directory, unmount.
 
     ``budget`` is the vidmem per GPU in bytes. The server's stderr (``--verbose``:
     one line per request) goes to tmp_path/"nvfuse.log". ``event_log``: where the
     server writes its JSON-lines log of UVM tools events, trackers and uvm releases.
+    ``foreign``: (pid, bytes) the driver's GET_PIDS / GET_PID_INFO list on GPU 0 with no
+    client of its own, as the host pid of another PID namespace's process.
     """
     bins = build()
     mnt = tmp_path / "nvdev"
@@ -157,6 +160,8 @@ def mounted_driver(
     cmd = [str(bins.nvfuse), str(mnt), "--budget", str(budget), "--gpus", str(gpus), "-f"]
     if verbose:
         cmd.append("--verbose")
+    if foreign is not None:
+        cmd += ["--foreign-pid", f"{foreign[0]}:{foreign[1]}"]
     if event_log is not None:
         cmd += ["--event-log", str(event_log)]
     with log.open("wb") as logf:

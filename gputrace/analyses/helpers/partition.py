@@ -68,8 +68,8 @@ class Slice:
         (`allocations.rows`) and one row per piece (`allocations.allocations`); with
         `held_only`, only the pieces still holding memory at the end of the trace or
         at their process's exit (what the leak report reads: freed pieces skipped)."""
-        from gputrace.analyses.leaks.allocation_rows import rows
-        from gputrace.analyses.leaks.allocations import allocations
+        from gputrace.analyses.allocations.pieces import allocations
+        from gputrace.analyses.allocations.rows import rows
 
         inp = self.inp
         if self._pids is None:

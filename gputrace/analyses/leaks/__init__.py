@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from gputrace.analyses.allocations.rows import leak_kind, with_exits
 from gputrace.analyses.helpers.common import records, size_class
 from gputrace.analyses.helpers.identity import by_identity
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
@@ -24,7 +25,6 @@ from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS, recorded_layers
 from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.rm_objects import VIRTUAL_LAYER
 from gputrace.analyses.helpers.stacks import stack_sites
-from gputrace.analyses.leaks.allocation_rows import leak_kind, with_exits
 from gputrace.analyses.leaks.allocator_growth import allocator_growth
 from gputrace.analyses.leaks.growth import growth
 from gputrace.analyses.leaks.leaks_joined import joined_part, joined_report
@@ -35,6 +35,12 @@ __all__ = ["LeakOptions", "classify", "leak_part", "leaks", "with_exits"]
 
 SPEC = spec("leaks")
 QUESTION = SPEC.question
+MAX_ROWS = 10_000
+"""Rows a per-allocation or per-process list of the report holds at most (without
+--top): a trace of 10^6 processes has 10^6 growth fits and leaked pieces, whose
+JSON alone is gigabytes. Lists are sorted largest (flagged) first; every headline and
+total still counts every row, and `left_out` says per list how many rows were not
+listed (docs/security.md)."""
 FIELDS = ["layer", "pid", "comm", "kind", "id", "size_bytes", "alloc_ts_ns", "stack_id",
           "what", "age_s"]
 
@@ -118,21 +124,32 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
     sizes = (_sums(parts, "by_size", "layer", "size_class").sort("layer", "size_class")
              .select("layer", "size_class", "count", pl.col("size_bytes").alias("bytes")))
     virt_df, closed_df = _sums(parts, "virt"), _sums(parts, "closed")
-    grow = pl.concat([p["growth"] for p in parts]).sort("layer", "pid")
-    a_grow = pl.concat([p["allocator_growth"] for p in parts]).sort("allocator", "pid")
+    grow = pl.concat([p["growth"] for p in parts])
+    a_grow = pl.concat([p["allocator_growth"] for p in parts])
     a_segs = pl.concat([p["allocator_segments"] for p in parts]).sort(
         "bytes", "allocator", "pid", "stack_id", descending=[True, False, False, False])
     groups = None if o.by is None else by_identity(
         procs.lazy(), inp.scan("processes"), o.by, ["bytes", "count"], ["layer"]).collect()
-    if o.top is not None:
-        allocs, procs, stacks = allocs.head(o.top), procs.head(o.top), stacks.head(o.top)
+    # growth fits: the flagged (growing) first, then the largest
+    first = ["flagged", "peak_bytes"]
+    grow = grow.sort([*first, "layer", "pid"], descending=[True, True, False, False])
+    a_grow = a_grow.sort([*first, "allocator", "pid"], descending=[True, True, False, False])
+    growing = sorted({int(p) for p in grow.filter("flagged")["pid"]})
+    rows = o.top if o.top is not None else MAX_ROWS
+    lists = {"allocations": allocs, "by_process": procs, "by_stack": stacks, "growth": grow,
+             "growth_by_allocator": a_grow, "allocator_sites": a_segs}
+    left_out = {k: v.height - rows for k, v in lists.items() if v.height > rows}
+    allocs, procs, stacks, grow, a_grow, a_segs = (v.head(rows) for v in lists.values())
+    grow, a_grow = grow.sort("layer", "pid"), a_grow.sort("allocator", "pid")  # as listed
+    joined = joined_report(parts, o.top, layers["api"], MAX_ROWS)
+    left_out.update(joined.pop("joined_left_out"))
     by_layer = {k: (int(tot.filter(pl.col("layer") == k)["size_bytes"].sum()) if v else None)
                 for k, v in layers.items()}
     counts = {k: (int(tot.filter(pl.col("layer") == k)["count"].sum()) if v else None)
               for k, v in layers.items()}
     data = {
         "allocations": records(allocs),
-        **joined_report(parts, o.top, layers["api"]),
+        **joined,
         "bytes_by_layer": by_layer,
         "count_by_layer": counts,
         "layers": {k: ("recorded" if v else "not recorded") for k, v in layers.items()},
@@ -140,9 +157,9 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
         "by_stack": records(stacks),
         "by_size_class": records(sizes),
         "growth": records(grow),
-        "growing_pids": sorted({int(p) for p in grow.filter("flagged")["pid"]}),
+        "growing_pids": growing[:rows],
         "growth_by_allocator": records(a_grow),
-        "allocator_sites": records(a_segs.head(o.top) if o.top is not None else a_segs),
+        "allocator_sites": records(a_segs),
         "rm_virtual_unreleased": {"count": int(virt_df["count"][0]),
                                   "bytes": int(virt_df["size_bytes"][0] or 0)}
         if layers["rm"] else None,
@@ -152,6 +169,13 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
         "filters": {"older_s": o.older_ns / 1e9, "min_size_bytes": o.min_size_bytes,
                     "top": o.top},
     }
+    if inp.has("syscall") or inp.has("rm_query"):
+        from gputrace.analyses.holders import Facts, instants_report
+
+        # who still holds the device files at the end, and memory no live process owns
+        data["no_live_owner"] = instants_report(Facts(inp), [("end", inp.end_ns, None)])[0]
+    if left_out:  # lists cut at --top or MAX_ROWS: how many rows each did not list
+        data["left_out"] = left_out
     if groups is not None:  # leaked bytes per layer and pod (or container)
         data[f"by_{o.by}"] = records(groups if o.top is None else groups.head(o.top))
     for k, v in layers.items():

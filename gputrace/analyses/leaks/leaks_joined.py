@@ -15,13 +15,13 @@ from typing import Any
 
 import polars as pl
 
+from gputrace.analyses.allocations.pieces import COUNTED
+from gputrace.analyses.allocations.rows import leak_kind, with_exits
 from gputrace.analyses.helpers.allocators import ALLOCATORS, CACHED, PROGRAM, stack_allocators
 from gputrace.analyses.helpers.common import records
 from gputrace.analyses.helpers.partition import Slice
 from gputrace.analyses.helpers.stacks import stack_sites
 from gputrace.analyses.helpers.uvm_ranges import UVM_VIRTUAL_LAYER
-from gputrace.analyses.leaks.allocation_rows import leak_kind, with_exits
-from gputrace.analyses.leaks.allocations import COUNTED
 
 JOINED = ["pid", "comm", "kind", "class", "what", "api_count", "bytes", "rm_what",
           "rm_handle", "rm_bytes", "uvm_base", "uvm_bytes", "gpu_index", "alloc_ts_ns",
@@ -104,6 +104,33 @@ def joined_part(sl: Slice, older_ns: int, min_size: int) -> dict[str, pl.DataFra
             "kept": kept}
 
 
+FOLD_KEY = ["pid", "comm", "kind", "class", "what", "api_count", "bytes", "rm_what",
+            "rm_bytes", "uvm_bytes", "gpu_index", "stack_id", "frames", "site", "freed_by"]
+"""Leaked pieces that agree on all of these are one row of the joined view, with a
+count (`pieces`): a person reads "12 x 2.0 MiB", not 12 identical rows."""
+
+
+def fold(joined: pl.DataFrame) -> pl.DataFrame:
+    """Identical leaked pieces (same `FOLD_KEY`) folded into one row: `pieces` counts
+    them, `size_bytes` is the bytes of one, `api_count`, `bytes`, `rm_bytes` and
+    `uvm_bytes` are their sums, `alloc_ts_ns` the first, `age_s` the oldest,
+    `api_ids` all of them, `rm_handle` and `uvm_base` the one value, else null."""
+    sums = ["api_count", "bytes", "rm_bytes", "uvm_bytes"]
+    keys = [pl.col(c).alias(f"_k_{c}") for c in sums]
+    out = (joined.with_columns(keys)
+           .group_by([c if c not in sums else f"_k_{c}" for c in FOLD_KEY],
+                     maintain_order=True)
+           .agg(pl.len().cast(pl.Int64).alias("pieces"),
+                *(pl.col(c).sum() for c in sums),
+                pl.col("alloc_ts_ns").min(), pl.col("age_s").max(),
+                pl.col("api_ids").list.explode(keep_nulls=False, empty_as_null=False)
+                .alias("api_ids"),
+                _uniform("rm_handle").alias("rm_handle"), _uniform("uvm_base").alias("uvm_base"))
+           .with_columns(size_bytes=pl.col("_k_bytes"))
+           .drop([f"_k_{c}" for c in sums]))
+    return out.select(*JOINED, "pieces", "size_bytes")
+
+
 def _add(parts: list[dict[str, pl.DataFrame]], name: str, key: str) -> dict[str, Any]:
     df = pl.concat([p[name] for p in parts], how="diagonal_relaxed")
     if df.is_empty():
@@ -123,7 +150,7 @@ def _basis(joined: pl.DataFrame, api: bool) -> str:
 
 
 def joined_report(parts: list[dict[str, pl.DataFrame]], top: int | None,
-                  api: bool) -> dict[str, Any]:
+                  api: bool, max_rows: int) -> dict[str, Any]:
     """The joined leak view's JSON keys, from each slice's `joined_part`."""
     joined = pl.concat([p["joined"] for p in parts], how="diagonal_relaxed").sort(
         "bytes", "alloc_ts_ns", "pid", descending=[True, False, False])
@@ -132,8 +159,11 @@ def joined_report(parts: list[dict[str, pl.DataFrame]], top: int | None,
     total = int(joined["bytes"].sum() or 0)
     count = int(sites["count"].sum() or 0)
     held = _add(parts, "held", "kind")
-    if top is not None:
-        joined, sites = joined.head(top), sites.head(top)
+    joined = fold(joined).sort("bytes", "alloc_ts_ns", "pid", descending=[True, False, False])
+    rows = top if top is not None else max_rows
+    cut = {k: v.height - rows for k, v in (("leaked", joined), ("leak_sites", sites))
+           if v.height > rows}
+    joined, sites = joined.head(rows), sites.head(rows)
     return {
         "total_bytes": total,
         "total_count": count,
@@ -147,6 +177,7 @@ def joined_report(parts: list[dict[str, pl.DataFrame]], top: int | None,
         } if api else None,
         "reservations": _add(parts, "reserved", "layer"),
         "held_by_allocator": _kept(parts),
+        "joined_left_out": cut,
     }
 
 

@@ -63,6 +63,8 @@ def _incident(inp: Inputs, rec: Recorded, samples: Any, f: dict[str, Any], windo
     v = oom_rules.judge(f["size_bytes"], (state or {}).get("free_bytes"),
                         (state or {}).get("largest_free_bytes"), pool, missing)
     driver_at, driver = (gpu_state.driver_round(inp, gpu, at) if timed else (None, {}))
+    listed, left_out = (holders(rec, gpu, at, window_ns, driver, alloc, top)
+                        if timed else ([], None))
     entry = f["allocator_entry"]
     return {
         "allocator_state": allocator_state,
@@ -81,8 +83,7 @@ def _incident(inp: Inputs, rec: Recorded, samples: Any, f: dict[str, Any], windo
         "gpu": state, "allocator_pool_bytes": pool,
         "verdict": v.name, "evidence": v.evidence,
         "driver_accounting": driver_at,
-        "holders": (holders(rec, gpu, at, window_ns, driver, alloc, top)
-                    if timed else []),
+        "holders": listed, "holders_left_out": left_out,
     }
 
 
@@ -104,6 +105,14 @@ def oom(inp: Inputs, window_s: float = 30.0, top: int | None = None,
             states.setdefault((st["device"], st["ts_ns"]), []).append(st)
         incidents = [_incident(inp, rec, samples, f, window_ns, top, states) for f in found]
         identity.name_them(inp, incidents)
+        if inp.has("syscall") or inp.has("rm_query"):
+            from gputrace.analyses.holders import Facts, instants_report
+
+            # who held the device files then, and memory no live process owned
+            owners = instants_report(Facts(inp), [("incident", int(f["end_ns"]), f["gpu_index"])
+                                                  for f in found])
+            for inc, own in zip(incidents, owners, strict=True):
+                inc["no_live_owner"] = own
     per_verdict = Counter(i["verdict"] for i in incidents)
     data: dict[str, Any] = {
         "window_s": window_s,

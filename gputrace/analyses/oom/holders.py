@@ -2,13 +2,16 @@
 
 One row per process, keyed by pid (identity columns join on it): the driver's own
 accounting (every process RM names, traced or not) beside what gputrace recorded
-for it (live bytes per layer at the instant, from the allocation lifetimes the leak
-report reads), its top live allocation sites with their stacks, and what it gained
-over the window before the failure (live bytes at the instant minus live bytes at
-the window's start, per process and per site). Recorded allocations whose GPU is not
-known (the API layer names none) count on every GPU of the question; host memory
-(cuMemAllocHost, cuMemHostAlloc, RM system-memory objects) holds none of a GPU's and
-is left out.
+for it. The recorded figures come from the joined allocation model
+(analyses/allocations/held.py), each piece of memory counted once: `held_bytes` at
+the instant, `grew_bytes` over the window before it (held at the instant minus held
+at the window's start), the same by class (`held_by_class`: program, allocator
+pool, CUDA context, driver-only; attributes, never added to the figure), and the
+top sites held and grown (one row per class, layers, label and stack: a piece seen
+by three layers is one row, its `layer` the layers that saw it). `api_bytes`,
+`rm_bytes` and `uvm_bytes` are the per-layer breakdown: what each layer alone shows
+live, never to be added. Pieces whose GPU is not known (an API-only piece) count on
+every GPU of the question; host memory holds none of a GPU's and is left out.
 """
 
 from __future__ import annotations
@@ -17,18 +20,27 @@ from typing import Any
 
 import polars as pl
 
+from gputrace.analyses.allocations.held import (
+    CLASS_KEYS,
+    HOST_MEMORY,
+    by_holder,
+    gained,
+    held_pieces,
+    live_at,
+    sites,
+)
 from gputrace.analyses.helpers.inputs import Inputs
-from gputrace.analyses.helpers.lifetimes import lifetimes, memory
+from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS
+from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.stacks import stack_frames
-from gputrace.nvabi import MEMORY_CLASSES, NV01_MEMORY_SYSTEM, NV01_MEMORY_SYSTEM_OS_DESCRIPTOR
 
 LAYERS = ("api", "rm", "uvm")
-HOST_MEMORY = ("cuMemAllocHost", "cuMemHostAlloc",
-               *(f"{MEMORY_CLASSES[c]} 0x{c:X}"
-                 for c in (NV01_MEMORY_SYSTEM, NV01_MEMORY_SYSTEM_OS_DESCRIPTOR)))
-"""`what` of the lifetime rows that are host memory (labels as rm_objects writes them)."""
 SITES = 3
 """Top live sites listed per holder (unless --top says fewer)."""
+MAX_HOLDERS = 1000
+"""Holders listed per incident, largest first; the rest are counted and added up in
+`holders_left_out` (docs/security.md: the driver may list 10^5 pids, and a report
+of every one is megabytes nobody reads)."""
 
 
 class Recorded:
@@ -37,9 +49,18 @@ class Recorded:
 
     def __init__(self, inp: Inputs) -> None:
         self.inp = inp if inp.has("api") else None
-        lt = memory(lifetimes(inp)).select(
-            "layer", "pid", "comm", "what", "size_bytes", "alloc_ts_ns", "free_ts_ns",
-            "stack_id", "gpu_index").filter(~pl.col("what").is_in(list(HOST_MEMORY)))
+
+        def step(sl: Slice) -> tuple[pl.DataFrame, pl.DataFrame]:
+            # the per-layer breakdown: each layer's own live rows
+            lt = sl.lifetimes.filter(
+                ~pl.col("layer").is_in(list(VIRTUAL_LAYERS))
+                & ~pl.col("what").is_in(list(HOST_MEMORY))).select(
+                "layer", "pid", "size_bytes", "alloc_ts_ns", "free_ts_ns", "gpu_index")
+            return lt.collect(), held_pieces(sl)
+
+        got = per_slice(inp, {"s": step})["s"]
+        self.lt = pl.concat([g[0] for g in got])
+        self.held = pl.concat([g[1] for g in got], how="diagonal_relaxed")
         self._stacks: dict[tuple[int, int], tuple[str, str] | None] = {}
         procs = inp.scan("processes").select("pid", "comm")
         # traced: the trace holds an event of it (a process the recorder only listed,
@@ -47,7 +68,7 @@ class Recorded:
         seen = [inp.scan(n).select("pid").unique() for n, layer in (
             ("cuda_calls", "api"), ("ioctls", "syscall"), ("mappings", "syscall"),
             ("allocator_events", "allocator")) if inp.has(layer)]
-        self.lt, names, *pids = pl.collect_all([lt, procs, *seen])
+        names, *pids = pl.collect_all([procs, *seen])
         self.comm = {int(p): c for p, c in zip(names["pid"], names["comm"], strict=True)
                      if c is not None}
         self.traced = {int(p) for f in pids for p in f["pid"] if p is not None}
@@ -74,53 +95,62 @@ def _live(at: int) -> pl.Expr:
                                             | (pl.col("free_ts_ns") > at))
 
 
-def _site_rows(rec: Recorded, pid: int, df: pl.DataFrame, top: int) -> list[dict[str, Any]]:
-    """One process's bytes by (layer, what, stack), largest first, the first `top`."""
-    sites = (df.group_by("layer", "what", "stack_id")
-             .agg(pl.col("size_bytes").sum().alias("bytes"), pl.col("n").sum().alias("count"))
-             .filter(pl.col("bytes") != 0)
-             .sort(["bytes", "layer", "what", "stack_id"], descending=[True, False, False, False],
-                   nulls_last=True).head(top))
-    return [{"layer": r["layer"], "what": r["what"], "stack": rec.stack(pid, r["stack_id"]),
+def _site_rows(rec: Recorded, pid: int, df: pl.DataFrame, weight: pl.Expr,
+               top: int) -> list[dict[str, Any]]:
+    """One process's pieces by site (held.sites), as report rows; `layer` is the
+    layers that saw each piece (`api+rm+uvm`): one row per piece, whatever its layers."""
+    return [{"layer": r["layers"], "class": r["class"], "what": r["what"],
+             "stack": rec.stack(pid, r["stack_id"]),
              "site": rec.stack(pid, r["stack_id"], "site"),
              "bytes": int(r["bytes"]), "count": int(r["count"])}
-            for r in sites.iter_rows(named=True)]
+            for r in sites(df, weight, top).iter_rows(named=True)]
 
 
 def holders(rec: Recorded, gpu: int, at_ns: int, window_ns: int,
             driver: dict[int, int | None], allocator: dict[int, tuple[int, int]] | None,
-            top: int | None) -> list[dict[str, Any]]:
+            top: int | None) -> tuple[list[dict[str, Any]], dict[str, int] | None]:
     """Every process holding memory on `gpu` at `at_ns`, by the driver or by the trace,
-    largest first (driver bytes, then recorded bytes)."""
+    largest first (driver bytes, then recorded bytes), the first `MAX_HOLDERS`; and
+    the count and bytes of the rest (None when none was left out)."""
     n_sites = min(SITES, top) if top is not None else SITES
     start = at_ns - window_ns
-    on_gpu = rec.lt.filter(pl.col("gpu_index").is_null() | (pl.col("gpu_index") == gpu))
-    live = on_gpu.filter(_live(at_ns)).with_columns(pl.lit(1).alias("n"))
-    # window growth: + size if live at the instant, - size if live at the window's start
-    n = (_live(at_ns).cast(pl.Int64) - _live(start).cast(pl.Int64))
-    grew = on_gpu.with_columns((pl.col("size_bytes") * n).alias("size_bytes"), n.alias("n"))
-    per_layer = {(int(r["pid"]), r["layer"]): int(r["b"]) for r in live.group_by(
-        "pid", "layer").agg(pl.col("size_bytes").sum().alias("b")).iter_rows(named=True)}
-    gained = {int(r["pid"]): int(r["b"]) for r in grew.group_by("pid").agg(
+    here = pl.col("gpu_index").is_null() | (pl.col("gpu_index") == gpu)
+    # the per-layer breakdown (labelled per layer, never added)
+    per_layer = {(int(r["pid"]), r["layer"]): int(r["b"]) for r in rec.lt.filter(
+        here & _live(at_ns)).group_by("pid", "layer").agg(
         pl.col("size_bytes").sum().alias("b")).iter_rows(named=True)}
-    pids = set(driver) | {p for p, _ in per_layer} | set(allocator or {})
+    # the one figure per holder: pieces held at the instant or in the window
+    mine = rec.held.filter(here & (live_at(at_ns) | live_at(start)))
+    figures = {int(r["pid"]): r for r in by_holder(mine, at_ns, start).iter_rows(named=True)}
+    per_pid = mine.partition_by("pid", as_dict=True)
+    pids = set(driver) | {p for p, _ in per_layer} | set(figures) | set(allocator or {})
+    # largest first; only the listed ones get their rows and sites
+    order = sorted(pids, key=lambda p: (-(driver.get(p) or 0), -(int(figures[p]["held_bytes"])
+                                        if p in figures else 0), p))
+    listed, rest = order[:MAX_HOLDERS], order[MAX_HOLDERS:]
+    left_out = None if not rest else {
+        "count": len(rest), "driver_bytes": sum(driver.get(p) or 0 for p in rest),
+        "held_bytes": sum(int(figures[p]["held_bytes"]) for p in rest if p in figures)}
     out = []
-    for pid in pids:
+    for pid in listed:
+        f, traced = figures.get(pid), pid in rec.traced
+        df = per_pid.get((pid,))
         row: dict[str, Any] = {
-            "pid": pid, "comm": rec.comm.get(pid), "traced": pid in rec.traced,
+            "pid": pid, "comm": rec.comm.get(pid), "traced": traced,
             "driver_bytes": driver.get(pid),
-            **{f"{layer}_bytes": per_layer.get((pid, layer), 0) if pid in rec.traced
+            "held_bytes": (int(f["held_bytes"]) if f else 0) if traced else None,
+            "held_by_class": {c: int(f[k]) for c, k in CLASS_KEYS.items() if f[k]}
+            if f else {},
+            **{f"{layer}_bytes": per_layer.get((pid, layer), 0) if traced
                else None for layer in LAYERS},
             "allocator_reserved_bytes": None, "allocator_allocated_bytes": None,
-            "grew_bytes": gained.get(pid, 0) if pid in rec.traced else None,
-            "top_sites": _site_rows(rec, pid, live.filter(pl.col("pid") == pid), n_sites),
-            "grew_sites": [s for s in _site_rows(rec, pid, grew.filter(pl.col("pid") == pid),
-                                                 n_sites) if s["bytes"] > 0],
+            "grew_bytes": (int(f["grew_bytes"]) if f else 0) if traced else None,
+            "top_sites": [] if df is None else _site_rows(
+                rec, pid, df, live_at(at_ns).cast(pl.Int64), n_sites),
+            "grew_sites": [] if df is None else [s for s in _site_rows(
+                rec, pid, df, gained(start, at_ns), n_sites) if s["bytes"] > 0],
         }
         if allocator is not None and pid in allocator:
             row["allocator_reserved_bytes"], row["allocator_allocated_bytes"] = allocator[pid]
         out.append(row)
-    recorded = [max((r[f"{la}_bytes"] or 0) for la in LAYERS) for r in out]
-    order = sorted(range(len(out)), key=lambda i: (-(out[i]["driver_bytes"] or 0),
-                                                   -recorded[i], out[i]["pid"]))
-    return [out[i] for i in order]
+    return out, left_out

@@ -10,11 +10,11 @@ from typing import Any
 
 import polars as pl
 
+from gputrace.analyses.allocations.pieces import COUNTED
 from gputrace.analyses.helpers.allocators import CACHED, PROGRAM, stack_allocators
 from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.sites import recorded_sites
-from gputrace.analyses.leaks.allocations import COUNTED
 
 
 def _slice_stacks(sl: Slice, allocated: bool) -> pl.DataFrame:

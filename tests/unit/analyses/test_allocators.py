@@ -67,7 +67,7 @@ def test_headline_counts_only_what_the_program_leaked(leaks: dict[str, Any]) -> 
     [site] = leaks["leak_sites"]
     assert (site["count"], site["bytes"], site["frames"]) == (
         10, 160 * MiB, "cudaMalloc < keep_tensor < main")
-    assert {r["bytes"] for r in leaks["leaked"]} == {16 * MiB}
+    assert {(r["size_bytes"], r["pieces"]) for r in leaks["leaked"]} == {(16 * MiB, 10)}
 
 
 def test_caching_allocators_hold_memory_by_design(leaks: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses import fail_on
+from gputrace.analyses.allocations.rows import rows
 from gputrace.analyses.diff import diff
 from gputrace.analyses.fault_rate import fault_rate
 from gputrace.analyses.fault_rate.uvm_events import driver_thrashing
@@ -22,7 +23,6 @@ from gputrace.analyses.helpers.lifetimes import lifetimes, memory
 from gputrace.analyses.helpers.rm_objects import rm_lifetimes
 from gputrace.analyses.helpers.stacks import stack_frames
 from gputrace.analyses.leaks import leaks
-from gputrace.analyses.leaks.allocation_rows import rows
 from gputrace.analyses.run import run_reports, unmeasured
 from gputrace.analyses.summary import summary
 from gputrace.analyses.timeseries import plot_series

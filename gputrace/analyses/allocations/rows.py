@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from gputrace.analyses.allocations.join import link
 from gputrace.analyses.helpers.lifetimes import VIRTUAL_LAYERS
-from gputrace.analyses.leaks.allocations_join import link
 
 
 def with_exits(frame: pl.LazyFrame, processes: pl.LazyFrame, ts: str) -> pl.LazyFrame:

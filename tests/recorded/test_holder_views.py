@@ -1,0 +1,62 @@
+"""Every "who holds what" view gives a process ONE figure, the same in each, on a
+recorded trace whose truth is one number per process: fixtures/standin-cuda (the
+stand-in libcuda's cuda_workload: 23 x 1 MiB cuMemAlloc never freed, which the
+stand-in driver sub-allocates from 12 x 2 MiB RM video-memory objects, each mapped
+by UVM; the stand-in's own accounting of the process is those 24 MiB at the failing
+allocation). The API (23 MiB), RM (24 MiB) and UVM (24 MiB) layers each see the same
+memory; added, they made 71 MiB ("grew 71.0 MiB" in the demo).
+
+Views: the oom report's holder figures and site tables, the live aggregates (view,
+`gputrace_held_bytes`, the live_bytes alert) fed the trace's own tables, and the
+holders report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gputrace.live.aggregates import Aggregates
+from gputrace.trace.reader import open_trace
+from tests.analyze_helpers import analyze
+from tests.conftest import FIXTURES
+
+STANDIN = FIXTURES / "standin-cuda"
+MIB = 1 << 20
+TRUTH = 24 * MIB  # 12 x 2 MiB RM objects: what the stand-in driver charges
+
+
+@pytest.fixture(scope="module")
+def doc() -> dict[str, Any]:
+    return analyze(STANDIN, ["oom", "holders"])
+
+
+def test_oom_holder_one_figure(doc: dict[str, Any]) -> None:
+    (inc,) = doc["oom"]["incidents"]
+    (h,) = inc["holders"]
+    assert (h["held_bytes"], h["grew_bytes"]) == (TRUTH, TRUTH)
+    assert h["held_by_class"] == {"program": TRUTH}
+    # the per-layer breakdown is still there, labelled per layer
+    assert (h["api_bytes"], h["rm_bytes"], h["uvm_bytes"]) == (23 * MIB, TRUTH, TRUTH)
+    for table in ("top_sites", "grew_sites"):
+        (site,) = h[table]  # one row: the pieces, not once per layer
+        assert (site["layer"], site["bytes"], site["count"]) == ("api+rm+uvm", TRUTH, 12)
+
+
+def test_live_figure(doc: dict[str, Any]) -> None:
+    t = open_trace(STANDIN)
+    agg = Aggregates(clock=lambda: t.manifest["end_ts_ns"])
+    for name in ("ioctls", "cuda_calls"):  # the recorded rows, in time order
+        agg.observe(name, t.scan(name).sort("ts_ns").collect().to_arrow())
+    (p,) = agg.snapshot().procs
+    # the same process's memory at the end of the trace (the leaked 24 MiB)
+    (end_h,) = [h for h in doc["oom"]["incidents"][0]["holders"]]
+    assert p.pid == end_h["pid"] and p.live_total == TRUTH
+
+
+def test_holders_report(doc: dict[str, Any]) -> None:
+    inc = doc["holders"]["instants"][1]
+    assert inc["at"] == "incident"
+    (h,) = inc["holders"]
+    assert (h["pid"], h["inherited"]) == (doc["oom"]["incidents"][0]["pid"], False)
+    assert inc["orphaned_bytes"] == 0 and inc["cases"] == []
