@@ -333,8 +333,7 @@ class Recorder:
             s.w.update_manifest(target_exit=ended)
         self._merge_manifests(s)
         s.w.update_manifest(end_ts_ns=mono_ns())
-        left = reap.take_left()  # helpers the kernel would not let go (said on stderr)
-        if left:
+        if left := reap.take_left():  # helpers the kernel would not let go (on stderr)
             s.w.update_manifest(helpers_left=left)
         s.w.close(status)
         if self.opts.raw:
