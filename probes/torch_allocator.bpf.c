@@ -108,7 +108,10 @@ int torch_malloc_enter(struct pt_regs *ctx)
 #if GT_TORCH_STACKS >= 1
     /* walked and taken at once: the segment calls inside malloc walk again */
     cuda_py_enter(task, pid, (u32)id);
-    t->py_id = cuda_py_take(task);
+    /* a stack never seen before is not stopped for here (the API layer's calls are):
+     * its code objects are named by the drain while the process lives */
+    u32 py_fresh = 0;
+    t->py_id = cuda_py_take(task, &py_fresh);
 #endif
     t->active = 1;
     t->ts_ns = bpf_ktime_get_ns();

@@ -68,6 +68,10 @@ class Layer:
     name: ClassVar[str] = ""
     trace_layer: ClassVar[str | None] = None
     """The trace layer (`schema.LAYERS`) its buffers write, when not its `name`."""
+    builds_first: ClassVar[bool] = False
+    """Its `build` only hands probes to another layer's program (`Session.api_extensions`)
+    and loads nothing: built before any layer starts loading, so a program loaded
+    ahead (record/startup.py) already holds them."""
     BUFFERS: ClassVar[dict[str, Buffer]] = {}
 
     @classmethod

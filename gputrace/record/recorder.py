@@ -172,7 +172,7 @@ class Recorder:
                         spill_bytes=self._spill)  # fmt: skip
             self.session = s
             try:
-                startup.build_layers(s, self._prepared, self.layers)
+                startup.build_layers(s, self._prepared, self.layers, RECORDER_LAYERS)
                 return self._record(s)
             finally:
                 for layer in reversed(self.layers):

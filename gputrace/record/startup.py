@@ -92,8 +92,7 @@ def prepare(s: Session, prepared: dict[str, Any]) -> Ahead:
 
     loader.import_bcc()  # once, here: the layers' threads would race to find it
     tracepoints = os.environ.get(loader.HOOKS_ENV, loader.HOOKS_DEFAULT) == "tracepoint"
-    programs = [(libcuda.probe_source(), libcuda.cflags(stack_depth=s.opts.stack_depth),
-                 "api-layer")]  # fmt: skip
+    programs = [(*libcuda.program(s.opts.stack_depth, tuple(s.api_extensions)), "api-layer")]
     if tracepoints:  # else the syscall program is compiled with tp_btf flags first
         programs.insert(0, (*s.program, "syscall-layer"))
     d = bpf_cache.cache_dir()
@@ -106,17 +105,22 @@ def prepare(s: Session, prepared: dict[str, Any]) -> Ahead:
     return ahead
 
 
-def build_layers(s: Session, prepared: dict[str, Any], out: list[Layer]) -> None:
+def build_layers(s: Session, prepared: dict[str, Any], out: list[Layer],
+                 layers: tuple[type[Layer], ...]) -> None:
     """Load each layer's programs, appending the layers to `out` in RECORDER_LAYERS
     order. Their missing cache entries are compiled first, all at once (`prepare`);
     with the syscall probes on tracepoints the API layer, which then shares nothing
     with them, loads in a thread beside them."""
-    from gputrace.record.layers import RECORDER_LAYERS
-
+    first = {cls: cls.build(s, prepared.get(cls.name)) for cls in layers if cls.builds_first}
     ahead = prepare(s, prepared)
     try:
-        for cls in RECORDER_LAYERS:
-            layer = ahead.result(cls) if ahead.has(cls) else cls.build(s, prepared.get(cls.name))
+        for cls in layers:
+            if cls in first:
+                layer = first[cls]
+            elif ahead.has(cls):
+                layer = ahead.result(cls)
+            else:
+                layer = cls.build(s, prepared.get(cls.name))
             if layer is not None:
                 out.append(layer)
                 s.decode_errors.update({b.counted_as: 0 for b in cls.BUFFERS.values()})

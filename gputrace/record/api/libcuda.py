@@ -58,6 +58,13 @@ def cflags(probes: Path = loader.PROBES, stack_depth: int = STACK_DEPTH) -> list
             f"-DGT_CUDA_STACK_DEPTH={int(stack_depth)}", *unwind.cflags()]  # fmt: skip
 
 
+def program(stack_depth: int = STACK_DEPTH,
+            extensions: tuple[Extension, ...] = ()) -> tuple[str, list[str]]:
+    """The API program's C text and flags, other layers' probes (`extensions`) included."""
+    flags = cflags(stack_depth=stack_depth) + [f for x in extensions for f in x.cflags]
+    return probe_source() + "".join("\n" + x.source for x in extensions), flags
+
+
 def load_program(bcc: Any, probes: Any = None, stack_depth: int = STACK_DEPTH,
                  extensions: tuple[Extension, ...] = ()) -> tuple[Any, str]:
     """The API layer's compiled program, and what sees library loads. Beside a
@@ -66,8 +73,7 @@ def load_program(bcc: Any, probes: Any = None, stack_depth: int = STACK_DEPTH,
     tracepoint; alone, or if the maps it got are not those, it has its own.
     `extensions`: other layers' probes compiled into it (they share its walks)."""
     shared = tuple(getattr(probes, "cuda_maps", ()))
-    flags = cflags(stack_depth=stack_depth) + [f for x in extensions for f in x.cflags]
-    source = probe_source() + "".join("\n" + x.source for x in extensions)
+    source, flags = program(stack_depth, extensions)
     if shared:
         with contextlib.suppress(GputraceError):
             bpf = loader.load_bpf(bcc, source, [*flags, "-DGT_CUDA_EXTERN"],
