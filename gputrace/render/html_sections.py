@@ -6,6 +6,7 @@ here (`ReportSpec.html`), and a report that names none gets `generic_section`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gputrace.analyses import registry
@@ -13,7 +14,7 @@ from gputrace.analyses.report import REPORT_FIELDS
 from gputrace.analyses.report_spec import GROUPINGS, ReportSpec, resolve
 from gputrace.render import html_plots as plots
 from gputrace.render.allocator_html import stack_cell
-from gputrace.render.cells import workload
+from gputrace.render.cells import by_name, workload
 from gputrace.render.html import (
     Page,
     bytes_per_min,
@@ -87,13 +88,18 @@ def generic_section(page: Page, spec: ReportSpec, rep: dict[str, Any] | None) ->
         if k in REPORT_FIELDS:
             continue
         if isinstance(v, list) and all(isinstance(r, dict) for r in v):
-            tables.append(f"<h3>{esc(k)}</h3>"
-                          + table(v, [(c, c, num) for c in spec.columns_of(k, v)]))
-        elif not isinstance(v, (dict, list)):
-            figures.append(f"<dt>{esc(k)}</dt><dd>{num(v)}</dd>")
+            tables.append(f"<h3>{esc(k)}</h3>" + table(v, [
+                (c, c, _as_terminal(by_name(c))) for c in spec.columns_of(k, v)]))
+        else:  # a figure, or nested values written as text (never Python's repr)
+            figures.append(f"<dt>{esc(k)}</dt><dd>{_as_terminal(by_name(k))(v)}</dd>")
     body = (f'<p class="note">{esc(rep["question"])}</p>' if rep else "") + (
         f"<dl>{''.join(figures)}</dl>" if figures else "") + "".join(tables)
     page.section(spec.title, None, _missing(rep, spec.title), body)
+
+
+def _as_terminal(f: Callable[[Any], str]) -> Callable[[Any], str]:
+    """A cell written as the terminal writes it, escaped; '' for None."""
+    return lambda v: "" if v is None else esc(f(v))
 
 
 def live_bytes(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
