@@ -15,6 +15,7 @@ from gputrace.analyses.report_spec import GROUPINGS, ReportSpec, resolve
 from gputrace.render import html_plots as plots
 from gputrace.render.allocator_html import stack_cell
 from gputrace.render.cells import by_name, workload
+from gputrace.render.holder_html import instant_html
 from gputrace.render.html import (
     Page,
     bytes_per_min,
@@ -27,6 +28,7 @@ from gputrace.render.html import (
     text,
     yes_no,
 )
+from gputrace.render.oom_sections import HELD_NOTE
 from gputrace.render.terminal import not_recorded_line
 
 
@@ -226,7 +228,12 @@ def leak_sites(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                               ("comm", "process", text), ("count", "allocations", num),
                               ("bytes", "bytes", human_bytes),
                               ("stack", "site (click for the stack, innermost first)",
-                                                        stack_cell)], limit=30))
+                                                        stack_cell)], limit=30)
+                 + "".join(f'<p class="note">{num(n)} more {esc(k)} rows not kept by the report '
+                           "(--top or its bound; the totals count them)</p>"
+                           for k, n in sorted(((leaks or {}).get("left_out") or {}).items()))
+                 + (instant_html(own, none_line=False)
+                    if (own := (leaks or {}).get("no_live_owner")) else ""))
 
 
 def ioctl_latency(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
@@ -271,17 +278,24 @@ def oom(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
             + table([dict(h, traced="yes" if h["traced"] else "not traced")
                      for h in inc["holders"]],
                     [("pid", "pid", pid), ("comm", "comm", text), ("traced", "traced", text),
-                     ("driver_bytes", "driver", human_bytes), ("api_bytes", "api", human_bytes),
-                     ("rm_bytes", "rm", human_bytes), ("uvm_bytes", "uvm", human_bytes),
+                     ("driver_bytes", "driver", human_bytes), ("held_bytes", "held", human_bytes),
                      ("grew_bytes", f"grew in {window} s", human_bytes),
+                     ("api_bytes", "layer api", human_bytes), ("rm_bytes", "layer rm", human_bytes),
+                     ("uvm_bytes", "layer uvm", human_bytes),
                      ("allocator_reserved_bytes", "pool reserved", human_bytes),
                      ("allocator_allocated_bytes", "pool allocated", human_bytes)])
+            + (f'<p class="note">{esc(HELD_NOTE)}</p>' if inc["holders"] else "")
+            + (f'<p class="note">{num(rest["count"])} more holders not listed (driver '
+               f'{human_bytes(rest["driver_bytes"])}, held {human_bytes(rest["held_bytes"])}; '
+               "--format json lists the first ones)</p>"
+               if (rest := inc.get("holders_left_out")) and rest["count"] else "")
             + (table(sites, [
                 ("pid", "pid", pid), ("layer", "layer", text), ("what", "what", text),
                 ("bytes", "bytes", human_bytes), ("count", "count", num),
                 ("stack", "site", text)]) if (sites := [
                     dict(x, pid=h["pid"]) for h in inc["holders"] for x in h["top_sites"]])
-               else ""))
+               else "")
+            + (instant_html(own, none_line=False) if (own := inc.get("no_live_owner")) else ""))
     body = "".join(parts) or ('<p class="note">no allocation failed for want of memory</p>'
                               if rep and rep.get("recorded") else "")
     page.section("Out of memory", None, _missing(rep, "out of memory"), body)
