@@ -24,8 +24,9 @@ HOLDER_COLS: list[term_table.Col] = [
 
 def where(inst: dict[str, Any]) -> str:
     """The instant an answer is for: the end of the trace or an incident."""
+    gpu = "unknown" if inst["gpu_index"] is None else inst["gpu_index"]
     return ("at the end of the trace" if inst["at"] == "end"
-            else f"at the incident at {inst['t_s']:.3f} s (GPU {cells.plain(inst['gpu_index'])})")
+            else f"at the incident at {inst['t_s']:.3f} s (GPU {gpu})")
 
 
 def verdict_lines(inst: dict[str, Any], limit: int, *, none_line: bool = True

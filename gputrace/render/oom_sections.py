@@ -18,8 +18,8 @@ SAMPLE_WORDS = {"incident": "the sample taken for it", "tick": "the nearest peri
                 "allocator": "the free memory CUDA reported to the allocator"}
 
 
-HELD_NOTE = ("held: the one figure per process (each piece of memory once); layer api, rm, "
-             "uvm: what each layer alone shows live, a per-layer breakdown never to be added")
+HELD_NOTE = ("held: one figure per process, each piece once; layer api/rm/uvm: "
+             "per-layer breakdown, never added")
 
 
 def _ms(ns: Any) -> str:
@@ -55,7 +55,8 @@ def _holders(con: Console, inc: dict[str, Any], window_s: float, limit: int) -> 
     t, hb, plain = term_table.table, cells.human_bytes, cells.plain
     rows = [{**h, "traced_text": "yes" if h["traced"] else "not traced"}
             for h in inc["holders"]]
-    t(con, f"Holders of GPU {inc['gpu_index']} (driver accounting beside the recorded memory)",
+    gpu = "unknown" if inc["gpu_index"] is None else inc["gpu_index"]
+    t(con, f"Holders of GPU {gpu} (driver accounting beside the recorded memory)",
       rows, [("pid", "pid", plain), ("comm", "comm", plain), ("traced_text", "traced", str),
              ("driver_bytes", "driver", hb), ("held_bytes", "held", hb),
              ("grew_bytes", f"grew {window_s:g}s", hb), ("api_bytes", "layer api", hb),
