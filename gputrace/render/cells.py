@@ -22,7 +22,7 @@ def num(v: Any) -> str:
     if v is None:
         return "-"
     if isinstance(v, dict):
-        return ", ".join(f"{k} {nested(x)}" for k, x in v.items()) or "-"
+        return ", ".join(f"{k} {nested(x, by_name(str(k)))}" for k, x in v.items()) or "-"
     if isinstance(v, (list, tuple)):
         return ", ".join(nested(x) for x in v) or "-"
     if isinstance(v, bool):
@@ -34,9 +34,10 @@ def num(v: Any) -> str:
     return str(v)
 
 
-def nested(v: Any) -> str:
-    """A value inside a list or mapping: a mapping in parentheses, the rest as `num`."""
-    return f"({num(v)})" if isinstance(v, dict) else num(v)
+def nested(v: Any, fmt: Fmt | None = None) -> str:
+    """A value inside a list or mapping: a mapping in parentheses, the rest as `fmt`
+    (from the key's name) or `num`."""
+    return f"({num(v)})" if isinstance(v, dict) else (fmt or num)(v)
 
 
 def by_name(key: str) -> Fmt:
