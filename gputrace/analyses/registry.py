@@ -208,6 +208,7 @@ REPORTS: list[ReportSpec] = [
         ("syscall", "rm_query"), _holders,
         unrecorded_data={"instants": [], "orphaned_bytes": None},
         terminal="gputrace.render.holder_sections:holders_section",
+        html=("gputrace.render.holder_html:holders_html",),
         fleet=FleetUse(sums=("orphaned_bytes", "cases"))),
     ReportSpec(
         "summary", "summary", "Summary",

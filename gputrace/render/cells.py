@@ -17,8 +17,14 @@ def human_bytes(v: Any) -> str:
 
 
 def num(v: Any) -> str:
+    """A value as the terminal writes it: counts with thousands separators, flags yes/no,
+    a nested list or mapping as text (`a 1, b 2`), never Python's repr."""
     if v is None:
         return "-"
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {nested(x, by_name(str(k)))}" for k, x in v.items()) or "-"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(nested(x) for x in v) or "-"
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
@@ -26,6 +32,27 @@ def num(v: Any) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     return str(v)
+
+
+def nested(v: Any, fmt: Fmt | None = None) -> str:
+    """A value inside a list or mapping: a mapping in parentheses, the rest as `fmt`
+    (from the key's name) or `num`."""
+    return f"({num(v)})" if isinstance(v, dict) else (fmt or num)(v)
+
+
+def by_name(key: str) -> Fmt:
+    """How a column of a report without a section of its own is written, from its name:
+    pids bare (1239, not 1,239), bytes in binary units, the rest as `num`."""
+    if key == "pid" or key.endswith(("_pid", "pids")) or key in ("opened_by", "tid"):
+        return pids
+    return human_bytes if key.endswith("bytes") else num
+
+
+def pids(v: Any) -> str:
+    """A pid, or a list of them, bare (no thousands separator)."""
+    if isinstance(v, (list, tuple)):
+        return ", ".join(str(p) for p in v) or "-"
+    return plain(v)
 
 
 def us(v: Any) -> str:

@@ -6,6 +6,7 @@ here (`ReportSpec.html`), and a report that names none gets `generic_section`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gputrace.analyses import registry
@@ -13,7 +14,8 @@ from gputrace.analyses.report import REPORT_FIELDS
 from gputrace.analyses.report_spec import GROUPINGS, ReportSpec, resolve
 from gputrace.render import html_plots as plots
 from gputrace.render.allocator_html import stack_cell
-from gputrace.render.cells import workload
+from gputrace.render.cells import by_name, workload
+from gputrace.render.holder_html import instant_html
 from gputrace.render.html import (
     Page,
     bytes_per_min,
@@ -26,6 +28,7 @@ from gputrace.render.html import (
     text,
     yes_no,
 )
+from gputrace.render.oom_sections import HELD_NOTE
 from gputrace.render.terminal import not_recorded_line
 
 
@@ -87,13 +90,18 @@ def generic_section(page: Page, spec: ReportSpec, rep: dict[str, Any] | None) ->
         if k in REPORT_FIELDS:
             continue
         if isinstance(v, list) and all(isinstance(r, dict) for r in v):
-            tables.append(f"<h3>{esc(k)}</h3>"
-                          + table(v, [(c, c, num) for c in spec.columns_of(k, v)]))
-        elif not isinstance(v, (dict, list)):
-            figures.append(f"<dt>{esc(k)}</dt><dd>{num(v)}</dd>")
+            tables.append(f"<h3>{esc(k)}</h3>" + table(v, [
+                (c, c, _as_terminal(by_name(c))) for c in spec.columns_of(k, v)]))
+        else:  # a figure, or nested values written as text (never Python's repr)
+            figures.append(f"<dt>{esc(k)}</dt><dd>{_as_terminal(by_name(k))(v)}</dd>")
     body = (f'<p class="note">{esc(rep["question"])}</p>' if rep else "") + (
         f"<dl>{''.join(figures)}</dl>" if figures else "") + "".join(tables)
     page.section(spec.title, None, _missing(rep, spec.title), body)
+
+
+def _as_terminal(f: Callable[[Any], str]) -> Callable[[Any], str]:
+    """A cell written as the terminal writes it, escaped; '' for None."""
+    return lambda v: "" if v is None else esc(f(v))
 
 
 def live_bytes(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
@@ -220,7 +228,12 @@ def leak_sites(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
                               ("comm", "process", text), ("count", "allocations", num),
                               ("bytes", "bytes", human_bytes),
                               ("stack", "site (click for the stack, innermost first)",
-                                                        stack_cell)], limit=30))
+                                                        stack_cell)], limit=30)
+                 + "".join(f'<p class="note">{num(n)} more {esc(k)} rows not kept by the report '
+                           "(--top or its bound; the totals count them)</p>"
+                           for k, n in sorted(((leaks or {}).get("left_out") or {}).items()))
+                 + (instant_html(own, none_line=False)
+                    if (own := (leaks or {}).get("no_live_owner")) else ""))
 
 
 def ioctl_latency(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
@@ -265,17 +278,24 @@ def oom(page: Page, doc: dict[str, Any], s: dict[str, Any]) -> None:
             + table([dict(h, traced="yes" if h["traced"] else "not traced")
                      for h in inc["holders"]],
                     [("pid", "pid", pid), ("comm", "comm", text), ("traced", "traced", text),
-                     ("driver_bytes", "driver", human_bytes), ("api_bytes", "api", human_bytes),
-                     ("rm_bytes", "rm", human_bytes), ("uvm_bytes", "uvm", human_bytes),
+                     ("driver_bytes", "driver", human_bytes), ("held_bytes", "held", human_bytes),
                      ("grew_bytes", f"grew in {window} s", human_bytes),
+                     ("api_bytes", "layer api", human_bytes), ("rm_bytes", "layer rm", human_bytes),
+                     ("uvm_bytes", "layer uvm", human_bytes),
                      ("allocator_reserved_bytes", "pool reserved", human_bytes),
                      ("allocator_allocated_bytes", "pool allocated", human_bytes)])
+            + (f'<p class="note">{esc(HELD_NOTE)}</p>' if inc["holders"] else "")
+            + (f'<p class="note">{num(rest["count"])} more holders not listed (driver '
+               f'{human_bytes(rest["driver_bytes"])}, held {human_bytes(rest["held_bytes"])}; '
+               "--format json lists the first ones)</p>"
+               if (rest := inc.get("holders_left_out")) and rest["count"] else "")
             + (table(sites, [
                 ("pid", "pid", pid), ("layer", "layer", text), ("what", "what", text),
                 ("bytes", "bytes", human_bytes), ("count", "count", num),
                 ("stack", "site", text)]) if (sites := [
                     dict(x, pid=h["pid"]) for h in inc["holders"] for x in h["top_sites"]])
-               else ""))
+               else "")
+            + (instant_html(own, none_line=False) if (own := inc.get("no_live_owner")) else ""))
     body = "".join(parts) or ('<p class="note">no allocation failed for want of memory</p>'
                               if rep and rep.get("recorded") else "")
     page.section("Out of memory", None, _missing(rep, "out of memory"), body)

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.text import Text
 
 from gputrace.render.cells import hexa, human_bytes, num, plain, short_kind
+from gputrace.render.holder_sections import no_live_owner
 from gputrace.render.term_table import table
 
 TIMES = "\N{MULTIPLICATION SIGN}"
@@ -60,12 +61,15 @@ def leaks_section(con: Console, d: dict[str, Any], limit: int) -> None:
     table(con, "Leak sites", d["leak_sites"], [
         ("pid", "pid", plain), ("comm", "comm", str), ("what", "what", str),
         ("count", "count", num), ("bytes", "bytes", human_bytes),
-        ("site", "call stack (innermost first)", plain)], limit)
-    table(con, "Leaked memory (each piece once)", d["leaked"], [
+        ("site", "site", plain)], limit)
+    left_out(con, d, "leak_sites")
+    folded = f"Leaked memory (each piece once; {TIMES}: identical pieces folded into the row)"
+    table(con, folded, d["leaked"], [
         ("pid", "pid", plain), ("comm", "comm", str), ("kind", "kind", short_kind),
         ("what", "what", str), ("api_count", "allocs", num), ("bytes", "leaked", human_bytes),
-        ("rm_bytes", "driver", human_bytes), ("age_s", "age s", num),
-        ("site", "call stack (innermost first)", plain)], limit)
+        ("rm_bytes", "driver", human_bytes), ("pieces", TIMES, num), ("age_s", "age s", num),
+        ("site", "site", plain)], limit)
+    left_out(con, d, "leaked")
     for name, v in sorted((d.get("held_by_allocator") or {}).items()):
         con.print(Text(_kept_line(name, v)))
     for g in d.get("growth_by_allocator") or []:
@@ -90,8 +94,18 @@ def leaks_section(con: Console, d: dict[str, Any], limit: int) -> None:
         con.print(Text(f"address-space reservations not released ({layer}; not memory, not "
                        f"counted): {num(v['count'])} ({human_bytes(v['bytes'])})",
                        style="dim"))
+    no_live_owner(con, d.get("no_live_owner"), limit)
     growth_section(con, d, limit)
     con.print(Text("per-layer view (api, rm, uvm rows apart): --by-layer", style="dim"))
+
+
+def left_out(con: Console, d: dict[str, Any], key: str) -> None:
+    """How many rows of a list the report itself did not keep (--top, or its bound);
+    the totals still count them."""
+    n = (d.get("left_out") or {}).get(key)
+    if n:
+        con.print(Text(f"... {num(n)} more rows not kept by the report (--top or its bound; "
+                       "the totals count them)", style="dim"))
 
 
 def growth_section(con: Console, d: dict[str, Any], limit: int) -> None:
@@ -100,6 +114,7 @@ def growth_section(con: Console, d: dict[str, Any], limit: int) -> None:
         ("end_bytes", "end", human_bytes), ("slope_bytes_per_min", "slope/min", human_bytes),
         ("r2", "R²", num), ("rising_troughs", "rises", num), ("flagged", "growing", num)],
         limit)
+    left_out(con, d, "growth")
 
 
 def leaks_by_layer_section(con: Console, d: dict[str, Any], limit: int) -> None:
@@ -111,12 +126,15 @@ def leaks_by_layer_section(con: Console, d: dict[str, Any], limit: int) -> None:
         ("kind", "kind", short_kind), ("what", "what", str), ("id", "id", hexa),
         ("size_bytes", "size", human_bytes), ("age_s", "age s", num),
         ("stack_id", "stack", num)], limit)
+    left_out(con, d, "allocations")
     table(con, "By process", d["by_process"], [
         ("layer", "layer", str), ("pid", "pid", plain), ("comm", "comm", str),
         ("kind", "kind", str), ("count", "count", num), ("bytes", "bytes", human_bytes)], limit)
+    left_out(con, d, "by_process")
     table(con, "By call stack", d["by_stack"], [
         ("layer", "layer", str), ("pid", "pid", plain), ("count", "count", num),
-        ("bytes", "bytes", human_bytes), ("site", "frames (innermost first)", str)], limit)
+        ("bytes", "bytes", human_bytes), ("site", "site", str)], limit)
+    left_out(con, d, "by_stack")
     table(con, "By size class", d["by_size_class"], [
         ("layer", "layer", str), ("size_class", "class", str), ("count", "count", num),
         ("bytes", "bytes", human_bytes)], limit)

@@ -12,9 +12,14 @@ from rich.console import Console
 from rich.text import Text
 
 from gputrace.render import cells, term_table
+from gputrace.render.holder_sections import no_live_owner
 
 SAMPLE_WORDS = {"incident": "the sample taken for it", "tick": "the nearest periodic sample",
                 "allocator": "the free memory CUDA reported to the allocator"}
+
+
+HELD_NOTE = ("held: one figure per process, each piece once; layer api/rm/uvm: "
+             "per-layer breakdown, never added")
 
 
 def _ms(ns: Any) -> str:
@@ -50,12 +55,20 @@ def _holders(con: Console, inc: dict[str, Any], window_s: float, limit: int) -> 
     t, hb, plain = term_table.table, cells.human_bytes, cells.plain
     rows = [{**h, "traced_text": "yes" if h["traced"] else "not traced"}
             for h in inc["holders"]]
-    t(con, f"Holders of GPU {inc['gpu_index']} (driver accounting beside the recorded layers)",
+    gpu = "unknown" if inc["gpu_index"] is None else inc["gpu_index"]
+    t(con, f"Holders of GPU {gpu} (driver accounting beside the recorded memory)",
       rows, [("pid", "pid", plain), ("comm", "comm", plain), ("traced_text", "traced", str),
-             ("driver_bytes", "driver", hb), ("api_bytes", "api", hb), ("rm_bytes", "rm", hb),
-             ("uvm_bytes", "uvm", hb), ("grew_bytes", f"grew {window_s:g}s", hb),
+             ("driver_bytes", "driver", hb), ("held_bytes", "held", hb),
+             ("grew_bytes", f"grew {window_s:g}s", hb), ("api_bytes", "layer api", hb),
+             ("rm_bytes", "layer rm", hb), ("uvm_bytes", "layer uvm", hb),
              ("allocator_reserved_bytes", "pool rsv", hb),
              ("allocator_allocated_bytes", "pool used", hb)], limit)
+    if rows:
+        con.print(Text(f"  {HELD_NOTE}", style="dim"))
+    if (rest := inc.get("holders_left_out")) and rest["count"]:
+        con.print(Text(f"  ... {cells.num(rest['count'])} more holders not listed (driver "
+                       f"{hb(rest['driver_bytes'])}, held {hb(rest['held_bytes'])}; "
+                       "--format json lists the first ones)", style="dim"))
     sites = [{"pid": h["pid"], **s} for h in inc["holders"] for s in h["top_sites"]]
     cols: list[term_table.Col] = [
         ("pid", "pid", plain), ("layer", "layer", str), ("what", "what", plain),
@@ -87,6 +100,7 @@ def oom_section(con: Console, d: dict[str, Any], limit: int) -> None:
                            + ", ".join(sorted({f"{x['call']} ({x['layer']})" for x in nested}))))
         con.print(Text("  stack: " + (inc["stack"] or "(none recorded)")))
         _holders(con, inc, d["window_s"], limit)
+        no_live_owner(con, inc.get("no_live_owner"), limit)
     if len(d["incidents"]) > limit:
-        con.print(Text(f"... {len(d['incidents']) - limit} more incidents (use --top or "
+        con.print(Text(f"... {len(d['incidents']) - limit} more incidents (use --rows or "
                        "--format json)", style="dim"))

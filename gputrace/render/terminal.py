@@ -23,7 +23,7 @@ from rich.text import Text
 from gputrace.analyses import registry
 from gputrace.analyses.report import REPORT_FIELDS
 from gputrace.analyses.report_spec import GROUPINGS, ReportSpec, resolve
-from gputrace.render.cells import human_bytes, num, plain, us
+from gputrace.render.cells import by_name, human_bytes, num, plain, us
 from gputrace.render.safe import printable_tree
 from gputrace.render.term_table import ROWS, table
 
@@ -54,14 +54,15 @@ def summary_section(con: Console, d: dict[str, Any], limit: int) -> None:
 
 def generic_section(con: Console, spec: ReportSpec, d: dict[str, Any], limit: int) -> None:
     """A report without a section of its own: each figure on a line and each list of rows
-    a table (its declared columns: `ReportSpec.columns_of`), in name order."""
+    a table (its declared columns: `ReportSpec.columns_of`), in name order; nested values
+    as text (`cells.num`), never a raw dict, list or bool."""
     for k, v in sorted(d.items()):
         if k in REPORT_FIELDS:
             continue
         if isinstance(v, list) and all(isinstance(r, dict) for r in v):
-            table(con, k, v, [(c, c, num) for c in spec.columns_of(k, v)], limit)
-        elif not isinstance(v, (dict, list)):
-            con.print(Text(f"{k}: {num(v)}"))
+            table(con, k, v, [(c, c, by_name(c)) for c in spec.columns_of(k, v)], limit)
+        else:  # a figure, or nested values written as text (never Python's repr)
+            con.print(Text(f"{k}: {by_name(k)(v)}"))
 
 
 def _warn(con: Console, text: str) -> None:
