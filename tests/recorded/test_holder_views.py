@@ -13,10 +13,13 @@ fleet's holders (the trace's partial merged with an empty one)."""
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
 
+from gputrace.fleet.render import render_fleet_terminal
+from gputrace.fleet.render_html import render_fleet_html
 from gputrace.fleet.reports import EMPTY, merge, trace_partial
 from gputrace.fleet.summarize import fleet_document
 from gputrace.live.aggregates import Aggregates
@@ -88,3 +91,7 @@ def test_fleet_one_figure() -> None:
     (h,) = fleet["holders"]["top_processes"]
     assert fleet["holders"]["held_bytes"] == h["held_bytes"] == TRUTH
     assert (h["host"], h["comm"]) == ("h1", "cuda_workload")
+    out = io.StringIO()
+    render_fleet_terminal(fleet, out)
+    assert "Top holders" in out.getvalue() and "24.0 MiB" in out.getvalue()
+    assert "Top holders" in render_fleet_html(fleet)
