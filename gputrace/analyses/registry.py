@@ -74,6 +74,13 @@ def _leak_options(ctx: Context) -> Any:
     return ctx.memo("leak_options", lambda: LeakOptions(o.older_ns, o.min_size, o.top, o.by))
 
 
+_HELD_COLUMNS = ("processes", "held_bytes", "program_bytes", "allocator_pool_bytes",
+                 "cuda_context_bytes", "driver_only_bytes", "pieces", "api_layer_bytes",
+                 "rm_layer_bytes", "uvm_layer_bytes")
+"""`leaks --by pod|container`: each group's held figure (one per process, added over its
+processes: leaks/held_end.py), its classes, then the per-layer breakdown."""
+
+
 def _leaks_part(ctx: Context, sl: Slice) -> Any:
     from gputrace.analyses.leaks import leak_part
 
@@ -166,7 +173,12 @@ REPORTS: list[ReportSpec] = [
               f"{_SECTIONS}:leak_sites"),
         diff=(DiffTable("leak_sites", "Leak sites (leaked bytes by call stack)", ("@stacks",),
                         ("layer", "comm", "stack"), ("bytes", "count"), is_bytes=True),),
-        fleet=FleetUse(answers=("leaks",))),
+        columns={"by_pod": ("pod_namespace", "pod_name", *_HELD_COLUMNS, "pod_uid",
+                            "qos_class"),
+                 "by_container": ("pod_namespace", "pod_name", "container_name",
+                                  *_HELD_COLUMNS, "container_id", "container_runtime",
+                                  "pod_uid")},
+        fleet=FleetUse(answers=("leaks", "holders"))),
     ReportSpec(
         "fault-rate", "fault_rate", "Fault rate",
         "How often does managed memory fault, and does it thrash or oversubscribe the GPU?",

@@ -39,6 +39,15 @@ def render_fleet_terminal(doc: dict[str, Any], out: TextIO) -> None:
     _table(out, ["bytes", "count", "hosts", "traces", "what", "frames"],
            [[format_bytes(s["bytes"]), s["count"], s["host_count"], s["traces"], s["what"],
              s["frames"]] for s in lk["top_sites"]])
+    hd = doc["holders"]
+    out.write(f"\nTop holders (held when the process exited or the trace ended, each byte "
+              f"once; {format_bytes(hd['held_bytes'])} in all; per layer: a breakdown)\n")
+    _table(out, ["host", "pid", "comm", "held", "program", "pool", "context", "driver-only",
+                 "api layer", "rm layer", "uvm layer"],
+           [[h["host"], h["pid"], h["comm"], *(format_bytes(h.get(k)) for k in (
+               "held_bytes", "program_bytes", "allocator_pool_bytes", "cuda_context_bytes",
+               "driver_only_bytes", "api_layer_bytes", "rm_layer_bytes", "uvm_layer_bytes"))]
+            for h in hd["top_processes"]])
     g = doc["gpus"]
     out.write("\nGPUs by fragmentation (PMM index, worst of peak/end)\n")
     _table(out, ["host", "gpu", "model", "index", "memory"],

@@ -1,7 +1,9 @@
 """Fleet questions from per-trace reports: one partial per trace, merged by the engine.
 
 A partial holds what the fleet answers need from one trace's `analyze` document:
-leak totals, leaking jobs and call sites, per-GPU fragmentation and
+leak totals, leaking jobs and call sites, the memory each process held when it exited
+or the trace ended (one figure per process from the joined allocation model, the
+leak report's `held_at_end`: never the layers added), per-GPU fragmentation and
 oversubscription, the fault rate, drops and status. `merge` is associative and
 commutative (the engine may combine partials in any tree); lists ranked by a
 figure unique to one trace (a job, a GPU) are cut to the top N at every merge,
@@ -21,8 +23,9 @@ import polars as pl
 
 from gputrace.analyses import registry
 
-EMPTY: dict[str, Any] = {"traces": 0, "leak_bytes": 0, "leak_count": 0, "jobs": [],
-                         "sites": {}, "gpus": [], "rows": [], "reports": [], "totals": {}}
+EMPTY: dict[str, Any] = {"traces": 0, "leak_bytes": 0, "leak_count": 0, "held_bytes": 0,
+                         "jobs": [], "holders": [], "sites": {}, "gpus": [], "rows": [],
+                         "reports": [], "totals": {}}
 _TRACE_KEYS = ("trace_id", "host", "date", "driver_version", "gpu_model", "status")
 
 
@@ -60,6 +63,9 @@ def trace_partial(entry: dict[str, Any], doc: dict[str, Any], procs: pl.DataFram
                                             "count": 0})
         j["bytes"] += int(a.get("bytes") or 0)
         j["count"] += int(a.get("pieces") or 1)  # a row folds identical pieces
+    held = leaks.get("held_at_end") or {}
+    holders = [{**where, **h, "cmdline": cmd.get(int(h["pid"]))}
+               for h in held.get("processes") or []]
     sites = {}
     for s in leaks.get("leak_sites") or []:
         key = f"{s.get('what')}\x00{s.get('frames')}"
@@ -98,6 +104,7 @@ def trace_partial(entry: dict[str, Any], doc: dict[str, Any], procs: pl.DataFram
            "flags": flags(str(who["status"]), dropped)}
     return {"traces": 1, "leak_bytes": int(leaks.get("total_bytes") or 0),
             "leak_count": int(leaks.get("total_count") or 0), "jobs": list(jobs.values()),
+            "held_bytes": int(held.get("bytes") or 0), "holders": holders,
             "sites": sites, "gpus": list(gpus.values()), "rows": [row],
             "reports": [{**where, "report": doc}] if keep_report else [],
             "totals": report_totals(doc)}
@@ -114,11 +121,13 @@ def merge(parts: Iterable[dict[str, Any]], top: int | None) -> dict[str, Any]:
     """One partial of many (the engine's reduce step)."""
     out: dict[str, Any] = {**EMPTY, "sites": {}, "totals": {}}
     jobs: list[dict[str, Any]] = []
+    holders: list[dict[str, Any]] = []
     gpus: list[dict[str, Any]] = []
     for p in parts:
-        for k in ("traces", "leak_bytes", "leak_count"):
-            out[k] += p[k]
+        for k in ("traces", "leak_bytes", "leak_count", "held_bytes"):
+            out[k] += p.get(k, 0)
         jobs += p["jobs"]
+        holders += p.get("holders", [])
         gpus += p["gpus"]
         out["rows"] = out["rows"] + p["rows"]
         out["reports"] = out["reports"] + p["reports"]
@@ -133,6 +142,7 @@ def merge(parts: Iterable[dict[str, Any]], top: int | None) -> dict[str, Any]:
                 "traces": mine["traces"] + s["traces"],
                 "hosts": sorted({*mine["hosts"], *s["hosts"]}, key=str)}
     out["jobs"] = _top(jobs, "bytes", top)
+    out["holders"] = _top(holders, "held_bytes", top)  # a (trace, pid) is in one part
     keep = {id(g) for k in ("fragmentation_index", "unusable_share", "resident_ratio")
             for g in _top(gpus, k, top)}
     out["gpus"] = [g for g in gpus if id(g) in keep]

@@ -7,15 +7,21 @@ allocation). The API (23 MiB), RM (24 MiB) and UVM (24 MiB) layers each see the 
 memory; added, they made 71 MiB ("grew 71.0 MiB" in the demo).
 
 Views: the oom report's holder figures and site tables, the live aggregates (view,
-`gputrace_held_bytes`, the live_bytes alert) fed the trace's own tables, and the
-holders report."""
+`gputrace_held_bytes`, the live_bytes alert) fed the trace's own tables, the
+holders report, the leak report's `held_at_end`, `analyze --by pod|container` and the
+fleet's holders (the trace's partial merged with an empty one)."""
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
 
+from gputrace.fleet.render import render_fleet_terminal
+from gputrace.fleet.render_html import render_fleet_html
+from gputrace.fleet.reports import EMPTY, merge, trace_partial
+from gputrace.fleet.summarize import fleet_document
 from gputrace.live.aggregates import Aggregates
 from gputrace.trace.reader import open_trace
 from tests.analyze_helpers import analyze
@@ -60,3 +66,32 @@ def test_holders_report(doc: dict[str, Any]) -> None:
     (h,) = inc["holders"]
     assert (h["pid"], h["inherited"]) == (doc["oom"]["incidents"][0]["pid"], False)
     assert inc["orphaned_bytes"] == 0 and inc["cases"] == []
+
+
+@pytest.mark.parametrize("by", ["pod", "container"])
+def test_by_group_one_figure(by: str) -> None:
+    leaks = analyze(STANDIN, ["leaks"], by=by)["leaks"]
+    (row,) = leaks[f"by_{by}"]  # the one process is in no pod: the host's group
+    assert (row["processes"], row["held_bytes"], row["program_bytes"]) == (1, TRUTH, TRUTH)
+    # the layers are a breakdown beside it, each at most the figure, never added to it
+    assert (row["api_layer_bytes"], row["rm_layer_bytes"], row["uvm_layer_bytes"]) == (
+        23 * MIB, TRUTH, TRUTH)
+    assert leaks["held_at_end"]["bytes"] == TRUTH
+
+
+def test_fleet_one_figure() -> None:
+    whole = analyze(STANDIN, ["leaks", "holders"])
+    t = open_trace(STANDIN)
+    entry = {"trace_id": "t1", "host": "h1", "date": "2026-01-01", "status": "complete",
+             "driver_version": None, "gpu_model": None, "drops": {}}
+    part = merge([trace_partial(entry, whole, t.scan("processes").collect(), False),
+                  dict(EMPTY)], top=None)
+    fleet = fleet_document(part, top=None, dataset="d", where=None,
+                           engine={"workers": 1, "scheduler": "local"})
+    (h,) = fleet["holders"]["top_processes"]
+    assert fleet["holders"]["held_bytes"] == h["held_bytes"] == TRUTH
+    assert (h["host"], h["comm"]) == ("h1", "cuda_workload")
+    out = io.StringIO()
+    render_fleet_terminal(fleet, out)
+    assert "Top holders" in out.getvalue() and "24.0 MiB" in out.getvalue()
+    assert "Top holders" in render_fleet_html(fleet)

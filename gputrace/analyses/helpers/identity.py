@@ -6,6 +6,12 @@ processes table's identity columns (schema.IDENTITY_COLUMNS, derived at recordin
 gputrace/identity.py) to its rows, `by_identity` adds its figures up per pod or per
 container. Rows of processes in no pod (or no container) form one group whose keys are
 null: the host's.
+
+A group's memory figure is the sum over its processes of each process's ONE figure
+(the leak report feeds `leaks/held_end.py`: what each held at its exit, from the joined
+allocation model), never a sum over layers that see the same bytes: a per-layer column
+beside it is a breakdown (`<layer>_layer_bytes`). Counts of events (faults, incidents)
+add up over any rows.
 """
 
 from __future__ import annotations

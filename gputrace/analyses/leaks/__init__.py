@@ -27,6 +27,7 @@ from gputrace.analyses.helpers.rm_objects import VIRTUAL_LAYER
 from gputrace.analyses.helpers.stacks import stack_sites
 from gputrace.analyses.leaks.allocator_growth import allocator_growth
 from gputrace.analyses.leaks.growth import growth
+from gputrace.analyses.leaks.held_end import BREAKDOWN, FIGURES, held_end, held_end_part
 from gputrace.analyses.leaks.leaks_joined import joined_part, joined_report
 from gputrace.analyses.registry import spec, unrecorded
 from gputrace.analyses.report import Report
@@ -92,7 +93,7 @@ def leak_part(sl: Slice, opts: LeakOptions | None = None) -> dict[str, pl.DataFr
         virt.select(count_bytes), closed.select(count_bytes)])
     return {**dict(zip(names, frames, strict=True)), "growth": growth(lt),
             **allocator_growth(lt, inp.scan("stacks")),
-            **joined_part(sl, o.older_ns, o.min_size_bytes)}
+            **joined_part(sl, o.older_ns, o.min_size_bytes), "held_end": held_end_part(sl)}
 
 
 def _sums(parts: list[dict[str, pl.DataFrame]], name: str, *by: str) -> pl.DataFrame:
@@ -128,8 +129,10 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
     a_grow = pl.concat([p["allocator_growth"] for p in parts])
     a_segs = pl.concat([p["allocator_segments"] for p in parts]).sort(
         "bytes", "allocator", "pid", "stack_id", descending=[True, False, False, False])
+    # each process's one figure (the joined model), the per-layer rows its breakdown
+    held = held_end([p["held_end"] for p in parts], procs)
     groups = None if o.by is None else by_identity(
-        procs.lazy(), inp.scan("processes"), o.by, ["bytes", "count"], ["layer"]).collect()
+        held.lazy(), inp.scan("processes"), o.by, [*FIGURES, *BREAKDOWN]).collect()
     # growth fits: the flagged (growing) first, then the largest
     first = ["flagged", "peak_bytes"]
     grow = grow.sort([*first, "layer", "pid"], descending=[True, True, False, False])
@@ -137,9 +140,10 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
     growing = sorted({int(p) for p in grow.filter("flagged")["pid"]})
     rows = o.top if o.top is not None else MAX_ROWS
     lists = {"allocations": allocs, "by_process": procs, "by_stack": stacks, "growth": grow,
-             "growth_by_allocator": a_grow, "allocator_sites": a_segs}
+             "growth_by_allocator": a_grow, "allocator_sites": a_segs, "held_at_end": held}
     left_out = {k: v.height - rows for k, v in lists.items() if v.height > rows}
-    allocs, procs, stacks, grow, a_grow, a_segs = (v.head(rows) for v in lists.values())
+    held_total = int(held["held_bytes"].sum() or 0)
+    allocs, procs, stacks, grow, a_grow, a_segs, held = (v.head(rows) for v in lists.values())
     grow, a_grow = grow.sort("layer", "pid"), a_grow.sort("allocator", "pid")  # as listed
     joined = joined_report(parts, o.top, layers["api"], MAX_ROWS)
     left_out.update(joined.pop("joined_left_out"))
@@ -166,6 +170,8 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
         "rm_freed_by_fd_close": {"count": int(closed_df["count"][0]),
                                  "bytes": int(closed_df["size_bytes"][0] or 0)}
         if layers["rm"] else None,
+        # what each process held when it exited or the trace ended: one figure each
+        "held_at_end": {"bytes": held_total, "processes": records(held)},
         "filters": {"older_s": o.older_ns / 1e9, "min_size_bytes": o.min_size_bytes,
                     "top": o.top},
     }
@@ -176,7 +182,7 @@ def leaks(inp: Inputs, opts: LeakOptions | None = None,
         data["no_live_owner"] = instants_report(Facts(inp), [("end", inp.end_ns, None)])[0]
     if left_out:  # lists cut at --top or MAX_ROWS: how many rows each did not list
         data["left_out"] = left_out
-    if groups is not None:  # leaked bytes per layer and pod (or container)
+    if groups is not None:  # held bytes per pod (or container), layers a breakdown
         data[f"by_{o.by}"] = records(groups if o.top is None else groups.head(o.top))
     for k, v in layers.items():
         if not v:

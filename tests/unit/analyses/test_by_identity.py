@@ -9,6 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from gputrace.analyses import registry
 from gputrace.analyses.helpers.identity import GROUP_KEYS, by_identity, with_identity
 from gputrace.analyses.report_spec import GROUPINGS
 from gputrace.cli import main
@@ -21,7 +22,8 @@ C1, C2, C3 = ("a1" * 32), ("b2" * 32), ("c3" * 32)
 TRAINER = {"pod_uid": U1, "qos_class": "burstable", "pod_namespace": "ml",
            "pod_name": "trainer-0"}
 EVAL = {"pod_uid": U2, "qos_class": "besteffort", "pod_namespace": "ml", "pod_name": "eval-0"}
-# planted: leaked RM bytes per process; 101 also frees 3 MiB (not leaked)
+# planted: leaked RM bytes per process; 101 also frees 3 MiB (not leaked). Only the RM
+# layer is recorded: each process's one held figure is its unfreed RM bytes
 LEAKED = {101: 5 * MiB, 102: 2 * MiB, 201: 8 * MiB, 301: 16 * MiB}
 
 
@@ -55,9 +57,16 @@ def test_groupings_are_the_helpers_keys() -> None:
 def test_leaks_summary_fault_rate_by_pod(tmp_path: Path) -> None:
     doc = analyze(_trace(tmp_path), ["leaks", "summary", "fault-rate"], by="pod")
     rows = doc["leaks"]["by_pod"]
-    got = {r["pod_name"]: (r["layer"], r["bytes"], r["count"], r["processes"]) for r in rows}
-    assert got == {"trainer-0": ("rm", 7 * MiB, 3, 2), "eval-0": ("rm", 8 * MiB, 1, 1),
-                   None: ("rm", 16 * MiB, 1, 1)}
+    got = {r["pod_name"]: (r["held_bytes"], r["pieces"], r["processes"]) for r in rows}
+    assert got == {"trainer-0": (7 * MiB, 3, 2), "eval-0": (8 * MiB, 1, 1),
+                   None: (16 * MiB, 1, 1)}
+    # the layer is a breakdown column beside the figure, and the classes add up to it
+    for r in rows:
+        assert (r["rm_layer_bytes"], r["api_layer_bytes"]) == (r["held_bytes"], 0)
+        assert r["driver_only_bytes"] == r["held_bytes"]
+    # the columns the registry declares for the table are the rows' own
+    cols = registry.spec("leaks").columns
+    assert set(cols["by_pod"]) == set(rows[0])
     assert [r["pod_name"] for r in rows] == [None, "eval-0", "trainer-0"]  # most bytes first
     assert {r["pod_uid"]: r["qos_class"] for r in rows} == {
         U1: "burstable", U2: "besteffort", None: None}
@@ -74,7 +83,9 @@ def test_leaks_by_container_and_not_asked(tmp_path: Path) -> None:
     path = _trace(tmp_path)
     doc = analyze(path, ["leaks"], by="container")
     got = {r["container_id"]: (r["container_name"], r["container_runtime"], r["pod_name"],
-                               r["bytes"]) for r in doc["leaks"]["by_container"]}
+                               r["held_bytes"]) for r in doc["leaks"]["by_container"]}
+    cols = registry.spec("leaks").columns["by_container"]
+    assert set(cols) == set(doc["leaks"]["by_container"][0])
     assert got == {C1: ("cuda", "containerd", "trainer-0", 5 * MiB),
                    C2: ("side", "containerd", "trainer-0", 2 * MiB),
                    C3: ("cuda", "cri-o", "eval-0", 8 * MiB), None: (None, None, None, 16 * MiB)}
@@ -124,7 +135,7 @@ def test_old_traces_group_all_in_one(tmp_path: Path, by: str) -> None:
     b.process(1, "a")
     b.rm_alloc(1.0, 1, size=MiB)
     rows = analyze(b.build(tmp_path / "t"), ["leaks"], by=by)["leaks"][f"by_{by}"]
-    assert [(r["pod_uid"], r["bytes"]) for r in rows] == [(None, MiB)]
+    assert [(r["pod_uid"], r["held_bytes"]) for r in rows] == [(None, MiB)]
 
 
 def test_names_from_a_trace_never_reach_the_terminal_raw(tmp_path: Path) -> None:
