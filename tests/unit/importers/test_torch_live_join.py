@@ -54,11 +54,12 @@ def _event(t: float, kind: str, ptr: int, size: int) -> tuple[Any, ...]:
     return (ns(t), 0, ptr, size, 0, size, PID, PID, LIVE_STACK, -1, 0, 0, KIND[kind], 0)
 
 
-def live_recording(tmp_path: Path) -> Path:
+def live_recording(tmp_path: Path, api: bool = True) -> Path:
     """The live side: api and allocator layers over 0..10 s, rows as the layer writes."""
-    b = TraceBuilder(("syscall", "api", "allocator"), duration_s=10.0)
+    b = TraceBuilder(("syscall", *(("api",) if api else ()), "allocator"), duration_s=10.0)
     b.process(PID, "python")
-    b.cuda_alloc(1.0, PID, 20 * MiB, ptr=SEG_A)
+    if api:
+        b.cuda_alloc(1.0, PID, 20 * MiB, ptr=SEG_A)
     state = AllocatorState(realtime_offset_ns=b.manifest()["clock"]["realtime_offset_ns"])
     ev = np.array([
         _event(1.0, "seg_alloc", SEG_A, 20 * MiB),
@@ -133,9 +134,12 @@ def test_live_rows_kept_and_snapshot_added(tmp_path: Path) -> None:
         (1, "live_fn"), (2, "train"), (3, "evaluate")]
 
 
-def test_lineup_per_device(tmp_path: Path) -> None:
-    out, _ = write_joined(read_snapshot(snapshot(tmp_path)), live_recording(tmp_path),
-                          tmp_path / "j")
+@pytest.mark.parametrize("api", [True, False])
+def test_lineup_per_device(tmp_path: Path, api: bool) -> None:
+    """Without the API layer the segments join to the live layer's segment_alloc rows."""
+    out, join = write_joined(read_snapshot(snapshot(tmp_path)),
+                             live_recording(tmp_path, api), tmp_path / "j")
+    assert join.pid == PID and join.api_ts == {SEG_A: ns(1.0)}
     both = allocator_sources(open_trace(out))
     assert both is not None
     got = line_up_sources(both["live"]["allocator_blocks"],
