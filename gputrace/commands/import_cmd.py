@@ -48,5 +48,16 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"{printable(path)}: {printable(into)} plus {what} from {name}; pid "
                        f"{join.pid}, {len(join.api_ts)} of {join.segments} segments matched "
                        "cuMemAlloc calls")
+            if join.live:  # the recording's live allocator rows are kept: how they agree
+                from gputrace.analyses.allocator.lineup import line_up_sources, lineup_text
+                from gputrace.analyses.helpers.inputs import allocator_sources
+                from gputrace.trace.reader import open_trace
+
+                both = allocator_sources(open_trace(path))
+                if both is not None:
+                    frame = line_up_sources(both["live"]["allocator_blocks"],
+                                            both["snapshot"]["allocator_blocks"])
+                    for line in lineup_text(frame):
+                        typer.echo(f"  {line}")
         for note in r.notes:
             typer.echo(f"  note: {note}")

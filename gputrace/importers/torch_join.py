@@ -15,6 +15,13 @@ Two facts tie them, and both must hold or the join is refused with one line:
 
 The joined trace is written to a new directory: the recording's tables copied part for
 part, plus the allocator tables; the recording itself is never touched.
+
+A recording whose allocator layer was recorded live (the torch_allocator recorder
+layer) keeps its rows: the snapshot's rows are added as parts of their own, named in
+the manifest's `imported` entry (`allocator_sources`), so the analyses read one source
+at a time and analyses/allocator/lineup.py compares the two. The origin is kept per
+part, not per row: the live layer builds its rows from the tables' column list, so a
+new column would have to be filled there too.
 """
 
 from __future__ import annotations
@@ -58,6 +65,9 @@ class Join:
     api_ts: dict[int, int]
     """Segment address -> ts_ns of the cuMemAlloc* call that returned it."""
     segments: int
+    live: bool = False
+    """The recording's allocator layer was recorded live: its rows are kept beside the
+    snapshot's."""
 
 
 def _utc(ns: int) -> str:
@@ -71,9 +81,10 @@ def line_up(snap: TorchSnapshot, trace: Any) -> Join:
 
     m = trace.manifest
     where = str(trace.path)
-    if "allocator" in trace.layers:
-        raise JoinRefused(f"refused: {where} already holds an allocator layer")
-    if "api" not in trace.layers:
+    if any((e or {}).get("layer") == "allocator" for e in m.get("imported") or []):
+        raise JoinRefused(f"refused: {where} already holds an imported allocator layer")
+    live = "allocator" in trace.layers  # recorded live: kept, the snapshot's rows added
+    if "api" not in trace.layers and not live:
         raise JoinRefused(f"refused: {where} has no API layer (cuMemAlloc calls) to join "
                           "the snapshot's segments to; record with the api layer")
     offset = (m.get("clock") or {}).get("realtime_offset_ns")
@@ -83,10 +94,19 @@ def line_up(snap: TorchSnapshot, trace: Any) -> Join:
                           "the snapshot's wall-clock times cannot be placed in it")
     assert isinstance(offset, int) and isinstance(start, int) and isinstance(end, int)
     seg_addr = snap.rows.segments["address"]
+    wanted = sorted(set(seg_addr))
     calls = (trace.scan("cuda_calls")
              .filter(pl.col("func").is_in(ALLOC_FUNCS) & (pl.col("result") == 0)
-                     & pl.col("ptr").is_in(sorted(set(seg_addr))))
-             .select("ptr", "pid", "ts_ns").sort("ts_ns").collect())
+                     & pl.col("ptr").is_in(wanted))
+             .select("ptr", "pid", "ts_ns"))
+    if live:  # the live layer's own segment allocations join by address as well
+        calls = pl.concat([calls, trace.scan("allocator_events")
+                           .filter((pl.col("action") == "segment_alloc")
+                                   & pl.col("address").is_in(wanted))
+                           .select(pl.col("address").alias("ptr"), "pid", "ts_ns")
+                           .cast({"ptr": pl.UInt64, "pid": pl.Int32, "ts_ns": pl.Int64})])
+    calls = calls.cast({"ptr": pl.UInt64, "pid": pl.Int32, "ts_ns": pl.Int64}
+                       ).sort("ts_ns").collect()
     by_ptr: dict[int, list[tuple[int, int]]] = {}
     for ptr, pid, ts in calls.iter_rows():
         by_ptr.setdefault(int(ptr), []).append((int(ts), int(pid)))
@@ -94,7 +114,8 @@ def line_up(snap: TorchSnapshot, trace: Any) -> Join:
     if not pids:
         raise JoinRefused(
             f"refused: none of the snapshot's {len(seg_addr)} segment addresses was returned "
-            f"by a cuMemAlloc call in {where}; not a recording of the snapshot's process")
+            f"by a cuMemAlloc call{' or live allocator segment' if live else ''} in "
+            f"{where}; not a recording of the snapshot's process")
     pid = pids.most_common(1)[0][0]
     span = snap.rows.time_us_span
     if span is not None:
@@ -110,7 +131,7 @@ def line_up(snap: TorchSnapshot, trace: Any) -> Join:
         mine = [ts for ts, p in by_ptr.get(ptr, ()) if p == pid]
         if mine:
             api_ts[ptr] = mine[-1]
-    return Join(pid, offset, api_ts, len(seg_addr))
+    return Join(pid, offset, api_ts, len(seg_addr), live)
 
 
 def _read_part(part: Path) -> Any:
@@ -149,11 +170,14 @@ def write_joined(snap: TorchSnapshot, recording: str | os.PathLike[str],
     rows = snap.rows
     rows.place(join.offset_ns, join.pid)
     rows.segments["api_alloc_ts_ns"] = [join.api_ts.get(a) for a in rows.segments["address"]]
+    tables = rows.tables()
+    if join.live:
+        tables = _past_live_stacks(tables, trace)
     manifest = {k: v for k, v in trace.manifest.items() if k not in _WRITER_KEYS}
-    manifest["layers"] = [*trace.layers, "allocator"]
-    manifest["imported"] = [*(manifest.get("imported") or []), import_record(
-        snap, joined=True, pid=join.pid, segments=join.segments,
-        segments_matched=len(join.api_ts))]
+    manifest["layers"] = [*trace.layers, *([] if join.live else ["allocator"])]
+    record = import_record(snap, joined=True, pid=join.pid, segments=join.segments,
+                           segments_matched=len(join.api_ts))
+    manifest["imported"] = [*(manifest.get("imported") or []), record]
     w = TraceWriter(out, manifest=manifest, force=force)
     try:
         for name in schema.TABLES:
@@ -162,10 +186,42 @@ def write_joined(snap: TorchSnapshot, recording: str | os.PathLike[str],
                 # columns as nulls
                 w.append(name, in_current_schema(schema.table(name), _read_part(part), part))
                 w.rotate()
-        for name, table in rows.tables().items():
+        before = {name: _part_names(w.path / name) for name in tables}
+        for name, table in tables.items():
             w.append(name, table)
+        w.rotate()
+        if join.live:  # which parts are the snapshot's: the analyses pick a source by them
+            record["allocator_sources"] = {
+                "live": "the torch_allocator recorder layer",
+                "snapshot_parts": {name: sorted(_part_names(w.path / name) - before[name])
+                                   for name in tables}}
+            w.update_manifest(imported=manifest["imported"])
     except BaseException:
         w.close(status="incomplete")
         raise
     w.close(status=trace.status)
     return w.path, join
+
+
+def _part_names(folder: Path) -> set[str]:
+    from gputrace.trace.files import PART_GLOB
+
+    return {p.name for p in folder.glob(PART_GLOB)} if folder.is_dir() else set()
+
+
+def _past_live_stacks(tables: dict[str, Any], trace: Any) -> dict[str, Any]:
+    """The snapshot's tables with stack ids moved past the live layer's: both sources'
+    frames share allocator_frames, keyed by stack id."""
+    import polars as pl
+    import pyarrow.compute as pc
+
+    top = trace.scan("allocator_frames").select(pl.col("stack_id").max()).collect().item()
+    shift = int(top or 0)
+    if not shift:
+        return tables
+    out = {}
+    for name, t in tables.items():
+        i = t.schema.get_field_index("stack_id")
+        out[name] = t.set_column(i, "stack_id", pc.add(t.column("stack_id"), shift)
+                                 .cast(t.schema.field(i).type))
+    return out

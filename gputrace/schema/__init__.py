@@ -183,7 +183,9 @@ MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (
     ("imported", "list of what `gputrace import` added: {kind (`torch-snapshot`), layer, "
      "file (its name), sha256, bytes (compressed, as read), gputrace_version, unix_s, "
      "joined (true when written `--into` a recording), plus for a join: pid, "
-     "segments_matched, segments}; docs/importers.md"),
+     "segments_matched, segments, and allocator_sources when the recording's allocator "
+     "layer was recorded live: {live, snapshot_parts (table -> the snapshot's part "
+     "files)}}; docs/importers.md"),
     ("clock.source", "`CLOCK_MONOTONIC` for a recording; `unix-epoch` for a trace imported "
      "on its own, whose ts_ns are Unix-epoch ns (realtime_offset_ns is then 0)"),
     ("tables.<table>.rows, .parts", "rows and Parquet parts written per table (held, "

@@ -94,12 +94,13 @@ class Trace(ManifestFacts):
         rows = ps.union_rows(values) if values else None
         return None if rows is None else ps.in_order(rows)
 
-    def scan(self, table: str) -> pl.LazyFrame:
-        """A typed LazyFrame over all parts of `table` (empty and typed when none)."""
+    def scan(self, table: str, parts: list[Path] | None = None) -> pl.LazyFrame:
+        """A typed LazyFrame over all parts of `table` (empty and typed when none), or
+        over `parts` only (some of `parts(table)`)."""
         import polars as pl
 
         t = schema.table(_check_table(table))
-        parts = self.parts(table)
+        parts = self.parts(table) if parts is None else parts
         if not parts:
             return pl.LazyFrame(schema=t.polars_schema)
         # Parts of an older schema version, written before a nullable column was

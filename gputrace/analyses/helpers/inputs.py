@@ -78,16 +78,51 @@ def _trace_problems(trace: Any) -> list[str]:
     return [str(w) for w in check(trace)]
 
 
-def inputs_from_trace(trace: Any) -> Inputs:
+ALLOCATOR_SOURCES = ("snapshot", "live")
+"""Where a trace's allocator rows came from, the default first when both are there."""
+_SOURCE_TABLES = ("allocator_segments", "allocator_blocks", "allocator_events")
+
+
+def allocator_sources(trace: Any) -> dict[str, dict[str, pl.LazyFrame]] | None:
+    """A trace holding both a live allocator layer and a snapshot imported `--into` it:
+    each source's allocator_segments, _blocks and _events (the snapshot's parts are
+    named in its `imported` entry, torch_join.py). None when it holds one source."""
+    entry = next((e for e in trace.manifest.get("imported") or []
+                  if isinstance(e, dict) and isinstance(e.get("allocator_sources"), dict)),
+                 None)
+    if entry is None or not hasattr(trace, "parts"):
+        return None
+    named = entry["allocator_sources"].get("snapshot_parts") or {}
+    out: dict[str, dict[str, pl.LazyFrame]] = {"snapshot": {}, "live": {}}
+    for name in _SOURCE_TABLES:
+        mine = set(named.get(name) or [])
+        parts = trace.parts(name)
+        out["snapshot"][name] = trace.scan(name, [p for p in parts if p.name in mine])
+        out["live"][name] = trace.scan(name, [p for p in parts if p.name not in mine])
+    return out
+
+
+def inputs_from_trace(trace: Any, allocator_source: str | None = None) -> Inputs:
     """Inputs of a `gputrace.trace.reader.Trace` (scans stay lazy; manifest and footers are read).
 
-    A time span the manifest lacks is taken from the rows. One whose end is
+    A trace with allocator rows from both the live layer and a snapshot gives the
+    analyses one of them (`allocator_source`, the snapshot by default) and every
+    report says so. A time span the manifest lacks is taken from the rows. One whose end is
     before its start would give negative durations and absurd rates: the rows'
     span is used instead and every report warns.
     """
     m = trace.manifest
     tables = {name: trace.scan(name) for name in schema.TABLES}
     problems = _trace_problems(trace)
+    sources = allocator_sources(trace)
+    if sources is not None:
+        pick = allocator_source or ALLOCATOR_SOURCES[0]
+        other = next(s for s in ALLOCATOR_SOURCES if s != pick)
+        tables.update(sources[pick])
+        problems.append(
+            f"the trace holds the caching allocator twice (recorded live by the "
+            f"torch_allocator layer and an imported snapshot): the allocator reports read "
+            f"the {pick} rows; the {other} rows are not counted")
     start, end = m.get("start_ts_ns"), m.get("end_ts_ns")
     if isinstance(start, int) and isinstance(end, int) and end < start:
         problems.append(f"the manifest's end_ts_ns ({end}) is before its start_ts_ns "
