@@ -59,7 +59,8 @@ def test_p_ignores_other_processes_loading_libcuda(tmp_path: Path) -> None:
     api = t.manifest["api"]
     assert api["python"]["versions"] == {str(pid): "{}.{}".format(*sys.version_info[:2])}
     assert api["libraries"] == [str(lib)]
-    hooks = t.manifest["hooks"]["attached"]
+    # the API layer's own hooks (other layers' probes on libcuda name their function)
+    hooks = [h for h in t.manifest["hooks"]["attached"] if not h.endswith(")")]
     assert sum(h.startswith("uprobe:") for h in hooks) == PROBED
     assert sum(h.startswith("uretprobe:") for h in hooks) == PROBED
     assert not any(str(copy) in h for h in hooks)

@@ -88,10 +88,12 @@ def test_live_view_in_tmux(tmp_path: Path) -> None:
             w.proc.stdin.flush()
             assert any(x.strip() == "DONE" for x in w.proc.stdout)
             # API 23 MiB leaked (23 x 1 MiB), RM 24 MiB (12 blocks of 2 MiB); allocations
-            # 42 API + 22 RM = 64, frees 19 API + 10 RM = 29 (expected.json)
-            text = tmux.until(lambda t: row_of(t, w.pid)[4:6] == ["64", "29"])
+            # 42 API + 22 RM = 64, frees 19 API + 10 RM = 29 (expected.json); held: the
+            # one figure (the largest layer, RM's 24 MiB), then the per-layer breakdown
+            text = tmux.until(lambda t: row_of(t, w.pid)[5:7] == ["64", "29"])
             row = row_of(text, w.pid)
-            assert row[1:6] == ["cuda_workload", "23.0 MiB", "24.0 MiB", "64", "29"], row
+            assert row[1:7] == ["cuda_workload", "24.0 MiB", "23.0 MiB", "24.0 MiB", "64",
+                                "29"], row
             assert f"top growing: {w.pid} cuda_workload" in text
             tmux.keys("g")  # sort by growth: the header says so
             tmux.until(lambda t: "sort: growth" in t)

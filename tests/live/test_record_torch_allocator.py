@@ -93,12 +93,12 @@ def test_reports_leak_growth_pool(recorded: tuple[Path, st.Run]) -> None:
     # tensors alive at the end: the weights and the four planted 256 KiB tensors
     tens = _analyze(trace, "tensors")["tensors"]
     assert tens["total_count"] == 3 + 4
-    by_top = {s["top_frame"]: s for s in tens["by_stack"]}
+    by_top = {s["site"]: s for s in tens["by_stack"]}  # the site with its full path
     assert by_top[leak]["count"] == 4 and by_top[leak]["bytes"] == 4 * 256 * KIB
     assert by_top[leak]["requested_bytes"] == 4 * 256 * KIB
     # growth: the leak's line retains 256 KiB per iteration, the activation nothing
     growth = _analyze(trace, "allocator-growth")["allocator_growth"]
-    rows = {s["top_frame"]: s for s in growth["by_stack"]}
+    rows = {s["site"]: s for s in growth["by_stack"]}
     assert rows[leak]["retained_bytes_per_alloc"] == 256 * KIB
     act = f"step ({st.WORKLOAD}:{st.plant_line('activation')})"
     assert rows[act]["allocs"] == 4 and rows[act]["retained_bytes"] == 0
