@@ -257,6 +257,7 @@ def test_dlopen_flag_on_linked_binary_keeps_pid() -> None:
     assert out.splitlines()[-1] == "DONE"
 
 
+@pytest.mark.exclusive  # gdb's breakpoints beside another test's uprobes on this libcuda
 def test_frame_pointer_backtrace_reaches_main(paths: Paths) -> None:
     if shutil.which("gdb") is None:
         pytest.skip("gdb not found")
