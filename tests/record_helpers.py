@@ -292,3 +292,14 @@ def record_waiting_program(out: Path, cmd: list[str]) -> int:
         w.kill()
         w.wait()
     return w.pid
+
+
+PYENV = Path("/root/.pyenv/versions")
+INTERPRETERS = {
+    "3.10": PYENV / "3.10.13" / "bin" / "python",
+    "3.11": PYENV / "3.11.7" / "bin" / "python",
+    "3.12": PYENV / "3.12.1" / "bin" / "python",
+    "3.13": PYENV / "3.13.0" / "bin" / "python",
+    "debian-3.11": Path("/usr/bin/python3"),
+}
+"""The interpreters the Python-frame live tests record (pyenv's and Debian's)."""

@@ -13,14 +13,13 @@ import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pytest
 
 from gputrace.trace.reader import open_trace
-from tests.record_helpers import ROOT, RUN_S, live_skip_reason, record_cmd
+from tests.record_helpers import INTERPRETERS, ROOT, RUN_S, live_skip_reason, record_cmd
 
 pytestmark = [pytest.mark.live, pytest.mark.xdist_group("python_endings")]
 _SKIP = live_skip_reason()
@@ -28,14 +27,6 @@ if _SKIP is not None:
     pytestmark.append(pytest.mark.skip(reason=_SKIP))
 
 PROGRAM = ROOT / "tests" / "standin_cuda" / "py_endings.py"
-PYENV = Path("/root/.pyenv/versions")
-INTERPRETERS = {
-    "3.10": PYENV / "3.10.13" / "bin" / "python",
-    "3.11": PYENV / "3.11.7" / "bin" / "python",
-    "3.12": PYENV / "3.12.1" / "bin" / "python",
-    "3.13": PYENV / "3.13.0" / "bin" / "python",
-    "debian-3.11": Path("/usr/bin/python3"),
-}
 ENDINGS = ("normal", "exception", "sys_exit", "os_exit", "thread", "sigterm", "sigkill",
            "forged_table")
 SIGNALLED = {"sigterm": "TERM", "sigkill": "KILL"}

@@ -17,27 +17,21 @@ import polars as pl
 import pytest
 
 from gputrace.trace.reader import open_trace
-from tests.record_helpers import PY_WORKLOAD as WORKLOAD
 from tests.record_helpers import (
+    INTERPRETERS,
+    PYENV,
     ROOT,
     live_skip_reason,
     record_cmd,
     record_py_workload,
 )
+from tests.record_helpers import PY_WORKLOAD as WORKLOAD
 
 pytestmark = [pytest.mark.live]
 _SKIP = live_skip_reason()
 if _SKIP is not None:
     pytestmark.append(pytest.mark.skip(reason=_SKIP))
 
-PYENV = Path("/root/.pyenv/versions")
-INTERPRETERS = {
-    "3.10": PYENV / "3.10.13" / "bin" / "python",
-    "3.11": PYENV / "3.11.7" / "bin" / "python",
-    "3.12": PYENV / "3.12.1" / "bin" / "python",
-    "3.13": PYENV / "3.13.0" / "bin" / "python",
-    "debian-3.11": Path("/usr/bin/python3"),
-}
 MIB = 1 << 20
 
 

@@ -5,7 +5,7 @@ A call whose Python stack the probe stores for the first time stops its process
 while the process lives, and a program may exit, crash or be killed right after
 that call. The drain would read them at its next turn (up to the poll interval,
 50 ms, later); this thread sleeps in epoll on the `cuda_py_wake` ring buffer
-alone (a ring buffer manager of its own, as record/oom_watch.py), reads the code
+alone (record/ring_watch.py, as record/oom_watch.py), reads the code
 objects of each stack named there, and continues the process at once. A process
 stopped for anything else as well (its libcuda load, its first call) is left to
 the drain, which serves those too.
@@ -15,33 +15,20 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import threading
 from typing import Any
 
-from gputrace.record import loader
-
-POLL_MS = 100  # the stop flag's latency; records wake the thread at once
+from gputrace.record.ring_watch import RingWatch
 
 
-class PyPauseWatch:
+class PyPauseWatch(RingWatch):
     """Own ring buffer manager and thread on `cuda_py_wake` of the loaded API
     program `api` (a record.api.libcuda.LibcudaProbes), serving under its
     `pause_lock` the stops whose only kind is `pause_py` (GT_PAUSE_PY)."""
 
     def __init__(self, api: Any, pause_py: int) -> None:
-        libbcc = loader.import_bcc().libbcc
-        self._lib = libbcc.lib
         self.api, self.pause_py = api, pause_py
         self._got: list[int] = []
-        self.records = 0
-        self._cb = libbcc._RINGBUF_CB_TYPE(self._on_record)  # alive while the manager is
-        self._rb = self._lib.bpf_new_ringbuf(api.bpf["cuda_py_wake"].map_fd, self._cb, None)
-        if not self._rb:
-            raise OSError("cannot open the cuda_py_wake ring buffer")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gputrace-py-pauses",
-                                        daemon=True)  # fmt: skip
-        self._thread.start()
+        super().__init__(api.bpf, "cuda_py_wake", "gputrace-py-pauses")
 
     def serve(self, pid: int, py_ids: list[int]) -> None:
         """Read the code objects of `pid`'s new stacks and continue it, when a new
@@ -65,11 +52,8 @@ class PyPauseWatch:
             self._got.append(int.from_bytes(ctypes.string_at(data, 8), "little"))
         return 0
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._lib.bpf_poll_ringbuf(self._rb, POLL_MS)
-            if not self._got:
-                continue
+    def _after_poll(self) -> None:
+        if self._got:
             got, self._got = self._got, []
             self.records += len(got)
             by_pid: dict[int, list[int]] = {}
@@ -80,11 +64,3 @@ class PyPauseWatch:
                     # the drain serves it at its next turn whatever went wrong here
                     with contextlib.suppress(Exception):
                         self.serve(pid, ids)
-
-    def close(self) -> None:
-        """Stop the thread, then free the manager (never while it polls)."""
-        self._stop.set()
-        self._thread.join()
-        if self._rb:
-            self._lib.bpf_free_ringbuf(self._rb)
-            self._rb = None
