@@ -124,6 +124,9 @@ class ReportSpec:
     in its JSON object, by key, the columns shown, in order. A list not named here shows
     its columns in name order. Never the rows' own key order, which differs between the
     report as computed (the CLI) and after a JSON round trip (keys sorted)."""
+    place: int = 1000
+    """Where it stands in every list of reports (the CLI, the JSON document, the terminal,
+    the HTML page, diff and fleet documents, the docs): by place, then name."""
 
     def columns_of(self, key: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
         """The columns a generic section shows for the list of rows `key`."""

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -25,10 +26,45 @@ from gputrace.analyses.helpers.packed_keys import Field, Packing
 from gputrace.analyses.helpers.partition import Slice, per_slice
 from gputrace.analyses.helpers.scans import few_row_groups_ahead
 from gputrace.analyses.leaks.growth import live_series
-from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.registry import unrecorded
 from gputrace.analyses.report import Report
+from gputrace.analyses.report_spec import DiffTable, FleetUse, ReportSpec
 
-SPEC = spec("summary")
+if TYPE_CHECKING:
+    from gputrace.analyses.registry import Context
+
+def _pmm(ctx: Context) -> Any:
+    return ctx.memo("pmm_gpus", lambda: pmm_gpus(ctx.inp))
+
+
+def _part(ctx: Context, sl: Slice) -> Any:
+    return summary_part(sl, _pmm(ctx) is None)
+
+
+def _run(ctx: Context) -> Report:
+    return summary(ctx.inp, ctx.parts("summary"), _pmm(ctx), ctx.opts.by)
+
+
+_SECTIONS = "gputrace.render.html_sections"
+
+SPEC = ReportSpec(
+    "summary", "summary", "Summary",
+    "Which driver calls cost what, and who holds how much GPU memory, on which GPU?",
+    ("api", "driver", "syscall"), _run, _part, prepare=_pmm,
+    terminal="gputrace.render.terminal:summary_section",
+    html=(f"{_SECTIONS}:gpu_bytes", f"{_SECTIONS}:ioctl_latency"),
+    diff=(DiffTable("process_peaks", "Peak per process", ("processes",), ("layer", "comm"),
+                    ("peak_bytes", "live_end_bytes"), is_bytes=True),
+          DiffTable("gpu_peaks", "Peak per GPU", ("gpus", "gpus"), ("gpu_index",),
+                    ("peak_bytes", "end_bytes"), is_bytes=True),
+          DiffTable("ioctl_latency", "ioctl latency per command", ("ioctls",),
+                    ("name", "device", "gpu_index"),
+                    ("count", "failed", "latency_ns_p50", "latency_ns_p90",
+                     "latency_ns_p99", "latency_ns_max"),
+                    shown=("count", "latency_ns_p50", "latency_ns_p99", "latency_ns_max"),
+                    add_up=False)),
+    fleet=FleetUse(why_not="per-process and per-GPU figures of one trace: pids and GPU "
+                           "indices name different things on different hosts"), place=60)
 QUESTION = SPEC.question
 
 

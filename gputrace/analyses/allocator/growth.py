@@ -16,18 +16,34 @@ call: the planted leak of the real H200 snapshot, 16 MiB per iteration.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from gputrace.analyses.allocator import ONE_PROCESS
 from gputrace.analyses.allocator.frames import with_labels
 from gputrace.analyses.allocator.replay import entries, paired_allocs, per_device
 from gputrace.analyses.helpers.common import NS_PER_S
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
-from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.registry import unrecorded
 from gputrace.analyses.report import Report
+from gputrace.analyses.report_spec import ReportSpec
 
-SPEC = spec("allocator-growth")
+if TYPE_CHECKING:
+    from gputrace.analyses.registry import Context
+
+def _run(ctx: Context) -> Report:
+    return growth(ctx.inp, ctx.opts.top)
+
+
+SPEC = ReportSpec(
+    "allocator-growth", "allocator_growth", "PyTorch allocator growth",
+    "Does memory held by tensors grow over the allocator's history, and which Python "
+    "lines keep what they allocate?",
+    ("allocator",), _run,
+    terminal="gputrace.render.allocator_sections:growth_section",
+    html=("gputrace.render.allocator_html:growth_html",),
+    fleet=ONE_PROCESS, place=90)
 QUESTION = SPEC.question
 
 

@@ -16,16 +16,39 @@ bytes first.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from gputrace.analyses.allocator import ONE_PROCESS
 from gputrace.analyses.allocator.replay import POOL_KEYS, segment_rows
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
-from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.registry import unrecorded
 from gputrace.analyses.report import Report
+from gputrace.analyses.report_spec import DiffTable, ReportSpec
 
-SPEC = spec("allocator-pool")
+if TYPE_CHECKING:
+    from gputrace.analyses.registry import Context
+
+def _run(ctx: Context) -> Report:
+    return pool(ctx.inp, ctx.opts.top)
+
+
+SPEC = ReportSpec(
+    "allocator-pool", "allocator_pool", "PyTorch allocator pool",
+    "How much memory did PyTorch's caching allocator reserve but not allocate, and how "
+    "big is its largest free block?",
+    ("allocator",), _run,
+    terminal="gputrace.render.allocator_sections:pool_section",
+    html=("gputrace.render.allocator_html:pool_html",),
+    diff=(DiffTable("allocator_pool", "PyTorch allocator pool", (), ("field",), ("value",)),
+          DiffTable("allocator_pools", "PyTorch allocator per device and pool", ("pools",),
+                    ("device", "pool"), ("reserved_bytes", "allocated_bytes",
+                                         "reserved_unallocated_bytes",
+                                         "largest_inactive_bytes", "segments"),
+                    shown=("reserved_bytes", "allocated_bytes", "largest_inactive_bytes"),
+                    is_bytes=True)),
+    fleet=ONE_PROCESS, place=80)
 QUESTION = SPEC.question
 
 _SUMMED = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",

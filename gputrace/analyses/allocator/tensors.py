@@ -9,16 +9,35 @@ it, largest first. The API layer sees only the segments the tensors live in.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from gputrace.analyses.allocator import ONE_PROCESS
 from gputrace.analyses.allocator.frames import with_labels
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
-from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.registry import unrecorded
 from gputrace.analyses.report import Report
+from gputrace.analyses.report_spec import DiffTable, ReportSpec
 
-SPEC = spec("tensors")
+if TYPE_CHECKING:
+    from gputrace.analyses.registry import Context
+
+def _run(ctx: Context) -> Report:
+    return tensors(ctx.inp, ctx.opts.top)
+
+
+SPEC = ReportSpec(
+    "tensors", "tensors", "Tensors alive (PyTorch)",
+    "Which tensors are still alive, and which Python lines allocated them?",
+    ("allocator",), _run,
+    terminal="gputrace.render.allocator_sections:tensors_section",
+    html=("gputrace.render.allocator_html:tensors_html",),
+    diff=(DiffTable("tensors", "Tensors alive (PyTorch)", (), ("field",), ("value",)),
+          DiffTable("tensor_sites", "Tensors alive by site (new, gone, grown)",
+                    ("by_stack",), ("device", "site"), ("bytes", "count"),
+                    is_bytes=True)),
+    fleet=ONE_PROCESS, place=70)
 QUESTION = SPEC.question
 
 

@@ -31,10 +31,11 @@ GPU faults, batches, migrations and evictions come from the `uvm_tools` layer
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from gputrace.analyses import fail_on
 from gputrace.analyses.fault_rate import migrations
 from gputrace.analyses.fault_rate import uvm_events as driver_events
 from gputrace.analyses.fault_rate.cpu_faults import cpu_blocks, cpu_processes
@@ -45,10 +46,30 @@ from gputrace.analyses.fault_rate.thrashing import thrashing
 from gputrace.analyses.helpers.common import NS_PER_S, records
 from gputrace.analyses.helpers.identity import by_identity
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
-from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.registry import unrecorded
 from gputrace.analyses.report import Report
+from gputrace.analyses.report_spec import DiffTable, FleetUse, Gate, ReportSpec
 
-SPEC = spec("fault-rate")
+if TYPE_CHECKING:
+    from gputrace.analyses.registry import Context
+
+def _run(ctx: Context) -> Report:
+    o = ctx.opts
+    return fault_rate(ctx.inp, window_s=o.window_s, min_reversals=o.thrash_min, top=o.top,
+                      by=o.by)
+
+
+SPEC = ReportSpec(
+    "fault-rate", "fault_rate", "Fault rate",
+    "How often does managed memory fault, and does it thrash or oversubscribe the GPU?",
+    ("cpu_faults", "driver", "uvm_tools"), _run,
+    gates=(Gate("thrashing", fail_on.thrashing_hit, blind=fail_on.thrashing_blind),),
+    terminal="gputrace.render.fault_fragmentation_sections:fault_rate_section",
+    html=("gputrace.render.html_sections:fault_rate",),
+    diff=(DiffTable("fault_rates", "Fault rates", ("rates",),
+                    ("source", "access_type", "gpu_index"),
+                    ("faults", "mean_per_s", "peak_per_s")),),
+    fleet=FleetUse(answers=("gpus", "fault_rate")), place=20)
 QUESTION = SPEC.question
 
 

@@ -13,15 +13,32 @@ The report, from two sources, each its own part:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gputrace.analyses import fail_on
 from gputrace.analyses.fragmentation.pmm_chunks import chunk_section
 from gputrace.analyses.fragmentation.rm_fragmentation import rm_section
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
-from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.registry import unrecorded
 from gputrace.analyses.report import Report
+from gputrace.analyses.report_spec import FleetUse, Gate, ReportSpec
 
-SPEC = spec("fragmentation")
+if TYPE_CHECKING:
+    from gputrace.analyses.registry import Context
+
+def _run(ctx: Context) -> Report:
+    return fragmentation(ctx.inp)
+
+
+SPEC = ReportSpec(
+    "fragmentation", "fragmentation", "Fragmentation",
+    "Is free GPU memory usable, or scattered into pieces too small for 2 MiB chunks?",
+    ("driver", "rm_query"), _run,
+    gates=(Gate("fragmentation", fail_on.fragmentation_hit, threshold=True),),
+    terminal="gputrace.render.fault_fragmentation_sections:fragmentation_section",
+    html=("gputrace.render.html_sections:fragmentation",),
+    diff=(),  # per-GPU samples over time: no figure of one trace pairs with another's
+    fleet=FleetUse(answers=("gpus",)), place=30)
 QUESTION = SPEC.question
 
 

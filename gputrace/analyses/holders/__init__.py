@@ -22,7 +22,7 @@ layer. docs/analyses/holders.md.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -33,11 +33,28 @@ from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.helpers.partition import per_slice
 from gputrace.analyses.holders.replay import Holder, replay
 from gputrace.analyses.oom import failures, gpu_state
-from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.registry import unrecorded
 from gputrace.analyses.report import Report
+from gputrace.analyses.report_spec import FleetUse, ReportSpec
 from gputrace.units import format_bytes
 
-SPEC = spec("holders")
+if TYPE_CHECKING:
+    from gputrace.analyses.registry import Context
+
+def _run(ctx: Context) -> Report:
+    return holders(ctx.inp)
+
+
+SPEC = ReportSpec(
+    "holders", "holders", "Device-file holders",
+    "Who holds the NVIDIA device files, and what GPU memory does no live process own "
+    "(children that inherited them, exited or zombie processes, pids of another PID "
+    "namespace)?",
+    ("syscall", "rm_query"), _run,
+    unrecorded_data={"instants": [], "orphaned_bytes": None},
+    terminal="gputrace.render.holder_sections:holders_section",
+    html=("gputrace.render.holder_html:holders_html",),
+    fleet=FleetUse(sums=("orphaned_bytes", "cases")), place=50)
 QUESTION = SPEC.question
 MAX_PIDS_LISTED = 20
 """Pids a verdict line names (the rest counted)."""

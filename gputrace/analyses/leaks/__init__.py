@@ -14,9 +14,11 @@ See docs/analyses/leaks.md and docs/analyses/allocations.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from gputrace.analyses import fail_on
 from gputrace.analyses.allocations.rows import leak_kind, with_exits
 from gputrace.analyses.helpers.common import records, size_class
 from gputrace.analyses.helpers.identity import by_identity
@@ -29,12 +31,57 @@ from gputrace.analyses.leaks.allocator_growth import allocator_growth
 from gputrace.analyses.leaks.growth import growth
 from gputrace.analyses.leaks.held_end import BREAKDOWN, FIGURES, held_end, held_end_part
 from gputrace.analyses.leaks.leaks_joined import joined_part, joined_report
-from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.registry import unrecorded
 from gputrace.analyses.report import Report
+from gputrace.analyses.report_spec import DiffTable, FleetUse, Gate, ReportSpec
+
+if TYPE_CHECKING:
+    from gputrace.analyses.registry import Context
 
 __all__ = ["LeakOptions", "classify", "leak_part", "leaks", "with_exits"]
 
-SPEC = spec("leaks")
+_HELD_COLUMNS = ("processes", "held_bytes", "program_bytes", "allocator_pool_bytes",
+                 "cuda_context_bytes", "driver_only_bytes", "pieces", "api_layer_bytes",
+                 "rm_layer_bytes", "uvm_layer_bytes")
+"""`leaks --by pod|container`: each group's held figure (one per process, added over its
+processes: leaks/held_end.py), its classes, then the per-layer breakdown."""
+
+
+def _options(ctx: Context) -> LeakOptions:
+    o = ctx.opts
+    opts: LeakOptions = ctx.memo("leak_options",
+                                 lambda: LeakOptions(o.older_ns, o.min_size, o.top, o.by))
+    return opts
+
+
+def _part(ctx: Context, sl: Slice) -> Any:
+    return leak_part(sl, _options(ctx))
+
+
+def _run(ctx: Context) -> Report:
+    return leaks(ctx.inp, _options(ctx), ctx.parts("leaks"))
+
+
+_SECTIONS = "gputrace.render.html_sections"
+
+SPEC = ReportSpec(
+    "leaks", "leaks", "Leaks",
+    "What memory was never freed, by whom, and is any process's memory growing?",
+    ("api", "syscall"), _run, _part,
+    (Gate("leaks", fail_on.leaks_hit), Gate("growth", fail_on.growth_hit)),
+    unrecorded_data={"allocations": [], "total_bytes": None},
+    terminal="gputrace.render.leak_sections:leaks_section",
+    terminal_by_layer="gputrace.render.leak_sections:leaks_by_layer_section",
+    html=(f"{_SECTIONS}:live_bytes", f"{_SECTIONS}:active_memory",
+          f"{_SECTIONS}:leak_sites"),
+    diff=(DiffTable("leak_sites", "Leak sites (leaked bytes by call stack)", ("@stacks",),
+                    ("layer", "comm", "stack"), ("bytes", "count"), is_bytes=True),),
+    columns={"by_pod": ("pod_namespace", "pod_name", *_HELD_COLUMNS, "pod_uid",
+                        "qos_class"),
+             "by_container": ("pod_namespace", "pod_name", "container_name",
+                              *_HELD_COLUMNS, "container_id", "container_runtime",
+                              "pod_uid")},
+    fleet=FleetUse(answers=("leaks", "holders")), place=10)
 QUESTION = SPEC.question
 MAX_ROWS = 10_000
 """Rows a per-allocation or per-process list of the report holds at most (without

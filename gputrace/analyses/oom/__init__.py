@@ -13,18 +13,39 @@ accounting beside the recorded layers, top live sites, growth over the window).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gputrace import oom_rules
+from gputrace.analyses import fail_on
 from gputrace.analyses.allocator.oom_state import oom_states
 from gputrace.analyses.helpers.common import NS_PER_S
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.oom import failures, gpu_state, identity
 from gputrace.analyses.oom.holders import Recorded, holders
-from gputrace.analyses.registry import spec, unrecorded
+from gputrace.analyses.registry import unrecorded
 from gputrace.analyses.report import Report
+from gputrace.analyses.report_spec import DiffTable, FleetUse, Gate, ReportSpec
 
-SPEC = spec("oom")
+if TYPE_CHECKING:
+    from gputrace.analyses.registry import Context
+
+def _run(ctx: Context) -> Report:
+    return oom(ctx.inp, ctx.opts.oom_window_s, ctx.opts.top, ctx.opts.by)
+
+
+SPEC = ReportSpec(
+    "oom", "oom", "Out of memory",
+    "Why did an allocation fail for want of memory: was the GPU full, fragmented, held "
+    "by an allocator's cache or limited, and who held it at that instant?",
+    ("api", "syscall", "allocator"), _run,
+    gates=(Gate("oom", fail_on.oom_hit),),
+    unrecorded_data={"incidents": [], "count": None},
+    terminal="gputrace.render.oom_sections:oom_section",
+    html=("gputrace.render.html_sections:oom",),
+    diff=(DiffTable("oom_verdicts", "Out-of-memory incidents by verdict", ("by_verdict",),
+                    ("verdict",), ("incidents", "failures", "requested_bytes"),
+                    shown=("incidents", "failures")),),
+    fleet=FleetUse(sums=("count", "failures")), place=40)
 QUESTION = SPEC.question
 
 

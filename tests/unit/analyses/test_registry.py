@@ -322,3 +322,54 @@ def test_every_named_section_resolves() -> None:
         for path in (spec.terminal, spec.terminal_by_layer, *spec.html):
             if path is not None:
                 assert callable(resolve(path)), (spec.name, path)
+
+
+TOY_MODULE = '''
+"""How many toys are there? (a report of a test, found where a real one would be)"""
+from gputrace.analyses.report import Report
+from gputrace.analyses.report_spec import ReportSpec
+
+
+def _run(ctx):
+    return Report("toy-found", SPEC.question, True, {"toys": 3})
+
+
+SPEC = ReportSpec("toy-found", "toy_found", "Toys found", "How many toys are there?",
+                  ("api",), _run, place=15)
+'''
+
+
+def test_a_report_module_is_found_with_no_other_edit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module holding a `SPEC`, dropped among the analyses (here: a folder added to the
+    package's path), is a report: listed at its place, run by `analyze`, with no registry
+    entry or other list edited."""
+    import sys
+
+    import gputrace.analyses as package
+
+    (tmp_path / "toy_found.py").write_text(TOY_MODULE)
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "gputrace.analyses.toy_found", raising=False)
+    try:
+        found = registry.discover()
+        assert [s.name for s in found][:2] == ["leaks", "toy-found"]  # place 15
+        with registered(found[1]):
+            assert "toy-found" in registry.names()
+            doc = run_reports(inputs_from_trace(open_trace(LEAK)), ["toy-found"])
+            assert doc["toy_found"]["toys"] == 3
+    finally:
+        sys.modules.pop("gputrace.analyses.toy_found", None)
+    monkeypatch.undo()
+    assert "toy-found" not in [s.name for s in registry.discover()]
+
+
+def test_each_report_is_declared_in_its_own_module() -> None:
+    """Every entry's steps live in the module that holds its `SPEC` (the report is one
+    module): none is declared in the registry, which lists what it finds."""
+    import importlib
+
+    for spec in registry.REPORTS:
+        module = importlib.import_module(spec.run.__module__)
+        assert getattr(module, "SPEC", None) is spec, spec.name
+        assert spec.run.__module__ != registry.__name__
