@@ -332,19 +332,15 @@ every layer watches: a host with no driver needs --device-dir of a stand-in)."""
 
 
 def layers(checks: list[Check]) -> list[str]:
-    """The layers `record` could record given these checks."""
+    """The trace layers `record` could record given these checks: each recorder layer's
+    (`layers.RECORDER_LAYERS`, in order) whose checks pass (`Layer.RECORDS`)."""
+    from gputrace.record.layers import RECORDER_LAYERS
+
     st = {c.key: c.state for c in checks}
     if not all(st.get(k) == OK for k in REQUIRED):
         return []
-    out = ["syscall"]
-    if st.get("uprobes") == OK:
-        out.append("api")
-    out.append("cpu_faults")
-    if st.get("uvm-tools") == OK:
-        out.append("uvm_tools")
-    if st.get("rm-client") == OK:
-        out.append("rm_query")
-    return out
+    return [layer for cls in RECORDER_LAYERS for layer, needs in cls.records().items()
+            if all(st.get(k) == OK for k in needs)]
 
 
 def render(checks: list[Check], can: list[str]) -> str:

@@ -73,6 +73,15 @@ class Layer:
     and loads nothing: built before any layer starts loading, so a program loaded
     ahead (record/startup.py) already holds them."""
     BUFFERS: ClassVar[dict[str, Buffer]] = {}
+    RECORDS: ClassVar[dict[str, tuple[str, ...]]] = {}
+    """The trace layers it can record, each with the `gputrace doctor` checks it needs
+    besides those every recording needs (`doctor.REQUIRED`): doctor lists each one whose
+    checks pass. Empty: its `trace_layer or name`, needing no more (`records()`)."""
+
+    @classmethod
+    def records(cls) -> dict[str, tuple[str, ...]]:
+        """The trace layers it can record and the doctor checks each needs."""
+        return dict(cls.RECORDS) or {cls.trace_layer or cls.name: ()}
 
     @classmethod
     def validate(cls, opts: Any, prefix: str) -> Any:
@@ -113,8 +122,9 @@ class Layer:
         """Writer thread: an item whose kind is not in BUFFERS."""
 
     def manifest(self, s: Session, m: dict[str, Any]) -> dict[str, Any]:
-        """Writer thread: manifest keys to merge (`m` is the manifest so far)."""
-        return {}
+        """Writer thread: manifest keys to merge (`m` is the manifest so far). By default
+        the trace layers it records, so a layer that says nothing more is listed."""
+        return {"layers": list(self.records())}
 
     def close(self, s: Session) -> None:
         """Release everything (also on error paths; must not raise)."""

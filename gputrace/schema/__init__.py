@@ -7,10 +7,11 @@ test keeps them in step). Each fact is written once, in one module:
 
 - `model`: `Column`, `Table`, the schema and format versions;
 - `enums`: every enumeration (code -> name) and the UVM tools codes mapped to ours;
-- `syscall`, `api`, `driver`, `live`, `allocator`: the tables, by the layer that
+- `syscall`, `api`, `driver_evidence`, `live`, `allocator`: the tables, by the layer that
   writes them;
-- here: the catalog (`TABLES`, `LAYERS`, `table()`), the manifest keys readers
-  rely on, and the columns a fleet dataset adds.
+- here: the catalog (`TABLES`, `LAYERS`, `table()`, added up from each module's
+  `CATALOG` in `CATALOG_MODULES` order), the manifest keys readers rely on, and the
+  columns a fleet dataset adds.
 
 Stages read the schema as one vocabulary, `schema.IOCTLS`, `schema.DEVICE_KINDS`,
 `schema.SCHEMA_VERSION`: the catalog names the tables it lists, and the
@@ -18,6 +19,8 @@ enumerations and versions it is built with (`__all__`).
 """
 
 from __future__ import annotations
+
+import importlib
 
 from gputrace.schema.allocator import (
     ALLOCATOR_BLOCKS,
@@ -68,6 +71,7 @@ from gputrace.schema.model import (
     FORMAT_NAME,
     FORMAT_VERSION,
     STR,
+    Catalog,
     Column,
     PartSet,
     Table,
@@ -84,54 +88,29 @@ from gputrace.schema.syscall import (
 
 __all__ = [
     "ACCESS_TYPES", "ALERTS", "ALLOCATOR_ACTIONS", "ALLOCATOR_BLOCKS", "ALLOCATOR_EVENTS",
-    "ALLOCATOR_FRAMES", "ALLOCATOR_SEGMENTS", "BLOCK_STATES", "CHUNKS", "CHUNK_MEM_TYPES",
-    "CHUNK_OPS", "CUDA_CALLS",
-    "DEVICE_KINDS", "DEV_CTL", "DEV_GPU", "DEV_UVM", "DEV_UVM_TOOLS",
-    "ENUMS", "FAULTS", "FAULT_BATCHES", "FAULT_SOURCES", "FAULT_TYPES",
-    "FD_OPS", "FILES", "FLEET_COLUMNS", "FLEET_PARTITIONS", "FORMAT_NAME", "FORMAT_VERSION",
-    "GPU_MEMORY", "GPU_PROCESS_MEMORY", "IDENTITY_COLUMNS", "IOCTLS", "IOCTL_COMMANDS", "LAYERS",
-    "MANIFEST_FIELDS", "MAPPINGS", "MAPPING_OPS",
-    "MIGRATIONS", "MIGRATION_CAUSES", "PROCESSES", "SCHEMA_VERSION", "STACKS", "TABLES",
-    "TOOLS_ACCESS_TYPES", "TOOLS_CLIENT_TYPES", "TOOLS_FATAL_REASONS", "TOOLS_FAULT_TYPES",
-    "TOOLS_MAP_REMOTE_CAUSES", "TOOLS_MIGRATION_CAUSES", "UVM_COUNTERS", "UVM_COUNTERS_TABLE",
-    "UVM_EVENTS", "UVM_EVENT_KINDS", "UVM_EVENT_REASONS", "Column", "PartSet", "Table", "table",
+    "ALLOCATOR_FRAMES", "ALLOCATOR_SEGMENTS", "BLOCK_STATES", "CATALOG_MODULES", "CHUNKS",
+    "CHUNK_MEM_TYPES", "CHUNK_OPS", "CUDA_CALLS", "DEVICE_KINDS", "DEV_CTL", "DEV_GPU",
+    "DEV_UVM", "DEV_UVM_TOOLS", "ENUMS", "FAULTS", "FAULT_BATCHES", "FAULT_SOURCES",
+    "FAULT_TYPES", "FD_OPS", "FILES", "FLEET_COLUMNS", "FLEET_PARTITIONS", "FORMAT_NAME",
+    "FORMAT_VERSION", "GPU_MEMORY", "GPU_PROCESS_MEMORY", "IDENTITY_COLUMNS", "IOCTLS",
+    "IOCTL_COMMANDS", "LAYERS", "MANIFEST_FIELDS", "MAPPINGS", "MAPPING_OPS", "MIGRATIONS",
+    "MIGRATION_CAUSES", "PROCESSES", "SCHEMA_VERSION", "STACKS", "TABLES", "TOOLS_ACCESS_TYPES",
+    "TOOLS_CLIENT_TYPES", "TOOLS_FATAL_REASONS", "TOOLS_FAULT_TYPES", "TOOLS_MAP_REMOTE_CAUSES",
+    "TOOLS_MIGRATION_CAUSES", "UVM_COUNTERS", "UVM_COUNTERS_TABLE", "UVM_EVENTS",
+    "UVM_EVENT_KINDS", "UVM_EVENT_REASONS", "Catalog", "Column", "PartSet", "Table", "add",
+    "remove", "table",
 ]  # fmt: skip
 
-TABLES: dict[str, Table] = {
-    t.name: t
-    for t in (
-        PROCESSES,
-        IOCTLS,
-        FILES,
-        MAPPINGS,
-        CUDA_CALLS,
-        STACKS,
-        FAULTS,
-        FAULT_BATCHES,
-        MIGRATIONS,
-        CHUNKS,
-        UVM_EVENTS,
-        UVM_COUNTERS_TABLE,
-        GPU_MEMORY,
-        GPU_PROCESS_MEMORY,
-        ALERTS,
-        ALLOCATOR_SEGMENTS,
-        ALLOCATOR_BLOCKS,
-        ALLOCATOR_EVENTS,
-        ALLOCATOR_FRAMES,
-    )
-}
+CATALOG_MODULES: tuple[str, ...] = ("syscall", "api", "driver_evidence", "live", "allocator")
+"""The modules declaring tables, in catalog order: each holds `CATALOG` (`Catalog`: its
+trace layers and its tables). A new layer's tables are a module of their own (here, or a
+dotted name anywhere) and its name in this line; `TABLES`, `LAYERS`, the docs, `info`
+and the writer take them from there."""
 
-SCHEMA_VERSION: int = schema_version(TABLES.values())
-"""The tables' version, written into every part and manifest: the newest column's
-`since` (`Column.since`), so adding a column is its own line, no bump elsewhere."""
-
-LAYERS: dict[str, tuple[str, ...]] = {
-    layer: tuple(t.name for t in TABLES.values() if layer in t.layers)
-    for layer in ("syscall", "api", "cpu_faults", "driver", "uvm_tools", "rm_query", "live",
-                  "allocator")
-}
-"""Tables each layer writes. `driver` is in-kernel driver hooks (PMM chunks, fault
+TABLES: dict[str, Table] = {}
+"""Every table, by name, in catalog order."""
+LAYERS: dict[str, tuple[str, ...]] = {}
+"""Tables each trace layer writes. `driver` is in-kernel driver hooks (PMM chunks, fault
 batches); `uvm_tools` is the driver's own UVM tools event stream and counters
 (no kernel hooks); `rm_query` is RM queries of our own client (GPU memory, and per
 process); `live` is what the recorder concluded while recording (alerts); `allocator`
@@ -139,6 +118,40 @@ is PyTorch's caching
 allocator (segments, tensors, its memory history), imported from a memory snapshot
 (`gputrace import torch-snapshot`) or recorded live by the torch_allocator recorder
 layer."""
+
+
+def _relink() -> None:
+    for layer in LAYERS:  # a table may belong to layers of other modules (faults)
+        LAYERS[layer] = tuple(t.name for t in TABLES.values() if layer in t.layers)
+
+
+def add(catalog: Catalog) -> None:
+    """Add a module's layers and tables to `TABLES` and `LAYERS` (the catalog's modules at
+    import; a test's toy layer the same way). A table or layer already there is refused."""
+    twice = sorted(set(catalog.layers) & set(LAYERS)) + sorted(
+        {t.name for t in catalog.tables} & set(TABLES))
+    if twice:
+        raise ValueError(f"already in the catalog: {', '.join(twice)}")
+    TABLES.update((t.name, t) for t in catalog.tables)
+    LAYERS.update(dict.fromkeys(catalog.layers, ()))
+    _relink()
+
+
+def remove(catalog: Catalog) -> None:
+    """Take back what `add(catalog)` added (a test's toy layer, after the test)."""
+    for t in catalog.tables:
+        TABLES.pop(t.name, None)
+    for layer in catalog.layers:
+        LAYERS.pop(layer, None)
+    _relink()
+
+
+for _name in CATALOG_MODULES:
+    add(importlib.import_module(_name if "." in _name else f"{__name__}.{_name}").CATALOG)
+
+SCHEMA_VERSION: int = schema_version(TABLES.values())
+"""The tables' version, written into every part and manifest: the newest column's
+`since` (`Column.since`), so adding a column is its own line, no bump elsewhere."""
 
 
 MANIFEST_FIELDS: tuple[tuple[str, str], ...] = (

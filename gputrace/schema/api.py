@@ -4,7 +4,7 @@ user call stacks they were made from.
 
 from __future__ import annotations
 
-from gputrace.schema.model import I32, I64, STR, U16, U64, Column, Table, who
+from gputrace.schema.model import I32, I64, STR, U16, U64, Catalog, Column, Table, who
 
 CUDA_CALLS = Table(
     "cuda_calls",
@@ -47,3 +47,8 @@ STACKS = Table(
         Column("line", I32, "", "Python frames: source line", since=4),
     ),
 )
+
+
+CATALOG = Catalog(("api",),
+                  (CUDA_CALLS, STACKS))
+"""This module's layers and tables, in catalog order (`schema.CATALOG_MODULES`)."""

@@ -18,7 +18,20 @@ from gputrace.schema.enums import (
     UVM_EVENT_KINDS,
     UVM_EVENT_REASONS,
 )
-from gputrace.schema.model import I16, I32, I64, STR, U8, U16, U32, U64, Column, Table, enum_columns
+from gputrace.schema.model import (
+    I16,
+    I32,
+    I64,
+    STR,
+    U8,
+    U16,
+    U32,
+    U64,
+    Catalog,
+    Column,
+    Table,
+    enum_columns,
+)
 
 FAULTS = Table(
     "faults",
@@ -216,3 +229,9 @@ CHUNKS = Table(
         Column("pid", I32, "", "process on whose behalf, when known"),
     ),
 )
+
+
+CATALOG = Catalog(("cpu_faults", "driver", "uvm_tools", "rm_query"),
+                  (FAULTS, FAULT_BATCHES, MIGRATIONS, CHUNKS, UVM_EVENTS, UVM_COUNTERS_TABLE,
+                   GPU_MEMORY, GPU_PROCESS_MEMORY))
+"""This module's layers and tables, in catalog order (`schema.CATALOG_MODULES`)."""

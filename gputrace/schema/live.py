@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from gputrace.schema.model import F64, I16, I32, I64, STR, Column, Table
+from gputrace.schema.model import F64, I16, I32, I64, STR, Catalog, Column, Table
 
 ALERTS = Table(
     "alerts",
@@ -24,3 +24,8 @@ ALERTS = Table(
                False),
     ),
 )
+
+
+CATALOG = Catalog(("live",),
+                  (ALERTS,))
+"""This module's layers and tables, in catalog order (`schema.CATALOG_MODULES`)."""

@@ -147,6 +147,16 @@ class Table:
         raise KeyError(name)
 
 
+@dataclass(frozen=True)
+class Catalog:
+    """One schema module's part of the catalog: the trace layers it declares, in catalog
+    order, and its tables, in catalog order (each names its layers). `schema.TABLES` and
+    `schema.LAYERS` are these added up, in `schema.CATALOG_MODULES` order."""
+
+    layers: tuple[str, ...]
+    tables: tuple[Table, ...]
+
+
 def schema_version(tables: Iterable[Table]) -> int:
     """The version of these tables: the newest column's `since`."""
     return max(c.since for t in tables for c in t.columns)

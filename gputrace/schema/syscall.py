@@ -17,6 +17,7 @@ from gputrace.schema.model import (
     STR,
     U32,
     U64,
+    Catalog,
     Column,
     PartSet,
     Table,
@@ -147,3 +148,8 @@ MAPPINGS = Table(
         Column("latency_ns", I64, "ns", "time from syscall entry to exit"),
     ),
 )
+
+
+CATALOG = Catalog(("syscall",),
+                  (PROCESSES, IOCTLS, FILES, MAPPINGS))
+"""This module's layers and tables, in catalog order (`schema.CATALOG_MODULES`)."""

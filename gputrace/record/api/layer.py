@@ -39,6 +39,7 @@ class _WriterView:
 
 class ApiLayer(Layer):
     name = "api"
+    RECORDS: ClassVar[dict[str, tuple[str, ...]]] = {"api": ("uprobes",)}
     BUFFERS: ClassVar[dict[str, Buffer]] = {
         "api:cuda_calls": Buffer("cuda_calls", cuda.BUFFER, decode_cuda.CUDA_DTYPE, _calls),
     }

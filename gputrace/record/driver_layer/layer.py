@@ -46,6 +46,8 @@ def with_comm(s: Session, table: pa.Table) -> pa.Table:
 
 class DriverLayer(Layer):
     name = "driver"
+    RECORDS: ClassVar[dict[str, tuple[str, ...]]] = {"uvm_tools": ("uvm-tools",),
+                                                     "rm_query": ("rm-client",)}
     BUFFERS: ClassVar[dict[str, Buffer]] = {}  # tables arrive decoded (see write)
     TOOLS = Buffer("", "uvm_tools", UVM_RECORD, _ready)
 

@@ -55,6 +55,7 @@ def _events(layer: TorchAllocatorLayer, _s: Session, _kind: str, data: Any) -> D
 class TorchAllocatorLayer(Layer):
     name = "torch_allocator"
     trace_layer = "allocator"
+    RECORDS: ClassVar[dict[str, tuple[str, ...]]] = {"allocator": ("uprobes",)}
     builds_first = True
     BUFFERS: ClassVar[dict[str, Buffer]] = {
         "torch:events": Buffer("allocator_events", BUFFER, decode.TORCH_DTYPE, _events),

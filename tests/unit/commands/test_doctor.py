@@ -69,10 +69,18 @@ def test_not_root_without_caps_cannot_record(tmp_path: Path) -> None:
 
 
 def test_layers_from_checks() -> None:
+    """Every registered layer's trace layers when every check passes (in registration
+    order); a layer whose check fails is left out, the others stay."""
+    from gputrace.record.layers import RECORDER_LAYERS
+
     ok = [d.Check(k, d.OK, "") for k in (*d.REQUIRED, "uprobes", "uvm-tools", "rm-client")]
-    assert d.layers(ok) == ["syscall", "api", "cpu_faults", "uvm_tools", "rm_query"]
+    every = [layer for cls in RECORDER_LAYERS for layer in cls.records()]
+    assert d.layers(ok) == every
+    assert {"syscall", "api", "cpu_faults", "uvm_tools", "rm_query", "allocator"} <= set(every)
     no_tools = [c if c.key != "uvm-tools" else d.Check(c.key, d.NO, "") for c in ok]
-    assert "uvm_tools" not in d.layers(no_tools)
+    assert d.layers(no_tools) == [x for x in every if x != "uvm_tools"]
+    no_uprobes = [c for c in ok if c.key != "uprobes"]
+    assert d.layers(no_uprobes) == [x for x in every if x not in ("api", "allocator")]
 
 
 def test_doctor_here_exits_by_whether_record_can_run(capsys: pytest.CaptureFixture[str],

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from gputrace import schema
 from gputrace.record import decode, hooks, loader
-from gputrace.record.api import decode as decode_cuda
 from gputrace.record.api import libcuda as cuda
 from gputrace.record.api.layer import ApiLayer
 from gputrace.record.cpu_faults import decode as decode_faults
@@ -32,17 +31,13 @@ from gputrace.record.torch_allocator import layer as torch_layer
 FUZZ = settings(max_examples=200, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 
-KINDS = {
-    "ioctl_events": decode.IOCTL_DTYPE, "leftover": decode.IOCTL_DTYPE,
-    "fault_events": decode_faults.FAULT_DTYPE, "fault_leftover": decode_faults.FAULT_DTYPE,
-    "mapping_events": decode.MAPPING_DTYPE, "fd_events": decode.FD_DTYPE,
-    "proc_events": decode.PROC_DTYPE, "api:cuda_calls": decode_cuda.CUDA_DTYPE,
-}  # fmt: skip
-BUFFER = {"leftover": "ioctl_events", "fault_leftover": "fault_events",
-          "api:cuda_calls": cuda.BUFFER}  # fmt: skip
-TABLE = {"ioctl_events": "ioctls", "leftover": "ioctls", "fault_events": "faults",
-         "fault_leftover": "faults", "mapping_events": "mappings", "fd_events": "files",
-         "proc_events": "processes", "api:cuda_calls": "cuda_calls"}  # fmt: skip
+OFFLINE = (SyscallLayer, CpuFaultsLayer, ApiLayer)
+"""The layers this test builds without BPF (`Offline`); their buffers are fuzzed."""
+KINDS = {kind: buf.dtype for kind, (cls, buf) in buffer_table().items() if cls in OFFLINE}
+"""Each fuzzed work item kind and its record, as its layer registered it."""
+BUFFER = {kind: buf.counted_as for kind, (_, buf) in buffer_table().items()}
+"""Each kind's `decode_errors` key."""
+TABLE = {kind: buf.table for kind, (_, buf) in buffer_table().items()}
 # fields holding codes the decoders name, and the codes they know
 CODES: dict[str, dict[str, list[int]]] = {
     "ioctl_events": {"device": list(schema.DEVICE_KINDS)},
@@ -238,7 +233,9 @@ def test_known_and_records_building_blocks() -> None:
     batch, skipped = cpufaults.decode_batch("fault_events", faults.tobytes())
     assert skipped == 0 and batch is not None and batch.num_rows == 3
     assert loader.BUFFERS  # every buffer has a decode_errors key
-    assert set(recorder().decode_errors) == {*loader.BUFFERS, cuda.BUFFER, torch_layer.BUFFER}
+    errors = set(recorder().decode_errors)
+    assert errors == {b.counted_as for _, b in buffer_table().values()}
+    assert {*loader.BUFFERS, cuda.BUFFER, torch_layer.BUFFER} <= errors
 
 
 @FUZZ

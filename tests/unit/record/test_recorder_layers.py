@@ -49,8 +49,12 @@ def test_one_table_routes_every_kind_to_one_layer() -> None:
     assert table["fault_leftover"][1].counted_as == "fault_events"
     assert table["api:cuda_calls"][1].table == "cuda_calls"
     assert [b.last for _, b in table.values()].count(True) == 1  # process exits go last
-    assert [cls.name for cls in RECORDER_LAYERS] == ["syscall", "cpu_faults", "torch_allocator",
-                                                     "api", "driver"]
+    order = [cls.name for cls in RECORDER_LAYERS]
+    # the orders the recorder relies on (layers.py's docstring); a new layer anywhere else
+    # changes none of them
+    assert order[0] == "syscall"
+    assert order.index("torch_allocator") < order.index("api") < order.index("driver")
+    assert order.index("syscall") < order.index("cpu_faults")
     assert layers.Layer().drain(None, layers.Due.POLL) == []  # type: ignore[arg-type]
 
 
