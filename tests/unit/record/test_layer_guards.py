@@ -1,7 +1,9 @@
 """Guards on the recorder's layers: each layer's buffers hand rows to a table the schema
 defines, of a trace layer that table belongs to; and each hook the recorder attaches is
-one `gputrace doctor` checks and names when the kernel lacks it. A toy layer whose
-buffer names a table that does not exist fails the guard."""
+one `gputrace doctor` checks and names when the kernel lacks it; each trace layer a
+layer says it records (`Layer.RECORDS`, doctor's recordable list) is in the schema, and
+the doctor checks it needs are ones doctor makes. A toy layer whose buffer names a table
+that does not exist, or that needs a check doctor lacks, fails the guard."""
 
 from __future__ import annotations
 
@@ -18,6 +20,17 @@ from gputrace.record.layer import Buffer, Layer
 from gputrace.record.layers import RECORDER_LAYERS
 
 
+def _doctor_checks() -> set[str]:
+    """The keys of the checks `gputrace doctor` makes (on a bare SYNTHETIC host)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        return {c.key for c in doctor.run_checks(doctor.Host(root=Path(d), devdir=d))}
+
+
+DOCTOR_CHECKS = _doctor_checks()
+
+
 def layer_problems(layers: tuple[type[Layer], ...]) -> list[str]:
     """What is wrong with these layers' declarations against the schema."""
     out = []
@@ -25,6 +38,14 @@ def layer_problems(layers: tuple[type[Layer], ...]) -> list[str]:
         writes = cls.trace_layer or cls.name
         if writes not in schema.LAYERS:
             out.append(f"{cls.__name__}: trace layer {writes!r} is not in schema.LAYERS")
+        for layer, needs in cls.records().items():
+            if layer not in schema.LAYERS:
+                out.append(f"{cls.__name__}: records trace layer {layer!r}, which is not in "
+                           "schema.LAYERS")
+            unknown = sorted(set(needs) - DOCTOR_CHECKS)
+            if unknown:
+                out.append(f"{cls.__name__}: {layer} needs doctor checks {unknown}, which "
+                           "doctor does not make")
         for kind, buf in cls.BUFFERS.items():
             t = schema.TABLES.get(buf.table)
             if t is None:
@@ -58,6 +79,20 @@ class ElsewhereLayer(Layer):
     name = "api"
     BUFFERS: ClassVar[dict[str, Buffer]] = {
         "x": Buffer("ioctls", "x", np.dtype([("x", "<u8")]), _decoder)}
+
+
+class UnknownNeedsLayer(Layer):
+    """A layer recording a trace layer the schema lacks, needing a check doctor lacks."""
+
+    name = "api"
+    RECORDS: ClassVar[dict[str, tuple[str, ...]]] = {"api": ("nccl",), "nccl": ()}
+
+
+def test_the_guard_refuses_unknown_trace_layers_and_doctor_checks() -> None:
+    assert layer_problems((UnknownNeedsLayer,)) == [
+        "UnknownNeedsLayer: api needs doctor checks ['nccl'], which doctor does not make",
+        "UnknownNeedsLayer: records trace layer 'nccl', which is not in schema.LAYERS"]
+    assert {"uprobes", "uvm-tools", "rm-client"} <= DOCTOR_CHECKS
 
 
 def test_the_guard_refuses_a_missing_table_and_a_foreign_one() -> None:
