@@ -33,6 +33,7 @@ from gputrace.analyses.report_spec import DiffTable, FleetUse, ReportSpec
 if TYPE_CHECKING:
     from gputrace.analyses.registry import Context
 
+
 def _pmm(ctx: Context) -> Any:
     return ctx.memo("pmm_gpus", lambda: pmm_gpus(ctx.inp))
 

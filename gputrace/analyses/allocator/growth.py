@@ -32,6 +32,7 @@ from gputrace.analyses.report_spec import ReportSpec
 if TYPE_CHECKING:
     from gputrace.analyses.registry import Context
 
+
 def _run(ctx: Context) -> Report:
     return growth(ctx.inp, ctx.opts.top)
 

@@ -30,6 +30,7 @@ from gputrace.analyses.report_spec import DiffTable, ReportSpec
 if TYPE_CHECKING:
     from gputrace.analyses.registry import Context
 
+
 def _run(ctx: Context) -> Report:
     return pool(ctx.inp, ctx.opts.top)
 

@@ -23,6 +23,7 @@ from gputrace.analyses.report_spec import DiffTable, ReportSpec
 if TYPE_CHECKING:
     from gputrace.analyses.registry import Context
 
+
 def _run(ctx: Context) -> Report:
     return tensors(ctx.inp, ctx.opts.top)
 

@@ -53,6 +53,7 @@ from gputrace.analyses.report_spec import DiffTable, FleetUse, Gate, ReportSpec
 if TYPE_CHECKING:
     from gputrace.analyses.registry import Context
 
+
 def _run(ctx: Context) -> Report:
     o = ctx.opts
     return fault_rate(ctx.inp, window_s=o.window_s, min_reversals=o.thrash_min, top=o.top,

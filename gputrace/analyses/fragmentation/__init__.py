@@ -26,6 +26,7 @@ from gputrace.analyses.report_spec import FleetUse, Gate, ReportSpec
 if TYPE_CHECKING:
     from gputrace.analyses.registry import Context
 
+
 def _run(ctx: Context) -> Report:
     return fragmentation(ctx.inp)
 

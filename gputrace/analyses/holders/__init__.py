@@ -41,6 +41,7 @@ from gputrace.units import format_bytes
 if TYPE_CHECKING:
     from gputrace.analyses.registry import Context
 
+
 def _run(ctx: Context) -> Report:
     return holders(ctx.inp)
 

@@ -29,6 +29,7 @@ from gputrace.analyses.report_spec import DiffTable, FleetUse, Gate, ReportSpec
 if TYPE_CHECKING:
     from gputrace.analyses.registry import Context
 
+
 def _run(ctx: Context) -> Report:
     return oom(ctx.inp, ctx.opts.oom_window_s, ctx.opts.top, ctx.opts.by)
 
