@@ -80,7 +80,10 @@ def test_layers_from_checks() -> None:
     no_tools = [c if c.key != "uvm-tools" else d.Check(c.key, d.NO, "") for c in ok]
     assert d.layers(no_tools) == [x for x in every if x != "uvm_tools"]
     no_uprobes = [c for c in ok if c.key != "uprobes"]
-    assert d.layers(no_uprobes) == [x for x in every if x not in ("api", "allocator")]
+    assert d.layers(no_uprobes) == [layer for cls in RECORDER_LAYERS
+                                    for layer, needs in cls.records().items()
+                                    if "uprobes" not in needs]
+    assert {"api", "allocator"}.isdisjoint(d.layers(no_uprobes))
 
 
 def test_doctor_here_exits_by_whether_record_can_run(capsys: pytest.CaptureFixture[str],

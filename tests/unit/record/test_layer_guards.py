@@ -85,13 +85,16 @@ class UnknownNeedsLayer(Layer):
     """A layer recording a trace layer the schema lacks, needing a check doctor lacks."""
 
     name = "api"
-    RECORDS: ClassVar[dict[str, tuple[str, ...]]] = {"api": ("nccl",), "nccl": ()}
+    RECORDS: ClassVar[dict[str, tuple[str, ...]]] = {"api": ("no-such-check",),
+                                                     "no_such_layer": ()}
 
 
 def test_the_guard_refuses_unknown_trace_layers_and_doctor_checks() -> None:
     assert layer_problems((UnknownNeedsLayer,)) == [
-        "UnknownNeedsLayer: api needs doctor checks ['nccl'], which doctor does not make",
-        "UnknownNeedsLayer: records trace layer 'nccl', which is not in schema.LAYERS"]
+        "UnknownNeedsLayer: api needs doctor checks ['no-such-check'], which doctor does "
+        "not make",
+        "UnknownNeedsLayer: records trace layer 'no_such_layer', which is not in "
+        "schema.LAYERS"]
     assert {"uprobes", "uvm-tools", "rm-client"} <= DOCTOR_CHECKS
 
 
