@@ -1,13 +1,15 @@
 """Analyses: LazyFrames in, frames and `Report`s out, no I/O.
 
-The reports `gputrace analyze` prints are listed once, in `registry.REPORTS`
-(CLI name, JSON key, options, layers, terminal section, `--fail-on` gates);
-`run.run_reports` runs them. Each module answers one question. By role:
+Each report declares itself in its own module: `SPEC`, its `ReportSpec` (CLI name,
+JSON key, options, layers, terminal section, `--fail-on` gates, its place in the lists),
+and the steps it names; `registry.REPORTS` is every `SPEC` the registry finds among
+these modules, and `run.run_reports` runs them. Each module answers one question. By
+role:
 
-Reports: one registry entry each (docs/reports.md lists them, a table the registry
-writes: `python3 -m gputrace.docblocks`). A report is a module or a package named after
-it; a package's `__init__` is the report and its modules are the parts it is built from,
-each answering one question.
+Reports: a module or a package named after the report (docs/reports.md lists them, a
+table written from the registry: `python3 -m gputrace.docblocks`); a package's
+`__init__` is the report and its modules are the parts it is built from, each answering
+one question (`allocator/` holds three reports, one module each).
 Helpers shared by reports (not reports themselves), the `helpers` subpackage:
     inputs, pairing, common, fds, gpus, lifetimes, rm_objects, uvm_ranges,
     partition, stacks.

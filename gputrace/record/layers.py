@@ -6,8 +6,9 @@ decoder). The recorder runs every step over these in this order (the syscall
 layer loads the program the cpu_faults layer reads; the driver layer attaches
 trackers from the UVM_INITIALIZEs the syscall layer collected; the torch_allocator
 layer's probes are compiled into the API layer's program, so it is built before it).
-Adding a layer
-is one module and one entry here.
+Adding a layer is its package and one entry here (its tables: one line in
+`schema.CATALOG_MODULES`); `doctor`, the schema docs, `info`, the writer and the tests
+take it from there (docs/record.md, "Layers").
 """
 
 from __future__ import annotations
