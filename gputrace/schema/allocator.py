@@ -16,20 +16,9 @@ per distinct list of frames, one row per frame, innermost first.
 
 from __future__ import annotations
 
+from gputrace.schema import model
 from gputrace.schema.enums import ALLOCATOR_ACTIONS, BLOCK_STATES
-from gputrace.schema.model import (
-    BOOL,
-    I16,
-    I32,
-    I64,
-    STR,
-    U32,
-    U64,
-    Catalog,
-    Column,
-    Table,
-    enum_columns,
-)
+from gputrace.schema.model import BOOL, I16, I32, I64, STR, U32, U64, Column, Table, enum_columns
 
 _PID = Column("pid", I32, "",
               "process the snapshot was taken in: the recorded process it was joined to "
@@ -130,8 +119,7 @@ ALLOCATOR_FRAMES = Table(
     ),
 )
 
-
-CATALOG = Catalog(("allocator",),
-                  (ALLOCATOR_SEGMENTS, ALLOCATOR_BLOCKS, ALLOCATOR_EVENTS,
-                  ALLOCATOR_FRAMES))
+CATALOG = model.Catalog(
+    ("allocator",),
+    (ALLOCATOR_SEGMENTS, ALLOCATOR_BLOCKS, ALLOCATOR_EVENTS, ALLOCATOR_FRAMES))
 """This module's layers and tables, in catalog order (`schema.CATALOG_MODULES`)."""

@@ -4,7 +4,8 @@ user call stacks they were made from.
 
 from __future__ import annotations
 
-from gputrace.schema.model import I32, I64, STR, U16, U64, Catalog, Column, Table, who
+from gputrace.schema import model
+from gputrace.schema.model import I32, I64, STR, U16, U64, Column, Table, who
 
 CUDA_CALLS = Table(
     "cuda_calls",
@@ -48,7 +49,5 @@ STACKS = Table(
     ),
 )
 
-
-CATALOG = Catalog(("api",),
-                  (CUDA_CALLS, STACKS))
+CATALOG = model.Catalog(("api",), (CUDA_CALLS, STACKS))
 """This module's layers and tables, in catalog order (`schema.CATALOG_MODULES`)."""

@@ -7,6 +7,7 @@ and PMM chunk events (layer `driver`: in-kernel hooks, where a host allows them)
 
 from __future__ import annotations
 
+from gputrace.schema import model
 from gputrace.schema.enums import (
     ACCESS_TYPES,
     CHUNK_MEM_TYPES,
@@ -18,20 +19,7 @@ from gputrace.schema.enums import (
     UVM_EVENT_KINDS,
     UVM_EVENT_REASONS,
 )
-from gputrace.schema.model import (
-    I16,
-    I32,
-    I64,
-    STR,
-    U8,
-    U16,
-    U32,
-    U64,
-    Catalog,
-    Column,
-    Table,
-    enum_columns,
-)
+from gputrace.schema.model import I16, I32, I64, STR, U8, U16, U32, U64, Column, Table, enum_columns
 
 FAULTS = Table(
     "faults",
@@ -230,8 +218,8 @@ CHUNKS = Table(
     ),
 )
 
-
-CATALOG = Catalog(("cpu_faults", "driver", "uvm_tools", "rm_query"),
-                  (FAULTS, FAULT_BATCHES, MIGRATIONS, CHUNKS, UVM_EVENTS, UVM_COUNTERS_TABLE,
-                   GPU_MEMORY, GPU_PROCESS_MEMORY))
+CATALOG = model.Catalog(
+    ("cpu_faults", "driver", "uvm_tools", "rm_query"),
+    (FAULTS, FAULT_BATCHES, MIGRATIONS, CHUNKS, UVM_EVENTS, UVM_COUNTERS_TABLE, GPU_MEMORY,
+     GPU_PROCESS_MEMORY))
 """This module's layers and tables, in catalog order (`schema.CATALOG_MODULES`)."""

@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from gputrace.schema.model import F64, I16, I32, I64, STR, Catalog, Column, Table
+from gputrace.schema import model
+from gputrace.schema.model import F64, I16, I32, I64, STR, Column, Table
 
 ALERTS = Table(
     "alerts",
@@ -25,7 +26,5 @@ ALERTS = Table(
     ),
 )
 
-
-CATALOG = Catalog(("live",),
-                  (ALERTS,))
+CATALOG = model.Catalog(("live",), (ALERTS,))
 """This module's layers and tables, in catalog order (`schema.CATALOG_MODULES`)."""

@@ -4,6 +4,7 @@ of NVIDIA device files, as the tracepoint probes see them (any kernel with BPF).
 
 from __future__ import annotations
 
+from gputrace.schema import model
 from gputrace.schema.enums import (
     DEVICE_KINDS,
     FD_OPS,
@@ -17,7 +18,6 @@ from gputrace.schema.model import (
     STR,
     U32,
     U64,
-    Catalog,
     Column,
     PartSet,
     Table,
@@ -149,7 +149,5 @@ MAPPINGS = Table(
     ),
 )
 
-
-CATALOG = Catalog(("syscall",),
-                  (PROCESSES, IOCTLS, FILES, MAPPINGS))
+CATALOG = model.Catalog(("syscall",), (PROCESSES, IOCTLS, FILES, MAPPINGS))
 """This module's layers and tables, in catalog order (`schema.CATALOG_MODULES`)."""
