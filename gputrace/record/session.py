@@ -400,7 +400,11 @@ class Session:
                 info.exit_code = code if code >= 0 else None
                 if info.comm is None:
                     info.comm = comm
-                if self.child is not None and pid == self.child.pid:
+                # the probes see the main thread's exit: threads still running make
+                # the process a zombie that keeps its files (its process goes on)
+                info.zombie_threads = procfs.zombie_threads_of(pid)
+                if (self.child is not None and pid == self.child.pid
+                        and not info.zombie_threads):  # a zombie CMD cannot be waited for yet
                     rc = self.child.wait()
                     info.exit_code = rc << 8 if rc >= 0 else -rc
                 self.write_procs([info])
