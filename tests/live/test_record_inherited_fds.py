@@ -201,3 +201,38 @@ def test_a_zombie_the_driver_still_charges(tmp_path: Path) -> None:
             "charges it 6.0 MiB") in case["verdict"]
     procs = open_trace(out).scan("processes").collect()
     assert 1 in set(procs.filter(procs["pid"] == w.pid)["zombie_threads"])
+
+
+def test_recording_a_command_that_becomes_a_zombie(tmp_path: Path) -> None:
+    """`record -- zombie_program`: the command's main thread exits alone. The recorder
+    must not wait for it (its thread runs on: a wait would block the writer until the
+    thread ends); Ctrl-C ends the recording while the zombie still holds its files,
+    and the trace calls it a zombie with one thread."""
+    from tests.record_helpers import RecorderProc
+    from tests.standin.standin import mounted_driver
+    from tests.standin_cuda.standin_cuda import link_program, workload_env
+
+    exe = link_program(ZOMBIE_C, tmp_path / "zombie_program")
+    out = tmp_path / "trace"
+    with mounted_driver(tmp_path, budget=1 << 30) as dev:
+        rec = RecorderProc(record_cmd(out, "--device-dir", str(dev), *standin_driver_args(),
+                                      "--", str(exe), str(2 << 20)),
+                           stdin=subprocess.PIPE, env=workload_env(dev))
+        try:
+            rec.wait_ready()
+            assert rec.proc.stdin is not None and rec.proc.stdout is not None
+            assert rec.proc.stdout.readline().split()[0] == "READY"
+            rec.proc.stdin.write("go\n")
+            rec.proc.stdin.flush()
+            zombie, pid, state = rec.proc.stdout.readline().split()
+            assert (zombie, state) == ("ZOMBIE", "Z")
+            rec.proc.send_signal(signal.SIGINT)
+            assert rec.wait(timeout=120) == 0, "".join(rec.stderr)
+            assert Path(f"/proc/{pid}").exists()  # the recording ended before the zombie
+        finally:
+            if rec.proc.stdin is not None:
+                rec.proc.stdin.close()  # its thread's stdin: the zombie ends
+            rec.proc.kill()
+    procs = open_trace(out).scan("processes").collect()
+    row = procs.filter((procs["pid"] == int(pid)) & procs["exit_ts_ns"].is_not_null())
+    assert list(row["zombie_threads"]) == [1]
