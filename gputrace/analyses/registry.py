@@ -79,6 +79,13 @@ _HELD_COLUMNS = ("processes", "held_bytes", "program_bytes", "allocator_pool_byt
                  "rm_layer_bytes", "uvm_layer_bytes")
 """`leaks --by pod|container`: each group's held figure (one per process, added over its
 processes: leaks/held_end.py), its classes, then the per-layer breakdown."""
+_SUMMARY_HELD = ("processes", "live_end_bytes", "sum_of_peaks_bytes", "program_bytes",
+                 "allocator_pool_bytes", "cuda_context_bytes", "driver_only_bytes", "pieces",
+                 "api_layer_live_end_bytes", "rm_layer_live_end_bytes",
+                 "uvm_layer_live_end_bytes")
+"""`summary --by pod|container`: what the group held at the end (one figure per process,
+the joined model: summary.held_memory), its processes' peaks added, its classes, then
+what each layer alone showed at the end (a breakdown)."""
 
 
 def _leaks_part(ctx: Context, sl: Slice) -> Any:
@@ -228,6 +235,11 @@ REPORTS: list[ReportSpec] = [
         ("api", "driver", "syscall"), _summary, _summary_part, prepare=_pmm,
         terminal="gputrace.render.terminal:summary_section",
         html=(f"{_SECTIONS}:gpu_bytes", f"{_SECTIONS}:ioctl_latency"),
+        columns={"by_pod": ("pod_namespace", "pod_name", *_SUMMARY_HELD, "pod_uid",
+                            "qos_class"),
+                 "by_container": ("pod_namespace", "pod_name", "container_name",
+                                  *_SUMMARY_HELD, "container_id", "container_runtime",
+                                  "pod_uid")},
         diff=(DiffTable("process_peaks", "Peak per process", ("processes",), ("layer", "comm"),
                         ("peak_bytes", "live_end_bytes"), is_bytes=True),
               DiffTable("gpu_peaks", "Peak per GPU", ("gpus", "gpus"), ("gpu_index",),
