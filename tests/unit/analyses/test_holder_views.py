@@ -88,6 +88,9 @@ def test_the_out_of_memory_holders(world: dict[str, Any]) -> None:
     (inc,) = world["doc"]["oom"]["incidents"]
     got = {h["pid"]: h["held_bytes"] for h in inc["holders"]}
     assert got == TRUTH
+    # each holder names its pod (`--by pod`): the figures per pod are the same
+    assert {h["pod_name"]: h["held_bytes"] for h in inc["holders"]} == {
+        POD[p]: b for p, b in TRUTH.items()}
     # each piece once in the sites (sized by its RM object), whatever its layers; the
     # report lists 3 sites, train's context object is the fourth
     sites = {h["pid"]: [(s["site"], s["layer"], s["bytes"]) for s in h["top_sites"]]
