@@ -1,7 +1,7 @@
 """Every "who holds what" view reads the joined allocation model, with pods and two
 processes (tests/recorded/test_holder_views.py: the recorded stand-in trace): on one
-trace whose truth is one number per process (each piece of memory once, whatever the layers that
-saw it), each view's figure per process, and its total, equals that number.
+trace whose truth is one number per process (each piece of memory once, whatever the
+layers that saw it), each view's figure per process, and its total, equals that number.
 
 The trace (synthetic, gputrace.trace.builder; truth written beside it): two processes,
 each with a CUDA context and API allocations inside RM video-memory objects that UVM
