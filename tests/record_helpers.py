@@ -56,10 +56,11 @@ def record_cmd(out: Path, *args: str) -> list[str]:
 class RecorderProc:
     """`gputrace record` in the background; `wait_ready` blocks on its ready line."""
 
-    def __init__(self, argv: list[str], stdin: int = subprocess.DEVNULL) -> None:
+    def __init__(self, argv: list[str], stdin: int = subprocess.DEVNULL,
+                 env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             argv, cwd=ROOT, stdin=stdin, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
+            stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.stderr: list[str] = []

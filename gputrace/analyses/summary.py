@@ -2,8 +2,13 @@
 
 - ioctls: count, failures and latency quantiles per device kind, GPU and
   command, like `nsys stats`' API summaries (exact quantiles, nearest rank).
-- processes: peak and live (at trace end, process still running) bytes per
-  layer and process, replayed from allocation lifetimes.
+- held: each process's one figure from the joined allocation model (each piece of
+  memory once, sized by one layer: allocations/held.py): its peak, what it held at the
+  trace's end (process still running), its classes at the end as attributes;
+  `--by pod|container` adds these up per group.
+- processes: the per-layer breakdown: peak and live (at trace end, process still
+  running) bytes per layer and process, replayed from allocation lifetimes (each
+  layer alone: the layers see the same memory, never add them).
 - GPUs: peak and final allocated bytes per GPU from PMM chunk events (driver
   layer; alloc adds 2^log2_size, free and evict subtract), or from RM
   allocations whose GPU is known; imbalance = max / mean of allocated bytes.
@@ -16,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from gputrace.analyses.allocations.held import CLASS_KEYS, held_pieces
 from gputrace.analyses.allocations.rows import with_exits
 from gputrace.analyses.helpers.common import records
 from gputrace.analyses.helpers.gpus import gpu_table, pmm_gpus, replay_steps
@@ -47,6 +53,13 @@ def _run(ctx: Context) -> Report:
 
 
 _SECTIONS = "gputrace.render.html_sections"
+_SUMMARY_HELD = ("processes", "live_end_bytes", "sum_of_peaks_bytes", "program_bytes",
+                 "allocator_pool_bytes", "cuda_context_bytes", "driver_only_bytes", "pieces",
+                 "api_layer_live_end_bytes", "rm_layer_live_end_bytes",
+                 "uvm_layer_live_end_bytes")
+"""`summary --by pod|container`: what the group held at the end (one figure per process,
+the joined model: summary.held_memory), its processes' peaks added, its classes, then
+what each layer alone showed at the end (a breakdown)."""
 
 SPEC = ReportSpec(
     "summary", "summary", "Summary",
@@ -54,6 +67,9 @@ SPEC = ReportSpec(
     ("api", "driver", "syscall"), _run, _part, prepare=_pmm,
     terminal="gputrace.render.terminal:summary_section",
     html=(f"{_SECTIONS}:gpu_bytes", f"{_SECTIONS}:ioctl_latency"),
+    columns={"by_pod": ("pod_namespace", "pod_name", *_SUMMARY_HELD, "pod_uid", "qos_class"),
+             "by_container": ("pod_namespace", "pod_name", "container_name", *_SUMMARY_HELD,
+                              "container_id", "container_runtime", "pod_uid")},
     diff=(DiffTable("process_peaks", "Peak per process", ("processes",), ("layer", "comm"),
                     ("peak_bytes", "live_end_bytes"), is_bytes=True),
           DiffTable("gpu_peaks", "Peak per GPU", ("gpus", "gpus"), ("gpu_index",),
@@ -232,6 +248,37 @@ def process_memory(lt: pl.LazyFrame, processes: pl.LazyFrame) -> pl.LazyFrame:
     return live.join(peak, on=["layer", "pid"])
 
 
+HELD_FIGURES = ("peak_bytes", "live_end_bytes", "pieces", *CLASS_KEYS.values())
+"""The columns of `held_memory` that add up over processes (a pod's, a container's)."""
+LAYER_BREAKDOWN = tuple(f"{k}_layer_live_end_bytes" for k in ("api", "rm", "uvm"))
+"""`--by`: what each layer alone shows live at the end (a breakdown, never added)."""
+
+
+def held_memory(sl: Slice) -> pl.DataFrame:
+    """Per pid of the slice, from the joined model (each piece once): `comm`, the peak
+    of what it held, what it held at the trace's end (running), its pieces, and its
+    classes at the end (`CLASS_KEYS`, adding up to `live_end_bytes`)."""
+    held = held_pieces(sl)
+    until = pl.coalesce("until_ns", "exit_ts_ns")
+    steps = pl.concat([
+        held.select("pid", pl.col("from_ns").alias("ts_ns"), pl.col("held_bytes").alias("d")),
+        held.filter(until.is_not_null()).select(
+            "pid", until.alias("ts_ns"), (-pl.col("held_bytes")).alias("d"))])
+    # at equal times the frees first: a piece freed as another is made is not a peak
+    peak = (steps.sort(pl.col("ts_ns") * 2 + (pl.col("d") > 0).cast(pl.Int64))
+            .with_columns(level=pl.col("d").cum_sum().over("pid"))
+            .group_by("pid").agg(pl.col("level").max().alias("peak_bytes")))
+    end = (pl.col("until_ns").is_null() & pl.col("exit_ts_ns").is_null()).cast(pl.Int64)
+    size = pl.col("held_bytes") * end
+    return (held.group_by("pid")
+            .agg(pl.col("comm").drop_nulls().last(), size.sum().alias("live_end_bytes"),
+                 pl.len().alias("pieces"),
+                 *[(size * (pl.col("class") == c)).sum().alias(k)
+                   for c, k in CLASS_KEYS.items()])
+            .join(peak, on="pid", how="left")
+            .select("pid", "comm", *HELD_FIGURES))
+
+
 def summary_part(sl: Slice, rm_gpu: bool) -> dict[str, pl.DataFrame]:
     """What one pid slice adds: its processes' memory and, when `rm_gpu`, the
     (gpu_index, ts_ns, d) steps of its RM allocations with a known GPU."""
@@ -247,7 +294,7 @@ def summary_part(sl: Slice, rm_gpu: bool) -> dict[str, pl.DataFrame]:
             "gpu_index", pl.col("free_ts_ns").alias("ts_ns"), (-pl.col("size_bytes")).alias("d"))
     ])
     procs, steps_df = pl.collect_all([process_memory(lt, inp.scan("processes")), steps])
-    return {"processes": procs, "rm_gpu": steps_df}
+    return {"processes": procs, "rm_gpu": steps_df, "held": held_memory(sl)}
 
 
 def summary(inp: Inputs, parts: list[dict[str, pl.DataFrame]] | None = None,
@@ -266,6 +313,8 @@ def summary(inp: Inputs, parts: list[dict[str, pl.DataFrame]] | None = None,
     io = ioctl_stats(inp.scan("ioctls"), inp.ioctl_commands).collect()
     procs = pl.concat([p["processes"] for p in parts]).sort(
         "layer", "peak_bytes", "pid", descending=[False, True, False])
+    held = pl.concat([p["held"] for p in parts]).sort(
+        "peak_bytes", "pid", descending=[True, False])
     if pmm is not None:
         gpus: dict[str, object] | None = gpu_table(inp, pmm, "pmm chunks")
     elif (rm_gpus := replay_steps(pl.concat([p["rm_gpu"] for p in parts]))).height:
@@ -277,12 +326,19 @@ def summary(inp: Inputs, parts: list[dict[str, pl.DataFrame]] | None = None,
     missing = [x for x in SPEC.layers if not inp.has(x)]
     data = {
         "ioctls": records(io) if inp.has("syscall") else None,
+        "held": records(held),
         "processes": records(procs),
         "gpus": gpus,
     }
     if by is not None:
+        # each process's one figure added up; the layers as a labelled breakdown
+        layer = procs.group_by("pid").agg(
+            *[(pl.col("live_end_bytes") * (pl.col("layer") == k.split("_")[0])).sum()
+              .cast(pl.Int64).alias(k) for k in LAYER_BREAKDOWN])
+        frame = held.join(layer, on="pid", how="left").with_columns(
+            pl.col(list(LAYER_BREAKDOWN)).fill_null(0))
         data[f"by_{by}"] = records(by_identity(
-            procs.lazy(), inp.scan("processes"), by,
-            ["live_end_bytes", "peak_bytes", "allocations"], ["layer"])
+            frame.lazy(), inp.scan("processes"), by,
+            ["live_end_bytes", "peak_bytes", *HELD_FIGURES[2:], *LAYER_BREAKDOWN])
             .rename({"peak_bytes": "sum_of_peaks_bytes"}).collect())
     return Report("summary", QUESTION, True, data, missing, warnings)

@@ -14,13 +14,19 @@ import os
 import sys
 from typing import Any
 
+from gputrace.record import procfs
+
 PROC = "/proc"
 
 
 def device_holders(pids: list[int], prefix: str) -> list[int]:
-    """The pids of `pids` holding an open file whose path starts with `prefix`."""
+    """The processes of `pids` holding an open file whose path starts with `prefix`.
+    A thread's tid is a fork to the probes too, and /proc/TID/fd shows its process's
+    files: only a whole process (its own thread group) counts."""
     out = []
     for pid in pids:
+        if procfs.tgid(pid) != pid:
+            continue
         fd_dir = f"{PROC}/{pid}/fd"
         try:
             names = os.listdir(fd_dir)

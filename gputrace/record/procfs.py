@@ -119,6 +119,7 @@ class ProcInfo:
     start_ts_ns: int | None = None
     exit_ts_ns: int | None = None
     exit_code: int | None = None
+    zombie_threads: int | None = None  # read at the exit: zombie_threads_of
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,25 @@ def tgid(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def zombie_threads_of(pid: int) -> int | None:
+    """At its main thread's exit: how many threads of `pid` still run (more than 0 when
+    the main thread exited alone, pthread_exit: a zombie whose threads keep its files);
+    None when the process is gone or unreadable."""
+    state, threads = None, None
+    try:
+        with open(PROC / str(pid) / "status", "rb") as f:
+            for line in f:
+                if line.startswith(b"State:"):
+                    state = line.split()[1]
+                elif line.startswith(b"Threads:"):
+                    threads = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    if state is None or threads is None:
+        return None
+    return threads - 1 if state == b"Z" else 0
 
 
 def boot_offset_ns() -> int:

@@ -398,9 +398,11 @@ class Session:
                 info.exit_ts_ns = ts
                 code = int(e["exit_code"])
                 info.exit_code = code if code >= 0 else None
-                if info.comm is None:
-                    info.comm = comm
-                if self.child is not None and pid == self.child.pid:
+                info.comm = comm if info.comm is None else info.comm
+                # the main thread's exit: threads still running make it a zombie that
+                # keeps its files (and a zombie CMD cannot be waited for yet)
+                info.zombie_threads = procfs.zombie_threads_of(pid)
+                if self.child and pid == self.child.pid and not info.zombie_threads:
                     rc = self.child.wait()
                     info.exit_code = rc << 8 if rc >= 0 else -rc
                 self.write_procs([info])

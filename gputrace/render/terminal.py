@@ -38,7 +38,15 @@ def summary_section(con: Console, d: dict[str, Any], limit: int) -> None:
             ("count", "count", num), ("failed", "failed", num), ("total_ns", "total", us),
             ("latency_ns_p50", "p50", us), ("latency_ns_p90", "p90", us),
             ("latency_ns_p99", "p99", us), ("latency_ns_max", "max", us)], limit)
-    table(con, "Memory per process", d["processes"], [
+    if d.get("held") is not None:  # a report of an older gputrace has none
+        table(con, "Memory per process (each piece once)", d["held"], [
+            ("pid", "pid", plain), ("comm", "comm", str),
+            ("peak_bytes", "peak", human_bytes), ("live_end_bytes", "held at end", human_bytes),
+            ("program_bytes", "program", human_bytes),
+            ("allocator_pool_bytes", "pool", human_bytes),
+            ("cuda_context_bytes", "context", human_bytes),
+            ("driver_only_bytes", "driver-only", human_bytes)], limit)
+    table(con, "Memory per process by layer (a breakdown)", d["processes"], [
         ("layer", "layer", str), ("pid", "pid", plain), ("comm", "comm", str),
         ("allocations", "allocs", num), ("peak_bytes", "peak", human_bytes),
         ("live_end_bytes", "live at end", human_bytes)], limit)

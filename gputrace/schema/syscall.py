@@ -65,6 +65,10 @@ PROCESSES = Table(
         Column("exit_ts_ns", I64, "ns", "process exit (null when it outlived the trace)"),
         Column("exit_code", I32, "", "exit status as wait(2) reports it"),
         *IDENTITY_COLUMNS,
+        Column("zombie_threads", I32, "",
+               "threads still running when the recorder read the process at its main "
+               "thread's exit: more than 0 is a zombie (`ps` shows it <defunct>) whose "
+               "threads keep its files and GPU memory; null when not read", since=6),
     ),
 )
 

@@ -113,10 +113,12 @@ class TraceBuilder:
         ppid: int = 1,
         cmdline: str | None = None,
         cgroup: str | None = None,
+        zombie_threads: int | None = None,
         **who: str | None,
     ) -> None:
         """A process row; `who`: its identity columns (schema.IDENTITY_COLUMNS:
-        container_id, pod_uid, pod_namespace, ...)."""
+        container_id, pod_uid, pod_namespace, ...); `zombie_threads`: threads its main
+        thread left running at `exit`."""
         known = {c.name for c in schema.IDENTITY_COLUMNS}
         if set(who) - known:
             raise TypeError(f"process(): not an identity column: {sorted(set(who) - known)}")
@@ -132,6 +134,7 @@ class TraceBuilder:
             start_ts_ns=None if start is None else ns(start),
             exit_ts_ns=None if exit is None else ns(exit),
             exit_code=None if exit is None else 0,
+            zombie_threads=zombie_threads,
             **who,
         )
 

@@ -95,3 +95,21 @@ def test_fleet_one_figure() -> None:
     render_fleet_terminal(fleet, out)
     assert "Top holders" in out.getvalue() and "24.0 MiB" in out.getvalue()
     assert "Top holders" in render_fleet_html(fleet)
+
+
+@pytest.mark.parametrize("by", ["pod", "container"])
+def test_summary_one_figure(by: str) -> None:
+    """The summary's held memory (the joined model): every API allocation lies in an RM
+    object, so the process's peak is the RM layer's (what the driver charged), not the
+    layers added; it exited before the end, so it held nothing then. `--by` adds the
+    one figure per group (one row, not one per layer)."""
+    s = analyze(STANDIN, ["summary"], by=by)["summary"]
+    (h,) = s["held"]
+    layers = {r["layer"]: r["peak_bytes"] for r in s["processes"]}
+    assert h["peak_bytes"] == layers["rm"] == max(layers.values())
+    assert h["peak_bytes"] < sum(layers.values())
+    assert h["live_end_bytes"] == 0
+    (row,) = s[f"by_{by}"]
+    assert (row["processes"], row["sum_of_peaks_bytes"], row["live_end_bytes"]) == (
+        1, h["peak_bytes"], 0)
+    assert "layer" not in row and row["rm_layer_live_end_bytes"] == 0

@@ -8,13 +8,16 @@ cases where memory outlives its owner, one plain-words verdict each (`cases`):
   (and so its RM clients and its CUDA context): who opened them, whether and when
   the opener exited, the memory the driver still charges to the opener (else what
   the trace recorded it holding);
+- `zombie`: a pid the driver still lists whose main thread exited alone while its
+  other threads ran on (`ps` shows it <defunct>; the threads keep its files and
+  memory): the recorder read its threads at the exit (`processes.zombie_threads`);
 - `exited`: a pid the driver's accounting still lists after the trace saw it exit,
-  and no traced process holds its files (a zombie whose other threads run, or a
-  holder the trace did not see);
+  and no traced process holds its files (a holder the trace did not see, or a
+  zombie the recorder could not read);
 - `unseen`: a pid the driver lists that the trace never saw (another PID
   namespace, or a process started before the recording that made no call).
 
-Memory of the `exited` and `unseen` cases, and of `inherited` ones whose opener
+Memory of the `zombie`, `exited` and `unseen` cases, and of `inherited` ones whose opener
 exited, is `orphaned_bytes`: memory no live traced process owns. The driver's
 figures need the rm_query layer (`gpu_process_memory`); the fd replay the syscall
 layer. docs/analyses/holders.md.
@@ -82,11 +85,15 @@ class Facts:
     def __init__(self, inp: Inputs) -> None:
         self.inp = inp
         procs = inp.scan("processes").select("pid", "ppid", "comm", "start_ts_ns",
-                                             "exit_ts_ns").collect()
+                                             "exit_ts_ns", "zombie_threads").collect()
         self.procs = procs
         self.comm = {int(p): c for p, c in zip(procs["pid"], procs["comm"], strict=True) if c}
         self.exit = {int(p): e for p, e in zip(procs["pid"], procs["exit_ts_ns"], strict=True)
                      if e is not None}
+        # threads a pid's main thread left running at its exit (the last such exit)
+        self.zombie = {int(p): int(z) for p, e, z in zip(
+            procs["pid"], procs["exit_ts_ns"], procs["zombie_threads"], strict=True)
+            if e is not None and z and e == self.exit.get(int(p))}
         self.files = (inp.scan("files").select("ts_ns", "pid", "fd_op_code", "fd", "new_fd",
                                                "ret").collect()
                       if inp.has("syscall") else None)
@@ -164,6 +171,16 @@ def _listed(f: Facts, at: int, driver: dict[int, int], covered: set[int],
                         "verdict": f"pid {pid}: the driver charges it {format_bytes(b)}; the "
                                    "trace never saw it (a process of another PID namespace, "
                                    "or one started before the recording that made no call)"})
+        elif gone is not None and gone <= at and pid in f.zombie:
+            name, n = f.comm.get(pid) or "?", f.zombie[pid]
+            out.append({"case": "zombie", "pid": pid, "comm": f.comm.get(pid), "holders": [],
+                        "opener_exit_ts_ns": gone, "bytes": b, "bytes_from": "driver",
+                        "orphaned": True,
+                        "verdict": f"{name} (pid {pid}) is a zombie: its main thread exited "
+                                   f"{(at - gone) / NS_PER_S:,.0f} s ago while {n} other "
+                                   f"thread{'s' if n > 1 else ''} ran on, keeping its device "
+                                   f"files; the driver still charges it {format_bytes(b)} "
+                                   "(`ps` shows it <defunct>; ending its threads frees it)"})
         elif gone is not None and gone <= at:
             name = f.comm.get(pid) or "?"
             out.append({"case": "exited", "pid": pid, "comm": f.comm.get(pid), "holders": [],
@@ -171,8 +188,8 @@ def _listed(f: Facts, at: int, driver: dict[int, int], covered: set[int],
                         "orphaned": True,
                         "verdict": f"{name} (pid {pid}) exited {(at - gone) / NS_PER_S:,.0f} s "
                                    f"ago and the driver still charges it {format_bytes(b)}: no "
-                                   "traced process holds its device files (a zombie whose "
-                                   "threads still run, or a holder the trace did not see)"})
+                                   "traced process holds its device files (a holder the "
+                                   "trace did not see, or a zombie whose threads still run)"})
     return out
 
 

@@ -6,7 +6,9 @@ each bin keeps its lowest live bytes, counting the value carried into it
 (the trough between iterations, so short-lived temporaries do not hide or
 fake a trend). A Theil-Sen line (the
 median of all pairwise slopes, robust to outliers) is fitted to the troughs;
-its quality is R² of that line and the median absolute deviation (MAD) of
+its quality is R² of that line (the share of the troughs' variance it
+explains, 0 when none: a robust line can fit worse than their mean, where
+1 - SSres/SStot would go negative) and the median absolute deviation (MAD) of
 its residuals. A series is flagged as growing only with evidence: it spans at
 least `MIN_DURATION_S` seconds, its trough rose from one bin to the next at
 least `MIN_RISES` times (iterations that each left memory behind), the slope
@@ -57,7 +59,7 @@ def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]
     intercept = float(np.median(y - slope * x))
     resid = y - (slope * x + intercept)
     ss_tot = float(np.sum((y - y.mean()) ** 2))
-    r2 = 1.0 - float(np.sum(resid**2)) / ss_tot if ss_tot > 0 else 0.0
+    r2 = max(0.0, 1.0 - float(np.sum(resid**2)) / ss_tot) if ss_tot > 0 else 0.0
     return slope, intercept, r2, float(np.median(np.abs(resid - np.median(resid))))
 
 
@@ -75,7 +77,7 @@ def theil_sen_rows(x: np.ndarray, y: np.ndarray) -> list[tuple[float, float, flo
     ss_res = np.sum(resid**2, axis=1)
     mad = np.median(np.abs(resid - np.median(resid, axis=1)[:, None]), axis=1)
     return [(float(slope[r]), float(intercept[r]),
-             1.0 - float(ss_res[r]) / float(ss_tot[r]) if ss_tot[r] > 0 else 0.0,
+             max(0.0, 1.0 - float(ss_res[r]) / float(ss_tot[r])) if ss_tot[r] > 0 else 0.0,
              float(mad[r])) for r in range(len(x))]
 
 

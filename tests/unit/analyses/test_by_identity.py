@@ -73,7 +73,12 @@ def test_leaks_summary_fault_rate_by_pod(tmp_path: Path) -> None:
     summ = {r["pod_name"]: r for r in doc["summary"]["by_pod"]}
     assert summ["trainer-0"]["live_end_bytes"] == 7 * MiB
     assert summ["trainer-0"]["sum_of_peaks_bytes"] == 10 * MiB  # 101 peaked at 8, 102 at 2
-    assert summ["trainer-0"]["allocations"] == 4
+    assert summ["trainer-0"]["pieces"] == 4
+    # one row per pod (the joined model), the layer a labelled breakdown beside it
+    assert len(doc["summary"]["by_pod"]) == 3
+    assert summ["trainer-0"]["rm_layer_live_end_bytes"] == 7 * MiB
+    assert summ["trainer-0"]["driver_only_bytes"] == 7 * MiB
+    assert set(registry.spec("summary").columns["by_pod"]) == set(summ["trainer-0"])
     faults = {r["pod_name"]: r["faults"] for r in doc["fault_rate"]["by_pod"]}
     assert faults == {"trainer-0": 3, "eval-0": 2}
     assert "by_container" not in doc["leaks"]

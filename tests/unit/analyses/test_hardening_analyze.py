@@ -324,3 +324,21 @@ def test_record_raw_hint_escapes_the_output_path(capsys: pytest.CaptureFixture[s
     err = capsys.readouterr().err
     assert "gputrace convert /tmp/t\\x1b[2J\\u202e" in err, err
     assert _raw_controls(err) == []
+
+
+def test_growth_r2_is_never_negative() -> None:
+    """A Theil-Sen line can fit worse than the series' mean (1 - SSres/SStot < 0: the
+    real H200 trace's API series printed R² -0.285); R² is the share explained, 0 at
+    least, alone and in the batched rows alike."""
+    import numpy as np
+
+    from gputrace.analyses.leaks.growth import theil_sen, theil_sen_rows
+
+    x = np.arange(6, dtype=float)
+    y = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 100.0])  # a flat median line at 0, one spike
+    slope, _icpt, r2, _mad = theil_sen(x, y)
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    resid = y - (slope * x + float(np.median(y - slope * x)))
+    assert 1.0 - float(np.sum(resid**2)) / ss_tot < 0  # the raw figure goes negative
+    assert r2 == 0.0
+    assert [r[2] for r in theil_sen_rows(np.stack([x, x]), np.stack([y, 2 * y]))] == [0.0, 0.0]

@@ -8,6 +8,8 @@ is written beside it (synthetic, gputrace.trace.builder):
   process holds its files.
 - pid 777 is charged 512 MiB and the trace never saw it (another PID namespace).
 - serve (pid 200) opens its own files and is charged 1 GiB: alive and traced, no case.
+- zed (pid 400): its main thread exits alone at 12 s, 2 threads run on (the recorder
+  read them at the exit); the driver still charges it 64 MiB: a zombie.
 """
 
 from __future__ import annotations
@@ -31,13 +33,16 @@ def build(path: Path) -> Path:
         b.process(w, "worker", start=2.0, ppid=100)
     b.process(200, "serve", start=0.5)
     b.process(300, "old", start=0.5, exit=10.0)
+    b.process(400, "zed", start=0.5, exit=12.0, zombie_threads=2)
+    b.open_fd(1.0, 400, fd=3)
     b.open_fd(1.0, 100, fd=3)
     b.open_fd(1.0, 100, fd=4, device_code=2)
     b.dup_fd(1.5, 100, fd=3, new_fd=9)
     b.open_fd(1.0, 200, fd=5)
     b.open_fd(1.0, 300, fd=3)
     b.close(9.0, 300, fd=3)
-    for pid, vid in ((100, TRAIN), (200, GiB), (300, 256 * MiB), (777, 512 * MiB)):
+    for pid, vid in ((100, TRAIN), (200, GiB), (300, 256 * MiB), (777, 512 * MiB),
+                     (400, 64 * MiB)):
         b.gpu_process_memory(19.5, 0, pid, vid)
     return b.build(path)
 
@@ -55,8 +60,9 @@ def test_every_case_at_the_end_with_its_bytes(rep: dict[str, Any]) -> None:
            for c in end["cases"]}
     assert got == {("inherited", 100): (TRAIN, WORKERS, True),
                    ("exited", 300): (256 * MiB, [], True),
-                   ("unseen", 777): (512 * MiB, [], True)}
-    assert end["orphaned_bytes"] == rep["orphaned_bytes"] == TRAIN + 768 * MiB
+                   ("unseen", 777): (512 * MiB, [], True),
+                   ("zombie", 400): (64 * MiB, [], True)}
+    assert end["orphaned_bytes"] == rep["orphaned_bytes"] == TRAIN + 832 * MiB
 
 
 def test_holders_inherit_the_openers_three_fds(rep: dict[str, Any]) -> None:
@@ -75,6 +81,10 @@ def test_verdicts_in_plain_words(rep: dict[str, Any]) -> None:
                                   "charges it 256.0 MiB")
     assert v["unseen"].startswith("pid 777: the driver charges it 512.0 MiB; the trace "
                                   "never saw it")
+    assert v["zombie"] == ("zed (pid 400) is a zombie: its main thread exited 8 s ago while 2 "
+                           "other threads ran on, keeping its device files; the driver still "
+                           "charges it 64.0 MiB (`ps` shows it <defunct>; ending its threads "
+                           "frees it)")
 
 
 def test_a_child_that_closes_them_lets_go(tmp_path: Path) -> None:

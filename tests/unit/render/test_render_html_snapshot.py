@@ -106,6 +106,11 @@ def test_real_h200_cuda_page_reads_as_the_terminal(tmp_path: Path) -> None:
     assert not re.search(r"\d\.\d+e\+\d", body)
     assert re.search(r"<td>116\.5 GiB/min</td>", body)
     assert "? ()" not in body
+    # the growth fits: R² a share (0 at least), growing as yes/no
+    fits = body[body.index("<h3>Growth fits</h3>"):].split("</table>")[0]
+    rows = re.findall(r"<tr>(.*?)</tr>", fits)[1:]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in rows]
+    assert [c[3] for c in cells] == ["0", "0.727", "0.75"] and {c[6] for c in cells} == {"no"}
 
 
 def test_header_shows_what_an_import_wrote_down() -> None:

@@ -163,9 +163,12 @@ def test_ioctl_latency_cells() -> None:
 
 def test_memory_per_process_and_gpu_cells() -> None:
     text = text_of("scenario-memory_by_process")
-    procs = {(r[0], r[1]): r[2:] for r in table(text, "Memory per process")}
+    procs = {(r[0], r[1]): r[2:] for r in table(text, "Memory per process by layer")}
     assert procs[("api", "7100")] == ["alpha", "3", "30.0 MiB", "25.0 MiB"]
     assert procs[("rm", "7102")] == ["gamma", "3", "60.0 MiB", "30.0 MiB"]
+    held = {r[0]: r[1:5] for r in table(text, "Memory per process (each piece once)")}
+    assert held["7100"] == ["alpha", "30.0 MiB", "25.0 MiB", "25.0 MiB"]
+    assert held["7102"] == ["gamma", "60.0 MiB", "30.0 MiB", "0 B"]
     gpus = table(text, "Memory per GPU")
     assert [(r[0], r[1], r[2]) for r in gpus] == [
         ("0", "30.0 MiB", "0 B"), ("1", "10.0 MiB", "10.0 MiB"), ("2", "20.0 MiB", "20.0 MiB")]
