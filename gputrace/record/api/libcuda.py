@@ -188,8 +188,12 @@ class LibcudaProbes:
         finally:
             os.close(fd)
         self.libraries.append(shown)
+        bcc = loader.import_bcc()
         if self.unwind.walk == unwind.NOT_STARTED:  # before any uretprobe can run
-            self.unwind.walk = unwind.start_walker(loader.import_bcc(), self.bpf)
+            self.unwind.walk = unwind.start_walker(bcc, self.bpf)
+        if hasattr(self.bpf, "preload"):  # a cached object: its entry probes at once
+            self.bpf.preload([f"uprobe_{s}" for s in hooks.cuda_symbols() if s in exported],
+                             bcc.BPF.KPROBE)
         # extensions first: the kernel runs a function's newest uretprobe first, so
         # theirs run after the API layer's (a time they stamp is past its return)
         for x in self.extensions:
