@@ -156,6 +156,10 @@ static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 ca
      * sees one state whether or not an iteration read a chunk (else the
      * paths of a 127-frame walk multiply past its limit) */
     w->base = w->end = 0;
+    /* so do the out words found in the first chunk, until the walks are done
+     * (on the caller's stack each found or not would double the walk's states) */
+    w->out_v = w->pitch_v = 0;
+    w->have = 0;
     if (!(sp & 7)) {
         /* to the end of sp's page at most: no fault past what the walk needs */
         u64 len = 4096 - (sp & 4095);
@@ -164,7 +168,8 @@ static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 ca
         if (bpf_probe_read_user(w->chunk, len, (void *)sp) == 0) {
             w->base = sp;
             w->end = sp + len;
-            *have = cuda_chunk_word(w, out, out_v) | (cuda_chunk_word(w, pitch_out, pitch_v) << 1);
+            w->have = cuda_chunk_word(w, out, &w->out_v) |
+                      (cuda_chunk_word(w, pitch_out, &w->pitch_v) << 1);
         }
     }
     u64 ip = PT_REGS_IP(ctx);
@@ -200,7 +205,14 @@ static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 ca
      * tables' (at a constant index each: a walk that started at frame n
      * would be verified once per n) */
     u32 m = 1;
+    /* fp and low too wait in the map value between frames: every path through
+     * a frame then reaches the next with the same state, verified once (in
+     * registers they differ by how they were derived: one walk per path) */
+    *(volatile u64 *)&w->fp = fp;
+    *(volatile u64 *)&w->low = low;
     for (u32 i = 1; i < GT_CUDA_STACK_DEPTH; i++) {
+        fp = *(volatile u64 *)&w->fp;
+        low = *(volatile u64 *)&w->low;
         if ((fp & 7) || fp < low || fp >= top)
             break;
         if (fp < w->base || fp + 16 > w->end) {
@@ -223,8 +235,8 @@ static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 ca
         u64 ret = w->chunk[(off + 1) & (GT_CUDA_STACK_CHUNK - 1)];
         w->fp_ip[i] = ret;
         m = i + 1;
-        low = fp + 16;  /* callers' records lie above this one */
-        fp = w->chunk[off & (GT_CUDA_STACK_CHUNK - 1)];
+        *(volatile u64 *)&w->low = fp + 16;  /* callers' records lie above this one */
+        *(volatile u64 *)&w->fp = w->chunk[off & (GT_CUDA_STACK_CHUNK - 1)];
     }
     /* m too goes through the map value: as a constant on each of the walk's
      * exits, it would have the loop below verified once per exit */
@@ -247,6 +259,9 @@ static __always_inline int cuda_stack_id(struct pt_regs *ctx, void *task, u64 ca
     s->_pad = 0;
     h = cuda_mix(h, n);
     h ^= h >> 32;
+    *have = *(volatile u32 *)&w->have;
+    *out_v = *(volatile u64 *)&w->out_v;
+    *pitch_v = *(volatile u64 *)&w->pitch_v;
     for (u32 k = 0; k < GT_CUDA_STACK_PROBES; k++) {
         u32 key = (u32)(h + k) & 0x7fffffff;
         struct cuda_stack *v = cuda_stacks.lookup(&key);

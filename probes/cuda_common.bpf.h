@@ -81,6 +81,9 @@ struct cuda_stack_walk {
     u64 top_h;          /* the hash of the frames unwound by tables (cuda_unwind.bpf.h) */
     u32 top_n;          /* frames in s after them */
     u32 fp_m;           /* frames in fp_ip, after the frame-pointer walk */
+    u64 fp, low;        /* the frame-pointer walk's next record and lowest address */
+    u64 out_v, pitch_v; /* the out words the first chunk held, and which (have) */
+    u32 have, _pad2;
     u64 chunk[GT_CUDA_STACK_CHUNK];
 };
 BPF_HASH(cuda_stacks, u32, struct cuda_stack, GT_CUDA_STACKS);

@@ -80,6 +80,9 @@ static __always_inline void big_clear(struct managed_proc *mp, u64 s, u64 e)
     }
     if (split_hi == 0)
         return;
+    /* Read the slots again: without this clang carries a flag per slot over from the
+     * loop above, and the verifier walks every combination of them (~2^16 paths). */
+    __asm__ __volatile__("" ::: "memory");
 #pragma unroll
     for (u32 i = 0; i < GT_BIG_RANGES; i++) {
         if (mp->big_end[i] == 0) {

@@ -369,6 +369,17 @@ class _Loaded:
             raise Exception(f"Failed to load BPF program {name}: {err} (verifier log in {path})")
         return fd
 
+    def preload(self, names: list[str], prog_type: int) -> None:
+        """Load these functions from parallel threads (the verifier runs in the
+        loading thread), before attaches that load them one at a time; a function
+        that fails here fails again, with its error, where it is attached."""
+        todo = [n.encode() for n in names if n.encode() not in self.funcs]
+        if len(todo) < 2:
+            return
+        with cf.ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
+            for f in [pool.submit(self.load_func, n, prog_type) for n in todo]:
+                f.exception()
+
     def _trace_autoload(self) -> None:
         """bcc's autoload (tracepoint__/kprobe__ functions attached by name), with
         the verifier run for all of them at once (it runs in the loading thread)."""

@@ -107,7 +107,9 @@ class LibcudaProbes:
         self.skipped: list[dict[str, str]] = []
         self.sym = Symbolizer()
         self.py = python_stacks.PythonStacks(self.bpf["cuda_py_procs"], self.bpf["cuda_py_stacks"])
-        self.unwind = unwind.UnwindTables(self.bpf, unwind.start_walker(bcc, self.bpf))
+        # the walker's programs load at the first libcuda attached (uretprobe_cuda is
+        # most of the API program's verifier time: a host without one never pays it)
+        self.unwind = unwind.UnwindTables(self.bpf, unwind.NOT_STARTED)
         self.unwind.compiler.start()
         self.stacks_done: set[tuple[int, int]] = set()
         self.stack_errors = 0
@@ -186,6 +188,12 @@ class LibcudaProbes:
         finally:
             os.close(fd)
         self.libraries.append(shown)
+        bcc = loader.import_bcc()
+        if self.unwind.walk == unwind.NOT_STARTED:  # before any uretprobe can run
+            self.unwind.walk = unwind.start_walker(bcc, self.bpf)
+        if hasattr(self.bpf, "preload"):  # a cached object: its entry probes at once
+            self.bpf.preload([f"uprobe_{s}" for s in hooks.cuda_symbols() if s in exported],
+                             bcc.BPF.KPROBE)
         # extensions first: the kernel runs a function's newest uretprobe first, so
         # theirs run after the API layer's (a time they stamp is past its return)
         for x in self.extensions:

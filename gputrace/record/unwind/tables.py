@@ -126,6 +126,10 @@ def cflags() -> list[str]:
             f"-DGT_UNWIND_STEP={STEP}"]
 
 
+NOT_STARTED = "none (no libcuda probed)"
+"""`walk` until the first libcuda is attached (LibcudaProbes.attach starts the walker)."""
+
+
 def start_walker(bcc: Any, bpf: Any) -> str:
     """Put the whole-stack walk's programs in `unwind_tails`: the step, and the
     uretprobe it returns to (the same program its probes run). Returns how
