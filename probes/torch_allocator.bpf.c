@@ -108,10 +108,15 @@ int torch_malloc_enter(struct pt_regs *ctx)
 #if GT_TORCH_STACKS >= 1
     /* walked and taken at once: the segment calls inside malloc walk again */
     cuda_py_enter(task, pid, (u32)id);
-    /* a stack never seen before is not stopped for here (the API layer's calls are):
-     * its code objects are named by the drain while the process lives */
     u32 py_fresh = 0;
     t->py_id = cuda_py_take(task, &py_fresh);
+    /* A stack never seen before stops the process as the API layer's calls do (one
+     * path: cuda_stop_for), here at malloc's entry: a malloc that throws never
+     * returns, and a program may exit or crash right after its last tensor. The
+     * stop lands as this probe returns, before malloc runs; `latency_ns` then
+     * holds it (no table keeps a tensor's latency). */
+    if (py_fresh && t->py_id >= 0)
+        cuda_stop_for(pid, GT_PAUSE_PY, t->py_id);
 #endif
     t->active = 1;
     t->ts_ns = bpf_ktime_get_ns();

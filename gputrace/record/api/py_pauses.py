@@ -1,14 +1,17 @@
 """The thread that lets a process go as soon as its new Python stack is read.
 
 A call whose Python stack the probe stores for the first time stops its process
-(GT_PAUSE_PY, probes/cuda.bpf.c): the code objects that stack names must be read
+(GT_PAUSE_PY, cuda_stop_for in probes/cuda_python.bpf.h: the API layer's calls and
+the torch_allocator layer's malloc): the code objects that stack names must be read
 while the process lives, and a program may exit, crash or be killed right after
-that call. The drain would read them at its next turn (up to the poll interval,
-50 ms, later); this thread sleeps in epoll on the `cuda_py_wake` ring buffer
-alone (record/ring_watch.py, as record/oom_watch.py), reads the code
-objects of each stack named there, and continues the process at once. A process
-stopped for anything else as well (its libcuda load, its first call) is left to
-the drain, which serves those too.
+that call. This thread sleeps in epoll on the `cuda_py_wake` ring buffer alone
+(record/ring_watch.py, as record/oom_watch.py), reads the code objects of each stack
+named there, and continues the process at once. It is the only reader of those
+stacks: the torch_allocator layer's malloc stops at its entry, before its event is
+in any ring buffer the drain reads, so the drain leaves a fresh stop for a Python
+stack alone to this thread (libcuda.py, PY_WATCH_S). A process stopped for anything
+else as well (its libcuda load, its first call) has its stacks read here and is
+continued by the drain, which serves those stops.
 """
 
 from __future__ import annotations
@@ -31,18 +34,18 @@ class PyPauseWatch(RingWatch):
         super().__init__(api.bpf, "cuda_py_wake", "gputrace-py-pauses")
 
     def serve(self, pid: int, py_ids: list[int]) -> None:
-        """Read the code objects of `pid`'s new stacks and continue it, when a new
-        Python stack is all it stopped for (else the drain serves it)."""
+        """Read the code objects of `pid`'s new stacks, and continue it when a new
+        Python stack is all it stopped for (else the drain continues it)."""
         api = self.api
+        for py_id in py_ids:
+            api.py.read_stack(pid, py_id)
         tbl = api.bpf["cuda_paused"]
         try:
             v = tbl[ctypes.c_uint(pid)]
         except KeyError:
-            return  # the drain served it already
+            return  # the drain served it (the watch late past PY_WATCH_S)
         if not v.stopped or v.kinds & ~self.pause_py:
             return
-        for py_id in py_ids:
-            api.py.read_stack(pid, py_id)
         api.py_pauses += 1
         api.pauses += 1
         api._release(tbl, pid, v.stopped, v.stop_boot_ns)

@@ -70,6 +70,7 @@ class TorchAllocatorLayer(Layer):
         self.skipped: list[dict[str, str]] = []
         self.attached: list[str] = []
         self.stack_ids: dict[tuple[int, int], int] = {}  # (pid, stack key) -> allocator id
+        self.next_stack_id = 1  # never reused: the ids of processes gone stay in the trace
         self.changed = True
         self.drops = 0
 
@@ -162,8 +163,11 @@ class TorchAllocatorLayer(Layer):
         stack_of: dict[tuple[int, int], int] = {}
         for pid, key in set(zip(ev["pid"].tolist(), keys.tolist(), strict=True)):
             if key >= 0:
-                stack_of[(pid, key)] = self.stack_ids.setdefault((pid, key),
-                                                                 len(self.stack_ids) + 1)
+                sid = self.stack_ids.get((pid, key))
+                if sid is None:
+                    sid = self.stack_ids[(pid, key)] = self.next_stack_id
+                    self.next_stack_id += 1
+                stack_of[(pid, key)] = sid
         rows = self.api.stack_rows(ev) if len(ev) else []
         return stack_of, rows
 
