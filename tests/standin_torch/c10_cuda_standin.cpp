@@ -15,6 +15,19 @@
 // on the way (the reason the recorder takes malloc's return at its `ret`
 // instructions, never with a uretprobe; docs/record.md).
 //
+// Expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, read once at
+// the first malloc as PyTorch reads its allocator config): per device, stream and pool
+// one reserved VA range (cuMemAddressReserve) whose pages (2 MiB small, 20 MiB large,
+// PyTorch's segment sizes) are mapped as malloc needs them, each a cuMemCreate then a
+// cuMemMap (then cuMemSetAccess), and unmapped from the end (cuMemUnmap, cuMemRelease)
+// when the cache is emptied or a mapping failed out of memory.
+//
+// The async backend (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync):
+// CudaMallocAsync::(anonymous namespace)::mallocAsync/freeAsync over cuMemAllocAsync and
+// cuMemFreeAsync, with PyTorch's deferral: a tensor made outside a CUDA graph capture
+// and freed during one is given back (cuMemFreeAsync) at the next mallocAsync after the
+// capture (standin_torch_capture starts and ends one).
+//
 // Called from Python through ctypes by the extern "C" functions at the end.
 //
 // Built three times (Makefile), in the shapes of the releases symbols.py knows and one
@@ -26,19 +39,15 @@
 //   SHAPE_UNKNOWN malloc takes one more argument: no table matches, the layer skips it.
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
-extern "C" {
-typedef unsigned long long CUdeviceptr;
-int cuInit(unsigned int flags);
-int cuDeviceGet(int *device, int ordinal);
-int cuCtxCreate_v2(void **pctx, unsigned int flags, int dev);
-int cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
-int cuMemFree_v2(CUdeviceptr dptr);
-}
-struct CUstream_st;  // opaque, as in cuda.h
+#define _Static_assert static_assert  // the header is C11's
+#include "cuda_standin.h"  // tests/standin_cuda: cuda.h's types (CUstream_st, ...)
 
 namespace c10 {
 class OutOfMemoryError : public std::runtime_error {
@@ -52,6 +61,8 @@ namespace Native {
 constexpr size_t kMinBlock = 512;
 constexpr size_t kSmallSize = 1 << 20;
 constexpr size_t kSmallSegment = 2 << 20;
+constexpr size_t kLargePage = 20 << 20;  // an expandable large segment's page
+constexpr size_t kReserve = 1ull << 30;   // an expandable segment's VA range
 
 struct Block {
     CUdeviceptr ptr;
@@ -60,10 +71,13 @@ struct Block {
 };
 struct Segment {
     CUdeviceptr base;
-    size_t size;
+    size_t size;  // an expandable segment's: the bytes mapped from its base
     signed char device;
     CUstream_st *stream;
     std::vector<Block> blocks;  // address order; live or cached
+    size_t page = 0;            // expandable: its page size; 0: one cuMemAlloc_v2
+    bool small = false;
+    std::vector<CUmemGenericAllocationHandle> handles{};  // expandable: one per page
 };
 
 #ifdef SHAPE_2_1
@@ -94,10 +108,21 @@ class NativeCachingAllocator {
     __attribute__((noinline)) void emptyCache(std::pair<unsigned long long, unsigned long long> pool);
     std::vector<Segment> segments;
 
+    unsigned long long pages_mapped = 0, pages_unmapped = 0;
+
   private:
     bool carve(Segment &s, size_t size, CUdeviceptr *out);
     void release_cached();
+    int map_pages(Segment &s, size_t size);
+    void unmap_free_tail(Segment &s);
+    bool expandable_malloc(void **devPtr, signed char device, size_t rounded, CUstream_st *stream);
 };
+
+static bool conf_has(const char *what)  // PYTORCH_CUDA_ALLOC_CONF, read as PyTorch does
+{
+    const char *c = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+    return c && std::strstr(c, what);
+}
 
 bool NativeCachingAllocator::carve(Segment &s, size_t size, CUdeviceptr *out)
 {
@@ -117,10 +142,95 @@ bool NativeCachingAllocator::carve(Segment &s, size_t size, CUdeviceptr *out)
     return true;
 }
 
+// Map pages at the end of `s` until `size` more bytes past its last block fit.
+int NativeCachingAllocator::map_pages(Segment &s, size_t size)
+{
+    CUdeviceptr end = s.blocks.empty() ? s.base : s.blocks.back().ptr + s.blocks.back().size;
+    while (end + size > s.base + s.size) {
+        if (s.size + s.page > kReserve)
+            return 2;
+        CUmemAllocationProp prop{};
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = s.device;
+        CUmemGenericAllocationHandle h = 0;
+        int r = cuMemCreate(&h, s.page, &prop, 0);
+        if (r != 0)
+            return r;
+        r = cuMemMap(s.base + s.size, s.page, 0, h, 0);
+        if (r != 0) {
+            cuMemRelease(h);
+            return r;
+        }
+        CUmemAccessDesc access{};
+        access.location = prop.location;
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        cuMemSetAccess(s.base + s.size, s.page, &access, 1);
+        s.handles.push_back(h);
+        s.size += s.page;
+        pages_mapped++;
+    }
+    return 0;
+}
+
+// Unmap the pages past an expandable segment's last live block (its cached blocks
+// there go with them).
+void NativeCachingAllocator::unmap_free_tail(Segment &s)
+{
+    while (!s.blocks.empty() && !s.blocks.back().live)
+        s.blocks.pop_back();
+    CUdeviceptr end = s.blocks.empty() ? s.base : s.blocks.back().ptr + s.blocks.back().size;
+    while (s.size > 0 && s.base + s.size - s.page >= end) {
+        s.size -= s.page;
+        cuMemUnmap(s.base + s.size, s.page);
+        cuMemRelease(s.handles.back());
+        s.handles.pop_back();
+        pages_unmapped++;
+    }
+}
+
+bool NativeCachingAllocator::expandable_malloc(void **devPtr, signed char device, size_t rounded,
+                                               CUstream_st *stream)
+{
+    bool small = rounded <= kSmallSize;
+    Segment *seg = nullptr;
+    for (auto &s : segments)
+        if (s.page && s.device == device && s.stream == stream && s.small == small)
+            seg = &s;
+    if (!seg) {
+        CUdeviceptr base = 0;
+        if (cuMemAddressReserve(&base, kReserve, 0, 0, 0) != 0)
+            throw c10::OutOfMemoryError("CUDA out of memory (stand-in: no VA)");
+        segments.push_back(Segment{base, 0, device, stream, {}, small ? kSmallSegment : kLargePage,
+                                   small});
+        seg = &segments.back();
+    }
+    CUdeviceptr p = 0;
+    if (carve(*seg, rounded, &p)) {
+        *devPtr = reinterpret_cast<void *>(p);
+        return true;
+    }
+    int r = map_pages(*seg, rounded);
+    if (r == 2) {  // out of memory: give back the cache, try once more
+        release_cached();
+        r = map_pages(*seg, rounded);
+    }
+    if (r != 0)
+        throw c10::OutOfMemoryError("CUDA out of memory (stand-in)");
+    carve(*seg, rounded, &p);
+    *devPtr = reinterpret_cast<void *>(p);
+    return true;
+}
+
 void NativeCachingAllocator::release_cached()
 {
     std::vector<Segment> keep;
     for (auto &s : segments) {
+        if (s.page) {  // expandable: its reservation stays, its free tail goes
+            unmap_free_tail(s);
+            keep.push_back(s);
+            continue;
+        }
         bool used = false;
         for (auto &b : s.blocks)
             used |= b.live;
@@ -136,10 +246,13 @@ void NativeCachingAllocator::malloc(void **devPtr, DeviceArg device, unsigned lo
                                     CUstream_st *stream MORE_DEF)
 {
     size_t rounded = size < kMinBlock ? kMinBlock : (size + kMinBlock - 1) / kMinBlock * kMinBlock;
+    static const bool expandable = conf_has("expandable_segments:True");
+    if (expandable && expandable_malloc(devPtr, static_cast<signed char>(device), rounded, stream))
+        return;
     CUdeviceptr p = 0;
     for (auto &s : segments) {
         bool small = s.size == kSmallSegment;
-        if (s.device == device && s.stream == stream && small == (rounded <= kSmallSize) &&
+        if (!s.page && s.device == device && s.stream == stream && small == (rounded <= kSmallSize) &&
             carve(s, rounded, &p)) {
             *devPtr = reinterpret_cast<void *>(p);
             return;
@@ -190,12 +303,97 @@ __attribute__((noinline)) void local_raw_delete(void *ptr)
 }
 
 }  // namespace Native
+
+// The cudaMallocAsync backend: each tensor one cuMemAllocAsync, given back by a
+// cuMemFreeAsync at its free, or deferred past a CUDA graph capture.
+namespace CudaMallocAsync {
+namespace {
+
+struct PtrUsage {
+    size_t size;
+    bool captured;
+    CUstream_st *stream;
+};
+std::unordered_map<void *, PtrUsage> ptr_info;
+std::vector<void *> ungraphed_ptrs_defer_free_until_no_capture;
+bool capture_underway = false;
+
+// noipa: the static functions keep their names and signatures (no .isra clone), as
+// the real library's do
+__attribute__((noipa)) void free_impl(void *ptr)
+{
+    auto it = ptr_info.find(ptr);
+    cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(ptr), it->second.stream);
+    ptr_info.erase(it);
+}
+
+__attribute__((noipa)) void freeAsync(void *ptr)
+{
+    auto it = ptr_info.find(ptr);
+    if (it == ptr_info.end())
+        return;
+    if (capture_underway && !it->second.captured) {
+        ungraphed_ptrs_defer_free_until_no_capture.push_back(ptr);
+        return;
+    }
+    free_impl(ptr);
+}
+
+__attribute__((noipa)) void mallocAsync(void **devPtr, Native::DeviceArg device, size_t size,
+                                        CUstream_st *stream)
+{
+    (void)device;
+    if (!capture_underway && !ungraphed_ptrs_defer_free_until_no_capture.empty()) {
+        for (void *p : ungraphed_ptrs_defer_free_until_no_capture)
+            free_impl(p);
+        ungraphed_ptrs_defer_free_until_no_capture.clear();
+    }
+    CUdeviceptr p = 0;
+    int r = cuMemAllocAsync(&p, size, stream);
+    if (r == 2)
+        throw c10::OutOfMemoryError("CUDA out of memory (stand-in, cudaMallocAsync)");
+    if (r != 0)
+        throw std::runtime_error("cuMemAllocAsync failed");
+    ptr_info[reinterpret_cast<void *>(p)] = PtrUsage{size, capture_underway, stream};
+    *devPtr = reinterpret_cast<void *>(p);
+}
+
+}  // namespace
+
+// The deleter of every tensor's DataPtr with this backend.
+__attribute__((noinline)) void local_raw_delete(void *ptr)
+{
+    freeAsync(ptr);
+}
+
+}  // namespace CudaMallocAsync
 }  // namespace CUDACachingAllocator
 }  // namespace cuda
 }  // namespace c10
 
 using c10::cuda::CUDACachingAllocator::Native::allocator;
 using c10::cuda::CUDACachingAllocator::Native::local_raw_delete;
+namespace async_backend = c10::cuda::CUDACachingAllocator::CudaMallocAsync;
+
+static bool use_async()
+{
+    static const bool on = c10::cuda::CUDACachingAllocator::Native::conf_has(
+        "backend:cudaMallocAsync");
+    return on;
+}
+
+// The async backend's bytes: alive (not freed) and pending (freed, deferred).
+static unsigned long long async_bytes(bool pending)
+{
+    unsigned long long n = 0;
+    for (auto &[ptr, u] : async_backend::ptr_info) {
+        bool deferred = false;
+        for (void *d : async_backend::ungraphed_ptrs_defer_free_until_no_capture)
+            deferred |= d == ptr;
+        n += deferred == pending ? u.size : 0;
+    }
+    return n;
+}
 
 extern "C" {
 #define EXPORT __attribute__((visibility("default"), noinline))
@@ -207,16 +405,18 @@ EXPORT unsigned long long standin_torch_malloc(unsigned long size, int device,
 {
     static bool inited = [] {  // the context the CUDA runtime would make
         int dev = 0;
-        void *ctx = nullptr;
+        CUcontext ctx = nullptr;
         return cuInit(0) == 0 && cuDeviceGet(&dev, 0) == 0 && cuCtxCreate_v2(&ctx, 0, dev) == 0;
     }();
     if (!inited)
         return 0;
     void *p = nullptr;
+    auto dev = static_cast<c10::cuda::CUDACachingAllocator::Native::DeviceArg>(device);
     try {
-        allocator.malloc(&p, static_cast<c10::cuda::CUDACachingAllocator::Native::DeviceArg>(device),
-                         size,
-                         reinterpret_cast<CUstream_st *>(stream));
+        if (use_async())
+            async_backend::mallocAsync(&p, dev, size, reinterpret_cast<CUstream_st *>(stream));
+        else
+            allocator.malloc(&p, dev, size, reinterpret_cast<CUstream_st *>(stream));
     } catch (const c10::OutOfMemoryError &) {
         return 0;
     }
@@ -225,7 +425,23 @@ EXPORT unsigned long long standin_torch_malloc(unsigned long size, int device,
 
 EXPORT void standin_torch_free(unsigned long long ptr)
 {
-    local_raw_delete(reinterpret_cast<void *>(ptr));
+    if (use_async())
+        async_backend::local_raw_delete(reinterpret_cast<void *>(ptr));
+    else
+        local_raw_delete(reinterpret_cast<void *>(ptr));
+}
+
+// A CUDA graph capture begins (1) or ends (0): the async backend defers the frees of
+// tensors made outside it (beginAllocateStreamToPool / endAllocateStreamToPool).
+EXPORT void standin_torch_capture(int on)
+{
+    async_backend::capture_underway = on != 0;
+}
+
+// Pages of expandable segments mapped (0) and unmapped (1) so far.
+EXPORT unsigned long long standin_torch_pages(int unmapped)
+{
+    return unmapped ? allocator.pages_unmapped : allocator.pages_mapped;
 }
 
 EXPORT void standin_torch_empty_cache(void)
@@ -237,6 +453,8 @@ EXPORT void standin_torch_empty_cache(void)
 // compare a recording's allocator tables with.
 EXPORT unsigned long long standin_torch_reserved(void)
 {
+    if (use_async())
+        return async_bytes(false) + async_bytes(true);
     unsigned long long n = 0;
     for (auto &s : allocator.segments)
         n += s.size;
@@ -245,6 +463,8 @@ EXPORT unsigned long long standin_torch_reserved(void)
 
 EXPORT unsigned long long standin_torch_allocated(void)
 {
+    if (use_async())
+        return async_bytes(false);
     unsigned long long n = 0;
     for (auto &s : allocator.segments)
         for (auto &b : s.blocks)
