@@ -10,6 +10,9 @@
  *     C++ exception cannot unwind through a uretprobe's trampoline);
  *   - NativeCachingAllocator::free(this, void *ptr) at its entry, or where a
  *     release inlined it, its callers (symbols.py);
+ *   - DeviceCachingAllocator::insert_events(this, Block *) inside a free (deferred:
+ *     another stream used the block) and ::free_block(this, Block *, context), the
+ *     block back in the cache: paired by the Block's address (torch_deferred);
  *   - the cudaMallocAsync backend's mallocAsync(void **devPtr, DeviceIndex device,
  *     size_t size, cudaStream_t stream), as malloc (no `this`), and
  *     freeAsync(void *ptr);
@@ -41,7 +44,14 @@ struct torch_call {
     u8 active;          /* inside malloc */
     u8 failed;          /* a segment call of this malloc failed out of memory */
     u8 backend;         /* 0 native, 1 cudaMallocAsync: the malloc in flight */
+    u64 free_ptr;       /* the native free in flight (0: none): insert_events defers it */
 };
+struct torch_block_key {
+    u32 pid;
+    u32 _pad;
+    u64 block;          /* a Block* whose free was deferred */
+};
+BPF_HASH(torch_deferred, struct torch_block_key, u64, 65536);  /* -> the tensor's pointer */
 BPF_TASK_STORAGE(torch_calls, struct torch_call);
 BPF_HASH(torch_pids, u32, u8, 65536);   /* processes that called malloc */
 BPF_RINGBUF_OUTPUT(torch_events, GT_TORCH_RB_PAGES);
@@ -122,6 +132,7 @@ static __always_inline int torch_malloc_begin(struct pt_regs *ctx, u8 backend)
         t->stream = PT_REGS_PARM5(ctx);
     }
     t->backend = backend;
+    t->free_ptr = 0;
     t->seg_out = 0;
     t->map_ptr = 0;
     t->py_id = -1;
@@ -184,7 +195,38 @@ static __always_inline int torch_free(u64 ptr, s32 backend)
     if (!t)
         return 0;
     torch_settle(t);
+    t->free_ptr = backend ? 0 : ptr;
     torch_emit(GT_TORCH_FREE, bpf_ktime_get_ns(), 0, ptr, 0, 0, 0, -1, -1, -1, backend);
+    return 0;
+}
+
+/* insert_events(this, block) inside the native free of t->free_ptr: deferred */
+int torch_defer_enter(struct pt_regs *ctx)
+{
+    void *task = (void *)bpf_get_current_task_btf();
+    struct torch_call *t = torch_calls.task_storage_get(task, 0, 0);
+    if (!t || !t->free_ptr)
+        return 0;
+    struct torch_block_key k = {.pid = bpf_get_current_pid_tgid() >> 32,
+                                .block = PT_REGS_PARM2(ctx)};
+    u64 ptr = t->free_ptr;
+    t->free_ptr = 0;
+    torch_deferred.update(&k, &ptr);
+    torch_emit(GT_TORCH_DEFER, bpf_ktime_get_ns(), 0, ptr, 0, 0, 0, -1, -1, -1, 0);
+    return 0;
+}
+
+/* free_block(this, block, context): a deferred block back in the cache */
+int torch_free_block_enter(struct pt_regs *ctx)
+{
+    struct torch_block_key k = {.pid = bpf_get_current_pid_tgid() >> 32,
+                                .block = PT_REGS_PARM2(ctx)};
+    u64 *ptr = torch_deferred.lookup(&k);
+    if (!ptr)
+        return 0;  /* an immediate free: its free event said it all */
+    u64 p = *ptr;
+    torch_deferred.delete(&k);
+    torch_emit(GT_TORCH_RELEASE, bpf_ktime_get_ns(), 0, p, 0, 0, 0, -1, -1, -1, 0);
     return 0;
 }
 

@@ -27,8 +27,11 @@ typedef uint64_t u64;
 #define GT_TORCH_SEG_MAP 6   /* cuMemMap(ptr, size) inside malloc returned 0: a page of an
                               * expandable segment */
 #define GT_TORCH_SEG_UNMAP 7 /* cuMemUnmap(ptr, size) in a process that called malloc */
-#define GT_TORCH_RELEASE 8   /* cuMemFreeAsync(ptr) in a process that called malloc: the
-                              * async backend's tensor given back (maybe deferred) */
+#define GT_TORCH_RELEASE 8   /* a tensor given back after its free: the async backend's
+                              * cuMemFreeAsync(ptr) in a process that called malloc, or
+                              * free_block of a block whose free was deferred */
+#define GT_TORCH_DEFER 9     /* insert_events inside the native free of ptr: given back
+                              * once the other streams' events complete (release) */
 
 struct torch_event {
     u64 ts_ns;          /* CLOCK_MONOTONIC: the call's entry (the segment call's for segments;

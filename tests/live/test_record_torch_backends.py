@@ -4,8 +4,10 @@ PyTorch: expandable segments (pages mapped with cuMemCreate/cuMemMap as malloc n
 them, unmapped when the cache is emptied: `segment_map`/`segment_unmap` rows, the
 mapped runs as expandable segments) and the cudaMallocAsync backend (mallocAsync and
 freeAsync; a free deferred past a CUDA graph capture is requested at freeAsync and
-completed at the cuMemFreeAsync of the next malloc). One recording of two processes,
-checked against what each program says it did (root, bcc)."""
+completed at the cuMemFreeAsync of the next malloc); and the native allocator's
+deferred free (a tensor another stream used: insert_events at its free, free_block when
+the next malloc finds its events complete). One recording of three processes, checked
+against what each program says it did (root, bcc)."""
 
 from __future__ import annotations
 
@@ -47,16 +49,17 @@ def _analyze(trace: Path, only: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, st.Run, st.Run]:
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, st.Run, st.Run, st.Run]:
     out = tmp_path_factory.mktemp("torch-backends") / "trace"
     lib = st.build()
-    expandable, async_ = st.record_many(out, [
+    expandable, async_, streams = st.record_many(out, [
         (sys.executable, lib, ("--iterations", "3", "--empty-cache"),
          {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
         (sys.executable, lib, ("--iterations", "3", "--deferred", "--oom"),
          {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync",
-          "GPUTRACE_STANDIN_CUDA_MAX": CAP})])  # fmt: skip
-    return out, expandable, async_
+          "GPUTRACE_STANDIN_CUDA_MAX": CAP}),
+        (sys.executable, lib, ("--iterations", "2", "--streams"))])  # fmt: skip
+    return out, expandable, async_, streams
 
 
 def _events(trace: Path, pid: int) -> pl.DataFrame:
@@ -64,12 +67,12 @@ def _events(trace: Path, pid: int) -> pl.DataFrame:
             .filter(pl.col("pid") == pid).sort("seq"))
 
 
-def test_expandable_segments_pages_and_runs(recorded: tuple[Path, st.Run, st.Run]) -> None:
+def test_expandable_segments_pages_and_runs(recorded: tuple[Path, st.Run, st.Run, st.Run]) -> None:
     """Every page the allocator mapped is a `segment_map` row of its size, every page
     it unmapped a `segment_unmap` row; the pages left are, as in PyTorch's snapshot,
     one expandable segment per run of contiguous pages, whose bytes are the
     allocator's own count; every tensor and free exactly as the program made them."""
-    trace, run, _ = recorded
+    trace, run, _, _ = recorded
     mapped, unmapped = run.pages
     # a small page, a large one (5 MiB of weights, 3 MiB activations), two more for the
     # 40 MiB burst past the cached activation, given back when the cache is emptied
@@ -103,28 +106,32 @@ def test_expandable_segments_pages_and_runs(recorded: tuple[Path, st.Run, st.Run
     assert set(segs["address"].to_list()) == left
 
 
-def test_reports_read_both(recorded: tuple[Path, st.Run, st.Run]) -> None:
+def test_reports_read_both(recorded: tuple[Path, st.Run, st.Run, st.Run]) -> None:
     """The allocator reports over both processes: the pool's bytes are the two
     allocators' own counts added, the planted tensors alive at the end are found by
     their line in each (three iterations each)."""
-    trace, expandable, async_ = recorded
+    trace, expandable, async_, streams = recorded
+    runs = (expandable, async_, streams)
     pool = _analyze(trace, "allocator-pool")["allocator_pool"]
-    assert pool["reserved_bytes"] == expandable.reserved + async_.reserved
-    assert pool["allocated_bytes"] == expandable.allocated + async_.allocated
+    assert pool["reserved_bytes"] == sum(r.reserved for r in runs)
+    assert pool["allocated_bytes"] == sum(r.allocated for r in runs)
     tens = _analyze(trace, "tensors")["tensors"]
     leak = f"step ({st.WORKLOAD}:{st.plant_line('leak')})"
     rows = {s["pid"]: s for s in tens["by_stack"] if s["site"] == leak}  # one per process
     assert {p: (r["count"], r["bytes"]) for p, r in rows.items()} == {
-        expandable.pid: (3, 3 * 256 * KIB), async_.pid: (3, 3 * 256 * KIB)}
+        expandable.pid: (3, 3 * 256 * KIB), async_.pid: (3, 3 * 256 * KIB),
+        streams.pid: (2, 2 * 256 * KIB)}
+    assert tens["pending_free_count"] == 1 and tens["pending_free_bytes"] == streams.pending
 
 
-def test_async_backend_tensors_and_deferred_free(recorded: tuple[Path, st.Run, st.Run]) -> None:
+def test_async_backend_tensors_and_deferred_free(
+        recorded: tuple[Path, st.Run, st.Run, st.Run]) -> None:
     """mallocAsync's tensors at the size asked (the driver rounds, not PyTorch); each
     free requested at freeAsync and completed at its cuMemFreeAsync: at once, except
     the tensor freed during the capture, completed inside the next malloc (after its
     entry); the out-of-memory request on its line; the state at the end is the
     backend's own count (alive, pending)."""
-    trace, _, run = recorded
+    trace, _, run, _ = recorded
     ev = _events(trace, run.pid)
     allocs = ev.filter(pl.col("action") == "alloc")
     assert allocs.select("address", "size_bytes").rows() == [(p, n) for p, n, _ in run.tensors]
@@ -153,3 +160,39 @@ def test_async_backend_tensors_and_deferred_free(recorded: tuple[Path, st.Run, s
     assert segs["allocated_size_bytes"].sum() == run.allocated
     libs = t.manifest["torch_allocator"]["libraries"]
     assert all(x["backends"] == ["native", "cudaMallocAsync"] for x in libs)
+
+
+def test_native_free_deferred_by_another_stream(
+        recorded: tuple[Path, st.Run, st.Run, st.Run]) -> None:
+    """The 1 MiB tensor a side stream used: its free requested at free, completed
+    inside the next malloc (its free_block, after that malloc's entry and before the
+    tensor after it); the 2 KiB one freed last, still waiting: requested, never
+    completed, an `active_pending_free` block at the end, out of the segment's
+    allocated bytes and in its active ones. Every other free completed at once."""
+    trace, _, _, run = recorded
+    ev = _events(trace, run.pid)
+    allocs = ev.filter(pl.col("action") == "alloc")
+    assert allocs.select("address", "size_bytes").rows() == [
+        (p, _round(n)) for p, n, _ in run.tensors]
+    where = [w for _p, _n, w in run.tensors]
+    shared, held = (run.tensors[where.index(w)][0] for w in ("shared", "held"))
+    req = ev.filter(pl.col("action") == "free_requested")
+    done = ev.filter(pl.col("action") == "free_completed")
+    assert req["address"].to_list() == run.freed
+    assert sorted(done["address"].to_list()) == sorted(a for a in run.freed if a != held)
+    t_next, t_held = (allocs["ts_ns"][where.index(w)] for w in ("next", "held"))
+    assert req.filter(pl.col("address") == shared)["ts_ns"][0] < t_next
+    assert t_next < done.filter(pl.col("address") == shared)["ts_ns"][0] < t_held
+    for a in run.freed:
+        if a not in (shared, held):
+            r = req.filter(pl.col("address") == a)
+            d = done.filter(pl.col("address") == a)
+            assert r["ts_ns"].to_list() == d["ts_ns"].to_list()
+    t = open_trace(trace)
+    blocks = t.scan("allocator_blocks").collect().filter(pl.col("pid") == run.pid)
+    pending = blocks.filter(pl.col("state") == "active_pending_free")
+    assert pending.select("address", "size_bytes").rows() == [(held, run.pending)]
+    segs = t.scan("allocator_segments").collect().filter(pl.col("pid") == run.pid)
+    assert segs["allocated_size_bytes"].sum() == run.allocated
+    assert segs["active_size_bytes"].sum() == run.allocated + run.pending
+    assert segs["total_size_bytes"].sum() == run.reserved

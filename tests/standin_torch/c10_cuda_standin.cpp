@@ -15,6 +15,11 @@
 // on the way (the reason the recorder takes malloc's return at its `ret`
 // instructions, never with a uretprobe; docs/record.md).
 //
+// A free of a tensor another stream used (standin_torch_record_stream, PyTorch's
+// recordStream) is deferred as PyTorch defers it: DeviceCachingAllocator::free ->
+// insert_events(Block*), the block back in the cache at the next malloc's
+// process_events -> free_block(Block*, ...); an ordinary free calls free_block at once.
+//
 // Expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, read once at
 // the first malloc as PyTorch reads its allocator config): per device, stream and pool
 // one reserved VA range (cuMemAddressReserve) whose pages (2 MiB small, 20 MiB large,
@@ -41,6 +46,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <unordered_map>
 #include <utility>
@@ -50,6 +56,9 @@
 #include "cuda_standin.h"  // tests/standin_cuda: cuda.h's types (CUstream_st, ...)
 
 namespace c10 {
+struct GatheredContext {  // the stack a snapshot keeps (opaque here)
+    virtual ~GatheredContext() = default;
+};
 class OutOfMemoryError : public std::runtime_error {
   public:
     using std::runtime_error::runtime_error;
@@ -64,7 +73,7 @@ constexpr size_t kSmallSegment = 2 << 20;
 constexpr size_t kLargePage = 20 << 20;  // an expandable large segment's page
 constexpr size_t kReserve = 1ull << 30;   // an expandable segment's VA range
 
-struct Block {
+struct Slot {  // a carved range of a segment: a tensor's (live) or cached
     CUdeviceptr ptr;
     size_t size;
     bool live;
@@ -74,7 +83,7 @@ struct Segment {
     size_t size;  // an expandable segment's: the bytes mapped from its base
     signed char device;
     CUstream_st *stream;
-    std::vector<Block> blocks;  // address order; live or cached
+    std::vector<Slot> blocks;  // address order; live or cached
     size_t page = 0;            // expandable: its page size; 0: one cuMemAlloc_v2
     bool small = false;
     std::vector<CUmemGenericAllocationHandle> handles{};  // expandable: one per page
@@ -99,6 +108,61 @@ using DeviceArg = signed char;
 #define FREE_INLINE __attribute__((noinline))
 #endif
 
+// A tensor's block as the allocator hands it out (PyTorch's Block, in an anonymous
+// namespace as there): the streams that used it besides its own (recordStream).
+namespace {
+struct Block {
+    CUdeviceptr ptr;
+    size_t size;
+    std::vector<CUstream_st *> stream_uses;
+};
+const std::shared_ptr<GatheredContext> no_context;
+}  // namespace
+
+void release_slot(CUdeviceptr p);
+
+// PyTorch's per-device allocator: a free whose block another stream used waits for
+// events on those streams (insert_events) and the block goes back to the cache when
+// they have completed (process_events, at the next malloc here: the stand-in has no
+// work on its streams), through free_block, as an immediate free does. noipa: the
+// methods taking the anonymous namespace's Block keep their names (no .isra clone).
+class DeviceCachingAllocator {
+  public:
+    __attribute__((noipa)) void free(Block *block);
+    __attribute__((noipa)) void insert_events(Block *block);
+    __attribute__((noipa)) void free_block(Block *block,
+                                           const std::shared_ptr<GatheredContext> &context);
+    __attribute__((noipa)) void process_events(const std::shared_ptr<GatheredContext> &context);
+    std::vector<Block *> outstanding;  // freed, waiting for their streams' events
+};
+
+void DeviceCachingAllocator::free(Block *block)
+{
+    if (!block->stream_uses.empty())
+        insert_events(block);
+    else
+        free_block(block, no_context);
+}
+
+void DeviceCachingAllocator::insert_events(Block *block)
+{
+    outstanding.push_back(block);
+}
+
+void DeviceCachingAllocator::free_block(Block *block, const std::shared_ptr<GatheredContext> &)
+{
+    release_slot(block->ptr);
+    delete block;
+}
+
+void DeviceCachingAllocator::process_events(const std::shared_ptr<GatheredContext> &context)
+{
+    std::vector<Block *> done;
+    done.swap(outstanding);
+    for (Block *b : done)
+        free_block(b, context);
+}
+
 class NativeCachingAllocator {
   public:
     __attribute__((noinline)) void malloc(void **devPtr, DeviceArg device, unsigned long size,
@@ -107,6 +171,8 @@ class NativeCachingAllocator {
     __attribute__((noinline)) void raw_delete(void *ptr);
     __attribute__((noinline)) void emptyCache(std::pair<unsigned long long, unsigned long long> pool);
     std::vector<Segment> segments;
+    DeviceCachingAllocator device_allocator;
+    std::unordered_map<CUdeviceptr, Block *> allocated_blocks;
 
     unsigned long long pages_mapped = 0, pages_unmapped = 0;
 
@@ -115,6 +181,11 @@ class NativeCachingAllocator {
     void release_cached();
     int map_pages(Segment &s, size_t size);
     void unmap_free_tail(Segment &s);
+    void track(void *ptr, size_t size)
+    {
+        auto p = reinterpret_cast<CUdeviceptr>(ptr);
+        allocated_blocks[p] = new Block{p, size, {}};
+    }
     bool expandable_malloc(void **devPtr, signed char device, size_t rounded, CUstream_st *stream);
 };
 
@@ -137,7 +208,7 @@ bool NativeCachingAllocator::carve(Segment &s, size_t size, CUdeviceptr *out)
     }
     if (s.base + s.size - end < size)
         return false;
-    s.blocks.push_back(Block{end, size, true});
+    s.blocks.push_back(Slot{end, size, true});
     *out = end;
     return true;
 }
@@ -246,14 +317,21 @@ void NativeCachingAllocator::malloc(void **devPtr, DeviceArg device, unsigned lo
                                     CUstream_st *stream MORE_DEF)
 {
     size_t rounded = size < kMinBlock ? kMinBlock : (size + kMinBlock - 1) / kMinBlock * kMinBlock;
+    device_allocator.process_events(no_context);
     static const bool expandable = conf_has("expandable_segments:True");
-    if (expandable && expandable_malloc(devPtr, static_cast<signed char>(device), rounded, stream))
+    void *got = nullptr;  // each tensor is tracked before *devPtr is written: malloc ends
+                          // in a store and a `ret`, never a tail call (symbols.py refuses it)
+    if (expandable && expandable_malloc(&got, static_cast<signed char>(device), rounded, stream)) {
+        track(got, rounded);
+        *devPtr = got;
         return;
+    }
     CUdeviceptr p = 0;
     for (auto &s : segments) {
         bool small = s.size == kSmallSegment;
         if (!s.page && s.device == device && s.stream == stream && small == (rounded <= kSmallSize) &&
             carve(s, rounded, &p)) {
+            track(reinterpret_cast<void *>(p), rounded);
             *devPtr = reinterpret_cast<void *>(p);
             return;
         }
@@ -270,18 +348,18 @@ void NativeCachingAllocator::malloc(void **devPtr, DeviceArg device, unsigned lo
         throw c10::OutOfMemoryError("CUDA out of memory (stand-in)");
     segments.push_back(Segment{base, seg, static_cast<signed char>(device), stream, {}});
     carve(segments.back(), rounded, &p);
+    track(reinterpret_cast<void *>(p), rounded);
     *devPtr = reinterpret_cast<void *>(p);
 }
 
 FREE_INLINE void NativeCachingAllocator::free(void *ptr)
 {
-    auto p = reinterpret_cast<CUdeviceptr>(ptr);
-    for (auto &s : segments)
-        for (auto &b : s.blocks)
-            if (b.live && b.ptr == p) {
-                b.live = false;
-                return;
-            }
+    auto it = allocated_blocks.find(reinterpret_cast<CUdeviceptr>(ptr));
+    if (it == allocated_blocks.end())
+        return;
+    Block *block = it->second;
+    allocated_blocks.erase(it);
+    device_allocator.free(block);
 }
 
 void NativeCachingAllocator::emptyCache(std::pair<unsigned long long, unsigned long long>)
@@ -295,6 +373,17 @@ void NativeCachingAllocator::raw_delete(void *ptr)
 }
 
 NativeCachingAllocator allocator;
+
+// A block's range back in its segment's cache.
+void release_slot(CUdeviceptr p)
+{
+    for (auto &s : allocator.segments)
+        for (auto &b : s.blocks)
+            if (b.live && b.ptr == p) {
+                b.live = false;
+                return;
+            }
+}
 
 // The deleter of every tensor's DataPtr.
 __attribute__((noinline)) void local_raw_delete(void *ptr)
@@ -431,6 +520,23 @@ EXPORT void standin_torch_free(unsigned long long ptr)
         local_raw_delete(reinterpret_cast<void *>(ptr));
 }
 
+// recordStream: the tensor at `ptr` is used by `stream` too; its free then waits.
+EXPORT void standin_torch_record_stream(unsigned long long ptr, unsigned long long stream)
+{
+    auto it = allocator.allocated_blocks.find(ptr);
+    if (it != allocator.allocated_blocks.end())
+        it->second->stream_uses.push_back(reinterpret_cast<CUstream_st *>(stream));
+}
+
+// Bytes of blocks freed and still waiting for another stream (active, not allocated).
+EXPORT unsigned long long standin_torch_pending(void)
+{
+    unsigned long long n = 0;
+    for (auto *b : allocator.device_allocator.outstanding)
+        n += b->size;
+    return n;
+}
+
 // A CUDA graph capture begins (1) or ends (0): the async backend defers the frees of
 // tensors made outside it (beginAllocateStreamToPool / endAllocateStreamToPool).
 EXPORT void standin_torch_capture(int on)
@@ -469,6 +575,6 @@ EXPORT unsigned long long standin_torch_allocated(void)
     for (auto &s : allocator.segments)
         for (auto &b : s.blocks)
             n += b.live ? b.size : 0;
-    return n;
+    return n - standin_torch_pending();
 }
 }

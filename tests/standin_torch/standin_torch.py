@@ -56,6 +56,7 @@ class Run:
     reserved: int = 0
     allocated: int = 0
     pages: tuple[int, int] = (0, 0)  # expandable segments' pages mapped, unmapped
+    pending: int = 0  # bytes freed and held for another stream at the end
     stderr: str = ""
 
 
@@ -131,3 +132,5 @@ def _said(run: Run, line: str) -> None:
         run.allocated = int(rest[0])
     elif word == "PAGES":
         run.pages = (int(rest[0]), int(rest[1]))
+    elif word == "PENDING":
+        run.pending = int(rest[0])

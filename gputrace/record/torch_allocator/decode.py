@@ -3,9 +3,11 @@ rows of the allocator tables the snapshot importer writes, and the caching alloc
 state kept from them (writer thread).
 
 Each tensor: `alloc` (its pointer, requested size, device, stream, stack) when malloc
-returns; `free_requested` then `free_completed` at the same instant when free is
-called (the probe cannot see a stream still using the block: the native allocator's
-deferred free is reported as done at once). Segments: `segment_alloc` for a
+returns; `free_requested` when free is called, then `free_completed` at the same
+instant, or, when that free deferred the block (another stream used it: `defer`, the
+free's insert_events), when the block goes back to the cache (`release`, its
+free_block). Which of the two is known at the thread's next event: the free's
+`free_completed` is written then (or at the end). Segments: `segment_alloc` for a
 cuMemAlloc_v2 made inside malloc, `segment_free` for a cuMemFree_v2 of one of those
 addresses; an expandable segment's pages `segment_map` for a cuMemMap made inside
 malloc, `segment_unmap` for a cuMemUnmap of one of those pages. `oom`: a malloc whose
@@ -46,7 +48,7 @@ TORCH_DTYPE = mirror("torch_events.h", "torch_event", np.dtype([
 """Mirror of struct torch_event (tests/unit/record/test_event_structs.py compiles both)."""
 
 KINDS = {0: "alloc", 1: "free", 2: "seg_alloc", 3: "seg_free", 4: "oom", 5: "seg_fail",
-         6: "seg_map", 7: "seg_unmap", 8: "release"}
+         6: "seg_map", 7: "seg_unmap", 8: "release", 9: "defer"}
 """GT_TORCH_* of torch_events.h, by their C names."""
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20  # requests up to 1 MiB come from the small pool
@@ -87,7 +89,10 @@ class AllocatorState:
     segments: dict[tuple[int, int], Segment] = field(default_factory=dict)
     pages: dict[tuple[int, int], Segment] = field(default_factory=dict)  # expandable
     tensors: dict[tuple[int, int], Tensor] = field(default_factory=dict)
-    pending: dict[tuple[int, int], Tensor] = field(default_factory=dict)  # async, freed
+    pending: dict[tuple[int, int], Tensor] = field(default_factory=dict)  # freed, held
+    # (pid, tid) -> the native free just made (ts, ptr, tensor): completed at once
+    # unless that thread's next event defers it
+    undecided: dict[tuple[int, int], tuple[int, int, Tensor]] = field(default_factory=dict)
     seq: dict[tuple[int, int], int] = field(default_factory=dict)
     # (pid, tid) -> the malloc whose segment call failed out of memory: an oom unless
     # that thread's malloc still returns (its retry after freeing the cache worked)
@@ -110,6 +115,12 @@ class AllocatorState:
         for e, key in zip(ev.tolist(), keys.tolist(), strict=True):
             ts, _lat, ptr, size, stream, request, pid, tid, _s, _p, result, device, kind, _ = e
             sid = stack_of.get((pid, key)) if key >= 0 else None
+            u = self.undecided.pop((pid, tid), None)
+            if u is not None:
+                if kind == 9 and ptr == u[1]:  # deferred: completed at its release
+                    self.pending[(pid, ptr)] = u[2]
+                    continue
+                self._completed(cols, pid, *u)
             if kind == 5:
                 self.failing[(pid, tid)] = (ts, device, size, stream, sid or 0)
                 continue
@@ -119,16 +130,16 @@ class AllocatorState:
                 t = self.tensors.pop((pid, ptr), None)
                 if t is None:
                     continue  # allocated before the recording: nothing known of it
+                self._add(cols, ts, pid, t.device, "free_requested", ptr, t.block, t.stream,
+                          t.stack_id)
                 if t.backend:  # given back at its cuMemFreeAsync (kind 8)
                     self.pending[(pid, ptr)] = t
-                for action in ("free_requested", "free_completed")[:2 - t.backend]:
-                    self._add(cols, ts, pid, t.device, action, ptr, t.block, t.stream,
-                              t.stack_id)
+                else:
+                    self.undecided[(pid, tid)] = (ts, ptr, t)
             elif kind == 8:
                 t = self.pending.pop((pid, ptr), None)
                 if t is not None:
-                    self._add(cols, ts, pid, t.device, "free_completed", ptr, t.block,
-                              t.stream, t.stack_id)
+                    self._completed(cols, pid, ts, ptr, t)
             elif kind == 0:
                 t = self.tensors[(pid, ptr)] = Tensor(size, device, stream, sid, min(result, 1))
                 self._add(cols, ts, pid, device, "alloc", ptr, t.block, stream, sid)
@@ -150,13 +161,21 @@ class AllocatorState:
         return _table(cols)
 
     def unsettled(self) -> pa.Table | None:
-        """The end of the recording: mallocs whose segment call failed and that never
+        """The end of the recording: the last free of each thread is completed (no
+        deferral followed it); mallocs whose segment call failed and that never
         returned are out-of-memory failures (their threads made no call since)."""
         cols: dict[str, list[Any]] = {c.name: [] for c in schema.ALLOCATOR_EVENTS.columns}
+        for (pid, _tid), u in sorted(self.undecided.items(), key=lambda x: x[1][0]):
+            self._completed(cols, pid, *u)  # no event of its thread after the free
+        self.undecided.clear()
         for (pid, _tid), (ts, device, size, stream, sid) in sorted(self.failing.items()):
             self._add(cols, ts, pid, device, "oom", None, size, stream, sid or None)
         self.failing.clear()
         return _table(cols)
+
+    def _completed(self, cols: dict[str, list[Any]], pid: int, ts: int, ptr: int,
+                   t: Tensor) -> None:
+        self._add(cols, ts, pid, t.device, "free_completed", ptr, t.block, t.stream, t.stack_id)
 
     def _add(self, cols: dict[str, list[Any]], ts: int, pid: int, device: int, action: str,
              address: int | None, size: int, stream: int, stack_id: int | None) -> None:
@@ -177,15 +196,19 @@ class AllocatorState:
         held = {**{k: (s, False) for k, s in self.segments.items()}, **_runs(self.pages)}
         inside: dict[tuple[int, int], list[tuple[int, Tensor]]] = {}
         starts = sorted(held)
-        for (pid, ptr), t in self.tensors.items():
-            seg = _holder(starts, held, pid, ptr) if not t.backend else None
-            if seg is not None:
-                inside.setdefault(seg, []).append((ptr, t))
+        states: dict[tuple[int, int], int] = {}
+        for state, tensors in ((1, self.tensors), (2, self.pending)):
+            for (pid, ptr), t in tensors.items():
+                seg = _holder(starts, held, pid, ptr) if not t.backend else None
+                if seg is not None:
+                    inside.setdefault(seg, []).append((ptr, t))
+                    states[(pid, ptr)] = state
         for (pid, addr) in starts:
             s, expandable = held[(pid, addr)]
             live = sorted(inside.get((pid, addr), []), key=lambda x: x[0])
-            allocated = sum(t.block for _, t in live)
-            _segment(segs, pid, addr, s, allocated, allocated, sum(t.size for _, t in live),
+            active = sum(t.block for _, t in live)
+            allocated = sum(t.block for p, t in live if states[(pid, p)] == 1)
+            _segment(segs, pid, addr, s, allocated, active, sum(t.size for _, t in live),
                      expandable)
             at = addr
             ends: list[tuple[int, Tensor | None]] = [*live, (addr + s.size, None)]
@@ -194,7 +217,8 @@ class AllocatorState:
                     _block(blocks, pid, s.device, addr, at, ptr - at, 0, 0, None)
                 if blk is None:
                     break
-                _block(blocks, pid, s.device, addr, ptr, blk.block, blk.size, 1, blk.stack_id)
+                _block(blocks, pid, s.device, addr, ptr, blk.block, blk.size,
+                       states[(pid, ptr)], blk.stack_id)
                 at = ptr + blk.block
         # the async backend's tensors: each its own segment (alive, or pending free)
         for state, tensors in ((1, self.tensors), (2, self.pending)):

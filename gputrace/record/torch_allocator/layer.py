@@ -136,6 +136,10 @@ class TorchAllocatorLayer(Layer):
                        *(("torch_malloc_ret", r, f"{asy}mallocAsync+{r - entry.async_malloc:#x}")
                          for r in entry.async_rets),
                        ("torch_free_async_enter", entry.async_free, f"{asy}freeAsync")]
+        if entry.defer:  # a free that waits for other streams, and its block's release
+            points += [("torch_defer_enter", entry.defer, "DeviceCachingAllocator::insert_events"),
+                       ("torch_free_block_enter", entry.release_block,
+                        "DeviceCachingAllocator::free_block")]
         try:
             for fn, addr, label in points:
                 bpf.attach_uprobe(name=path, addr=addr, fn_name=fn)
@@ -225,6 +229,10 @@ class TorchAllocatorLayer(Layer):
             for pid in gone:
                 with contextlib.suppress(KeyError):
                     del tbl[ctypes.c_uint(pid)]
+            deferred = self.api.bpf["torch_deferred"]  # blocks of processes gone
+            for k in [k for k in deferred if k.pid in gone]:
+                with contextlib.suppress(KeyError):
+                    del deferred[k]
 
 
 def frames_table(rows: list[dict[str, Any]], stack_ids: dict[tuple[int, int], int]) -> pa.Table:

@@ -48,6 +48,16 @@ FREE_ASYNC = f"{_ASYNC}9freeAsyncEPv"
 at the `cudaFreeAsync` (libcuda's cuMemFreeAsync) of that pointer, inside it or, for a
 tensor made outside a CUDA graph capture and freed during one, deferred to the next
 mallocAsync after the capture."""
+_DEVICE = "_ZN3c104cuda20CUDACachingAllocator6Native22DeviceCachingAllocator"
+INSERT_EVENTS = f"{_DEVICE}13insert_eventsEPNS2_12_GLOBAL__N_15BlockE"
+"""DeviceCachingAllocator::insert_events(Block*): a free whose block another stream still
+uses (recordStream) waits for events on those streams: called inside that free."""
+FREE_BLOCK = (f"{_DEVICE}10free_blockEPNS2_12_GLOBAL__N_15Block"
+              "ERKSt10shared_ptrINS_15GatheredContextEE")
+"""DeviceCachingAllocator::free_block(Block*, std::shared_ptr<GatheredContext> const&): a
+block back in the cache, inside its free, or for a deferred one in process_events once
+its streams' events have completed. The Block is known only by its address (its layout
+differs per release): the probe pairs it with the pointer of the free that deferred it."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,8 @@ class Release:
     frees: tuple[tuple[str, int], ...]
     async_malloc: str = MALLOC_ASYNC
     async_free: str = FREE_ASYNC
+    defer: str = INSERT_EVENTS
+    release_block: str = FREE_BLOCK
 
 
 RELEASES: tuple[Release, ...] = (
@@ -73,7 +85,9 @@ RELEASES: tuple[Release, ...] = (
     # tag: `void mallocAsync(void** devPtr, c10::DeviceIndex device, size_t size,
     # cudaStream_t stream)` and `void freeAsync(void* ptr)` in
     # CudaMallocAsync::(anonymous namespace), LOCAL in .symtab of all three wheels,
-    # mallocAsync with one `ret`; 2.1.2's takes an `int device`)
+    # mallocAsync with one `ret`; 2.1.2's takes an `int device`; and
+    # DeviceCachingAllocator::insert_events(Block*) and free_block(Block*,
+    # std::shared_ptr<GatheredContext> const&), LOCAL in all three, the same names)
     # v2.5.1: the same malloc; free has no symbol (inlined into its two callers,
     # the DataPtr deleter `local_raw_delete(void*)` and `raw_delete(void*)`), read on
     # torch-2.5.1-cp311 manylinux1_x86_64's libc10_cuda.so
@@ -98,6 +112,8 @@ class ProbePoints:
     async_malloc: int = 0  # the cudaMallocAsync backend's; 0: not in this file
     async_rets: tuple[int, ...] = ()
     async_free: int = 0
+    defer: int = 0  # insert_events and free_block; 0: deferred frees not seen
+    release_block: int = 0
 
 
 class SymbolsMissing(ValueError):
@@ -134,8 +150,9 @@ def find(path: str) -> ProbePoints:
             except SymbolsMissing:
                 a_rets = ()  # the native allocator is still traced; async not
         async_points = (am[0], a_rets, af[0]) if a_rets and am and af else (0, (), 0)
+        d, fb = _func(e, rel.defer), _func(e, rel.release_block)
         return ProbePoints(rel.name, m[0], rets, tuple((f[0], arg) for f, arg in frees if f),
-                           *async_points)
+                           *async_points, *((d[0], fb[0]) if d and fb else (0, 0)))
     where = ".symtab" if e.has_symtab else ".dynsym only (stripped)"
     raise SymbolsMissing(f"{path}: no NativeCachingAllocator::malloc/free in {where} "
                          "(a PyTorch release this gputrace has no table for)")

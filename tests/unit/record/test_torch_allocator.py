@@ -134,6 +134,31 @@ def test_expandable_pages_and_async_tensors_to_allocator_tables() -> None:
                       (a3, a3, 5, "active_allocated"), (a2, a2, 3000, "active_pending_free")]
 
 
+def test_native_free_deferred_until_its_release() -> None:
+    """Thread 70 frees T1, whose free then defers it (insert_events): completed at its
+    release; thread 71 frees T2 and allocates: completed at its free's instant, written
+    before the next row of that thread; thread 70 frees T3 last: completed at the end.
+    A release of a pointer never deferred writes nothing."""
+    st = decode.AllocatorState()
+    t3 = 0x7000_0800
+    first = st.rows(_ev((0, 1, T1, 1000, 1000, 7, 70, -1), (0, 2, T2, 2048, 2048, 7, 71, -1),
+                        (0, 3, t3, 512, 512, 7, 70, -1),
+                        (1, 10, T1, 0, 0, 7, 70, -1), (1, 11, T2, 0, 0, 7, 71, -1)), {})
+    assert first is not None  # T2's completion waits for its thread's next event
+    more = st.rows(_ev((9, 12, T1, 0, 0, 7, 70, -1), (0, 13, 0x9000, 512, 512, 7, 71, -1),
+                       (8, 14, 0xdead, 0, 0, 7, 72, -1), (8, 20, T1, 0, 0, 7, 72, -1),
+                       (1, 21, t3, 0, 0, 7, 70, -1)), {})
+    end = st.unsettled()
+    assert more is not None and end is not None
+    rows = [(r["action"], r["address"], r["ts_ns"]) for t in (first, more, end)
+            for r in t.to_pylist()]
+    assert rows[3:] == [
+        ("free_requested", T1, 10), ("free_requested", T2, 11),
+        ("free_completed", T2, 11), ("alloc", 0x9000, 13), ("free_completed", T1, 20),
+        ("free_requested", t3, 21), ("free_completed", t3, 21)]  # fmt: skip
+    assert not st.pending and not st.undecided
+
+
 def test_a_malloc_that_returns_after_a_failure_is_no_oom() -> None:
     st = decode.AllocatorState()
     st.rows(_ev((5, 1, 0, MIB, MIB, 7, 70, -1), (0, 1, T1, MIB, MIB, 7, 70, -1)), {})
