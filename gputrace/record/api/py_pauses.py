@@ -20,7 +20,10 @@ import contextlib
 import ctypes
 from typing import Any
 
+from gputrace.record.api import watchdog
 from gputrace.record.ring_watch import RingWatch
+
+STOP_WAIT_S = 1.0  # as libcuda.STOP_WAIT_S: the most a stop is waited for
 
 
 class PyPauseWatch(RingWatch):
@@ -46,6 +49,22 @@ class PyPauseWatch(RingWatch):
             return  # the drain served it (the watch late past PY_WATCH_S)
         if not v.stopped or v.kinds & ~self.pause_py:
             return
+        # Another thread may have stored a new stack of its own before the stop
+        # reached it (one stop serves the whole process): once the process is
+        # stopped, every such thread has named its stack here; read those too.
+        watchdog.wait_stopped(pid, STOP_WAIT_S)
+        self._lib.bpf_consume_ringbuf(self._rb)
+        late = [w & 0xFFFFFFFF for w in self._got if w >> 32 == pid]
+        self._got = [w for w in self._got if w >> 32 != pid]
+        self.records += len(late)
+        for py_id in late:
+            api.py.read_stack(pid, py_id)
+        try:  # read again: a stop for something else may have joined meanwhile
+            v = tbl[ctypes.c_uint(pid)]
+        except KeyError:
+            return
+        if v.kinds & ~self.pause_py:
+            return
         api.py_pauses += 1
         api.pauses += 1
         api._release(tbl, pid, v.stopped, v.stop_boot_ns)
@@ -56,7 +75,7 @@ class PyPauseWatch(RingWatch):
         return 0
 
     def _after_poll(self) -> None:
-        if self._got:
+        while self._got:  # serving a process may take in records of others
             got, self._got = self._got, []
             self.records += len(got)
             by_pid: dict[int, list[int]] = {}
