@@ -371,16 +371,8 @@ int uretprobe_cuda(struct pt_regs *ctx)
         if (p->gen == gen)
             p->known |= KNOWN_SEEN;
     }
-    if (kinds) {
-        struct cuda_config *cfg = cuda_cfg();
-        if (cfg) {
-            cuda_pause_for(pid, kinds, -1, cfg);
-            if (py_fresh && py_id >= 0 && cfg->pause) {
-                u64 wake = (u64)pid << 32 | (u32)py_id;
-                cuda_py_wake.ringbuf_output(&wake, sizeof(wake), BPF_RB_FORCE_WAKEUP);
-            }
-        }
-    }
+    if (kinds)
+        cuda_stop_for(pid, kinds, py_fresh ? py_id : -1);
     return 0;
 }
 

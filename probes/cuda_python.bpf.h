@@ -10,8 +10,9 @@
  * call: a thread state may be freed and its memory reused), then follows the
  * frames from the innermost one, keeping (code object, last instruction) per
  * frame. Code objects are named in user space (the recorder's drain); a stack
- * stored for the first time stops the process at the call's return (in filter
- * mode, GT_PAUSE_PY) until the drain has read the code objects it names: a
+ * stored for the first time stops the process (cuda_stop_for: at the call's
+ * return, at the torch_allocator layer's malloc entry; in filter mode,
+ * GT_PAUSE_PY) until the recorder has read the code objects it names: a
  * program that exits, crashes or is killed right after its last allocation
  * still has its frames named.
  *
@@ -259,4 +260,22 @@ static __always_inline s32 cuda_py_take(void *task, u32 *fresh)
     w->pending = -1;
     w->fresh = 0;
     return id;
+}
+
+/* Stop `pid` for `kinds` (GT_PAUSE_*: why the recorder must act while it lives).
+ * A new Python stack `py_id` (>= 0, GT_PAUSE_PY) is also named on cuda_py_wake,
+ * whose thread (record/api/py_pauses.py) reads its code objects and continues the
+ * process at once. Every probe that walks Python frames stops through here: the
+ * API layer's allocating calls at their return, the torch_allocator layer's
+ * malloc at its entry. */
+static __always_inline void cuda_stop_for(u32 pid, u32 kinds, s32 py_id)
+{
+    struct cuda_config *cfg = cuda_cfg();
+    if (!cfg)
+        return;
+    cuda_pause_for(pid, kinds, -1, cfg);
+    if ((kinds & GT_PAUSE_PY) && py_id >= 0 && cfg->pause) {
+        u64 wake = (u64)pid << 32 | (u32)py_id;
+        cuda_py_wake.ringbuf_output(&wake, sizeof(wake), BPF_RB_FORCE_WAKEUP);
+    }
 }

@@ -10,9 +10,19 @@
  *     C++ exception cannot unwind through a uretprobe's trampoline);
  *   - NativeCachingAllocator::free(this, void *ptr) at its entry, or where a
  *     release inlined it, its callers (symbols.py);
+ *   - DeviceCachingAllocator::insert_events(this, Block *) inside a free (deferred:
+ *     another stream used the block) and ::free_block(this, Block *, context), the
+ *     block back in the cache: paired by the Block's address (torch_deferred);
+ *   - the cudaMallocAsync backend's mallocAsync(void **devPtr, DeviceIndex device,
+ *     size_t size, cudaStream_t stream), as malloc (no `this`), and
+ *     freeAsync(void *ptr);
  *   - libcuda's cuMemAlloc_v2 (entry and return) and cuMemFree_v2 (entry): the
  *     allocator's segments, kept only inside a malloc (allocs) or in a process
- *     that called malloc (frees; the recorder keeps those of its segments).
+ *     that called malloc (frees; the recorder keeps those of its segments);
+ *     cuMemMap (entry, return) and cuMemUnmap (entry): the pages of expandable
+ *     segments, the same way; cuMemCreate and cuMemAllocAsync (return): an
+ *     out-of-memory failure inside malloc; cuMemFreeAsync (entry): the async
+ *     backend's tensor given back, at its free or later (deferred).
  * GT_TORCH_STACKS: 0 no stacks, 1 Python frames, 2 Python and native frames.
  */
 #include "torch_events.h"
@@ -28,11 +38,20 @@ struct torch_call {
     u64 ts_ns, out, size, stream;
     u64 seg_out, seg_size, seg_ts;
     u64 fail_ts;        /* when its last out-of-memory segment call returned */
+    u64 map_ptr, map_size, map_ts;  /* the cuMemMap in flight inside malloc */
     s32 py_id;
     s16 device;
     u8 active;          /* inside malloc */
-    u8 failed;          /* a cuMemAlloc_v2 of this malloc failed out of memory */
+    u8 failed;          /* a segment call of this malloc failed out of memory */
+    u8 backend;         /* 0 native, 1 cudaMallocAsync: the malloc in flight */
+    u64 free_ptr;       /* the native free in flight (0: none): insert_events defers it */
 };
+struct torch_block_key {
+    u32 pid;
+    u32 _pad;
+    u64 block;          /* a Block* whose free was deferred */
+};
+BPF_HASH(torch_deferred, struct torch_block_key, u64, 65536);  /* -> the tensor's pointer */
 BPF_TASK_STORAGE(torch_calls, struct torch_call);
 BPF_HASH(torch_pids, u32, u8, 65536);   /* processes that called malloc */
 BPF_RINGBUF_OUTPUT(torch_events, GT_TORCH_RB_PAGES);
@@ -87,7 +106,9 @@ static __always_inline struct torch_call *torch_call_of(void *task, int create)
     return torch_calls.task_storage_get(task, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
 }
 
-int torch_malloc_enter(struct pt_regs *ctx)
+/* malloc(this, devPtr, device, size, stream): `args` 2; mallocAsync(devPtr, device,
+ * size, stream): 1 */
+static __always_inline int torch_malloc_begin(struct pt_regs *ctx, u8 backend)
 {
     void *task = (void *)bpf_get_current_task_btf();
     struct torch_call *t = torch_call_of(task, 1);
@@ -99,24 +120,42 @@ int torch_malloc_enter(struct pt_regs *ctx)
     u8 one = 1;
     if (!torch_pids.lookup(&pid))
         torch_pids.update(&pid, &one);
-    t->out = PT_REGS_PARM2(ctx);
-    t->device = (s8)PT_REGS_PARM3(ctx);
-    t->size = PT_REGS_PARM4(ctx);
-    t->stream = PT_REGS_PARM5(ctx);
+    if (backend) {
+        t->out = PT_REGS_PARM1(ctx);
+        t->device = (s8)PT_REGS_PARM2(ctx);
+        t->size = PT_REGS_PARM3(ctx);
+        t->stream = PT_REGS_PARM4(ctx);
+    } else {
+        t->out = PT_REGS_PARM2(ctx);
+        t->device = (s8)PT_REGS_PARM3(ctx);
+        t->size = PT_REGS_PARM4(ctx);
+        t->stream = PT_REGS_PARM5(ctx);
+    }
+    t->backend = backend;
+    t->free_ptr = 0;
     t->seg_out = 0;
+    t->map_ptr = 0;
     t->py_id = -1;
 #if GT_TORCH_STACKS >= 1
     /* walked and taken at once: the segment calls inside malloc walk again */
     cuda_py_enter(task, pid, (u32)id);
-    /* a stack never seen before is not stopped for here (the API layer's calls are):
-     * its code objects are named by the drain while the process lives */
     u32 py_fresh = 0;
     t->py_id = cuda_py_take(task, &py_fresh);
+    /* A stack never seen before stops the process as the API layer's calls do (one
+     * path: cuda_stop_for), here at malloc's entry: a malloc that throws never
+     * returns, and a program may exit or crash right after its last tensor. The
+     * stop lands as this probe returns, before malloc runs; `latency_ns` then
+     * holds it (no table keeps a tensor's latency). */
+    if (py_fresh && t->py_id >= 0)
+        cuda_stop_for(pid, GT_PAUSE_PY, t->py_id);
 #endif
     t->active = 1;
     t->ts_ns = bpf_ktime_get_ns();
     return 0;
 }
+
+int torch_malloc_enter(struct pt_regs *ctx) { return torch_malloc_begin(ctx, 0); }
+int torch_malloc_async_enter(struct pt_regs *ctx) { return torch_malloc_begin(ctx, 1); }
 
 int torch_malloc_ret(struct pt_regs *ctx)
 {
@@ -145,24 +184,81 @@ int torch_malloc_ret(struct pt_regs *ctx)
     }
 #endif
     torch_emit(GT_TORCH_ALLOC, t->ts_ns, now - t->ts_ns, ptr, t->size, t->stream, t->size,
-               t->device, stack, t->py_id, 0);
+               t->device, stack, t->py_id, t->backend);
     return 0;
 }
 
-static __always_inline int torch_free(u64 ptr)
+static __always_inline int torch_free(u64 ptr, s32 backend)
 {
     void *task = (void *)bpf_get_current_task_btf();
     struct torch_call *t = torch_call_of(task, 1);
     if (!t)
         return 0;
     torch_settle(t);
-    torch_emit(GT_TORCH_FREE, bpf_ktime_get_ns(), 0, ptr, 0, 0, 0, -1, -1, -1, 0);
+    t->free_ptr = backend ? 0 : ptr;
+    torch_emit(GT_TORCH_FREE, bpf_ktime_get_ns(), 0, ptr, 0, 0, 0, -1, -1, -1, backend);
     return 0;
 }
 
-/* free(this, ptr), raw_delete(this, ptr); local_raw_delete(ptr) */
-int torch_free_enter(struct pt_regs *ctx) { return torch_free(PT_REGS_PARM2(ctx)); }
-int torch_free_arg1_enter(struct pt_regs *ctx) { return torch_free(PT_REGS_PARM1(ctx)); }
+/* insert_events(this, block) inside the native free of t->free_ptr: deferred */
+int torch_defer_enter(struct pt_regs *ctx)
+{
+    void *task = (void *)bpf_get_current_task_btf();
+    struct torch_call *t = torch_calls.task_storage_get(task, 0, 0);
+    if (!t || !t->free_ptr)
+        return 0;
+    struct torch_block_key k = {.pid = bpf_get_current_pid_tgid() >> 32,
+                                .block = PT_REGS_PARM2(ctx)};
+    u64 ptr = t->free_ptr;
+    t->free_ptr = 0;
+    torch_deferred.update(&k, &ptr);
+    torch_emit(GT_TORCH_DEFER, bpf_ktime_get_ns(), 0, ptr, 0, 0, 0, -1, -1, -1, 0);
+    return 0;
+}
+
+/* free_block(this, block, context): a deferred block back in the cache */
+int torch_free_block_enter(struct pt_regs *ctx)
+{
+    struct torch_block_key k = {.pid = bpf_get_current_pid_tgid() >> 32,
+                                .block = PT_REGS_PARM2(ctx)};
+    u64 *ptr = torch_deferred.lookup(&k);
+    if (!ptr)
+        return 0;  /* an immediate free: its free event said it all */
+    u64 p = *ptr;
+    torch_deferred.delete(&k);
+    torch_emit(GT_TORCH_RELEASE, bpf_ktime_get_ns(), 0, p, 0, 0, 0, -1, -1, -1, 0);
+    return 0;
+}
+
+/* free(this, ptr), raw_delete(this, ptr); local_raw_delete(ptr); freeAsync(ptr) */
+int torch_free_enter(struct pt_regs *ctx) { return torch_free(PT_REGS_PARM2(ctx), 0); }
+int torch_free_arg1_enter(struct pt_regs *ctx) { return torch_free(PT_REGS_PARM1(ctx), 0); }
+int torch_free_async_enter(struct pt_regs *ctx) { return torch_free(PT_REGS_PARM1(ctx), 1); }
+
+/* A segment call of a malloc failed out of memory: its oom entry, unless the
+ * malloc still returns (its retry after freeing the cache worked). */
+static __always_inline void torch_seg_failed(struct torch_call *t, s32 rc)
+{
+    /* the oom entry is stamped after the failure it follows, as PyTorch's is */
+    t->failed = 1;
+    t->fail_ts = bpf_ktime_get_ns();
+    torch_emit(GT_TORCH_SEG_FAIL, t->fail_ts, 0, 0, t->size, t->stream, t->size, t->device, -1,
+               t->py_id, rc);
+}
+
+/* cuMemCreate (an expandable segment's page), cuMemAllocAsync (the async backend's
+ * tensor): only their out-of-memory failures inside a malloc */
+int torch_seg_try_ret(struct pt_regs *ctx)
+{
+    void *task = (void *)bpf_get_current_task_btf();
+    struct torch_call *t = torch_calls.task_storage_get(task, 0, 0);
+    if (!t || !t->active)
+        return 0;
+    s32 rc = (s32)PT_REGS_RC(ctx);
+    if (rc == GT_CUDA_ERROR_OUT_OF_MEMORY)
+        torch_seg_failed(t, rc);
+    return 0;
+}
 
 int torch_seg_alloc_enter(struct pt_regs *ctx)
 {
@@ -184,13 +280,8 @@ int torch_seg_alloc_ret(struct pt_regs *ctx)
         return 0;
     s32 rc = (s32)PT_REGS_RC(ctx);
     u64 ptr = 0;
-    if (rc == GT_CUDA_ERROR_OUT_OF_MEMORY) {
-        /* the oom entry is stamped after the failure it follows, as PyTorch's is */
-        t->failed = 1;
-        t->fail_ts = bpf_ktime_get_ns();
-        torch_emit(GT_TORCH_SEG_FAIL, t->fail_ts, 0, 0, t->size, t->stream, t->size, t->device,
-                   -1, t->py_id, rc);
-    }
+    if (rc == GT_CUDA_ERROR_OUT_OF_MEMORY)
+        torch_seg_failed(t, rc);
     if (rc == 0 && bpf_probe_read_user(&ptr, sizeof(ptr), (void *)t->seg_out) == 0)
         torch_emit(GT_TORCH_SEG_ALLOC, t->seg_ts, 0, ptr, t->seg_size, t->stream, t->size,
                    t->device, -1, -1, rc);
@@ -204,6 +295,55 @@ int torch_seg_free_enter(struct pt_regs *ctx)
     if (!torch_pids.lookup(&pid))
         return 0;
     torch_emit(GT_TORCH_SEG_FREE, bpf_ktime_get_ns(), 0, PT_REGS_PARM1(ctx), 0, 0, 0, -1, -1, -1,
+               0);
+    return 0;
+}
+
+/* cuMemMap(ptr, size, offset, handle, flags) inside malloc: a page of an expandable
+ * segment (ExpandableSegment::map, one call per page) */
+int torch_seg_map_enter(struct pt_regs *ctx)
+{
+    void *task = (void *)bpf_get_current_task_btf();
+    struct torch_call *t = torch_calls.task_storage_get(task, 0, 0);
+    if (!t || !t->active)
+        return 0;
+    t->map_ptr = PT_REGS_PARM1(ctx);
+    t->map_size = PT_REGS_PARM2(ctx);
+    t->map_ts = bpf_ktime_get_ns();
+    return 0;
+}
+
+int torch_seg_map_ret(struct pt_regs *ctx)
+{
+    void *task = (void *)bpf_get_current_task_btf();
+    struct torch_call *t = torch_calls.task_storage_get(task, 0, 0);
+    if (!t || !t->active || !t->map_ptr)
+        return 0;
+    if ((s32)PT_REGS_RC(ctx) == 0)
+        torch_emit(GT_TORCH_SEG_MAP, t->map_ts, 0, t->map_ptr, t->map_size, t->stream, t->size,
+                   t->device, -1, -1, 0);
+    t->map_ptr = 0;
+    return 0;
+}
+
+/* cuMemUnmap(ptr, size): a page given back (emptyCache, or a malloc's retry) */
+int torch_seg_unmap_enter(struct pt_regs *ctx)
+{
+    u32 pid = bpf_get_current_pid_tgid() >> 32;
+    if (!torch_pids.lookup(&pid))
+        return 0;
+    torch_emit(GT_TORCH_SEG_UNMAP, bpf_ktime_get_ns(), 0, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx),
+               0, 0, -1, -1, -1, 0);
+    return 0;
+}
+
+/* cuMemFreeAsync(ptr, stream): the async backend's tensor given back */
+int torch_release_enter(struct pt_regs *ctx)
+{
+    u32 pid = bpf_get_current_pid_tgid() >> 32;
+    if (!torch_pids.lookup(&pid))
+        return 0;
+    torch_emit(GT_TORCH_RELEASE, bpf_ktime_get_ns(), 0, PT_REGS_PARM1(ctx), 0, 0, 0, -1, -1, -1,
                0);
     return 0;
 }

@@ -9,7 +9,8 @@ tests/standin_torch/torch_workload.py (--bench) allocates and frees a 4 KiB tens
 block: no segment call, as in a training loop's steady state), from a Python stack
 --depth frames deep, and prints the thread's CPU ns per pair (where the probes run).
 Columns, one round each, best of --repeat: untraced; the uprobe floor (empty
-programs on the layer's probe points: malloc's entry, its `ret`s, free); then
+programs on the layer's probe points: malloc's entry, its `ret`s, free, and
+DeviceCachingAllocator's insert_events and free_block, which every free calls); then
 `gputrace record -p` with --torch-stacks none, python and full. Frees take no stack,
 so what a pair adds over the floor is what its allocation's stack adds.
 """
@@ -51,7 +52,8 @@ def floor(lib: Path, argv: list[str]) -> float:
     e = symbols.find(str(lib))
     bpf = loader.import_bcc().BPF(text=_FLOOR)
     try:
-        for addr in (e.malloc, *e.malloc_rets, *(a for a, _ in e.frees)):
+        for addr in (e.malloc, *e.malloc_rets, *(a for a, _ in e.frees),
+                     *((e.defer, e.release_block) if e.defer else ())):
             bpf.attach_uprobe(name=str(lib), addr=addr, fn_name="on_probe")
         return untraced(argv)
     finally:

@@ -55,6 +55,8 @@ class Run:
     ooms: list[int] = field(default_factory=list)
     reserved: int = 0
     allocated: int = 0
+    pages: tuple[int, int] = (0, 0)  # expandable segments' pages mapped, unmapped
+    pending: int = 0  # bytes freed and held for another stream at the end
     stderr: str = ""
 
 
@@ -65,20 +67,24 @@ def record(out: Path, exe: str, *args: str, record_args: tuple[str, ...] = (),
     return record_many(out, [(exe, lib or build(), args)], record_args, env)[0]
 
 
-def record_many(out: Path, workloads: list[tuple[str, Path, tuple[str, ...]]],
+Workload = tuple[str, Path, tuple[str, ...]] | tuple[str, Path, tuple[str, ...], dict[str, str]]
+
+
+def record_many(out: Path, workloads: list[Workload],
                 record_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
                 while_alive: Callable[[], None] | None = None) -> list[Run]:
-    """Record workloads (interpreter, libc10_cuda, arguments) with `-p` into `out`:
+    """Record workloads (interpreter, libc10_cuda, arguments[, their own environment])
+    with `-p` into `out`:
     each started and waiting, the recorder attached, then their calls; the recorder
     stopped while they still live (code objects are named at the drain), then
     `while_alive()`, then they end."""
     from tests.record_helpers import RecorderProc, record_cmd
 
     build()
-    procs = [subprocess.Popen([exe, str(WORKLOAD), str(lib), "--wait", *args],
+    procs = [subprocess.Popen([w[0], str(WORKLOAD), str(w[1]), "--wait", *w[2]],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, **(env or {})})
-             for exe, lib, args in workloads]  # fmt: skip
+                              env={**os.environ, **(env or {}), **(w[3] if len(w) > 3 else {})})
+             for w in workloads]  # fmt: skip
     runs = [Run(w.pid) for w in procs]
     try:
         for w in procs:
@@ -124,3 +130,7 @@ def _said(run: Run, line: str) -> None:
         run.reserved = int(rest[0])
     elif word == "ALLOCATED_BYTES":
         run.allocated = int(rest[0])
+    elif word == "PAGES":
+        run.pages = (int(rest[0]), int(rest[1]))
+    elif word == "PENDING":
+        run.pending = int(rest[0])

@@ -2,7 +2,8 @@
 caching allocator (ctypes), from named functions, so each tensor's Python line is known.
 Standard library only (any CPython 3.10+).
 
-    python torch_workload.py LIBC10_CUDA [--wait] [--iterations N] [--oom]
+    python torch_workload.py LIBC10_CUDA [--wait] [--iterations N] [--deferred] [--streams]
+                                             [--oom] [--empty-cache]
     python torch_workload.py LIBC10_CUDA --bench N [--depth D] [--wait]
                                              # CPU ns per malloc+free pair
 
@@ -15,10 +16,24 @@ Planted truth (lines found by their `# PLANT:` markers, never hard-coded):
   - with --oom, `too_big()` asks for OOM_BYTES (`# PLANT: oom`) with the stand-in
     libcuda's cap below it (GPUTRACE_STANDIN_CUDA_MAX set by the test): the
     allocator frees its unused cached segments, fails again and throws; the call
-    returns 0 (the exception caught in C++, as PyTorch turns it into Python's).
+    returns 0 (the exception caught in C++, as PyTorch turns it into Python's);
+  - with --deferred, `captured()` allocates a 128 KiB tensor (`# PLANT: early`),
+    frees it during a CUDA graph capture (the async backend defers it) and after the
+    capture allocates 64 KiB (`# PLANT: after`), whose malloc gives the first back;
+  - with --streams, `side_stream()` allocates 1 MiB (`# PLANT: shared`), records a
+    side stream's use of it and frees it (the native allocator defers it: given back
+    at the next malloc, 512 KiB, `# PLANT: next`), then allocates 2 KiB (`# PLANT:
+    held`), records the side stream and frees it: still held at the end;
+  - with --empty-cache, `burst()` allocates and frees 40 MiB (`# PLANT: burst`), then
+    the cache is emptied (with expandable segments: pages mapped for the burst are
+    unmapped).
+The allocator's backend and expandable segments follow PYTORCH_CUDA_ALLOC_CONF, as
+PyTorch's do (`backend:cudaMallocAsync`, `expandable_segments:True`).
 With --wait it prints `READY <pid>` (the library loaded) and waits for a line before
 its calls, prints `ALLOCATED` with each pointer and size on the lines before it
-(`T <ptr> <size> <where>`, `F <ptr>`, `OOM <size>`, `RESERVED <n>`, `ALLOCATED_BYTES <n>`),
+(`T <ptr> <size> <where>`, `F <ptr>`, `OOM <size>`, `RESERVED <n>`, `ALLOCATED_BYTES <n>`,
+`PAGES <mapped> <unmapped>`: expandable segments' pages over the run, `PENDING <n>`:
+bytes freed and still held for another stream),
 then waits for another line before it exits, printing DONE last.
 """
 
@@ -58,6 +73,43 @@ def step() -> None:
     OUT.append(f"F {act}")
 
 
+def captured() -> None:
+    early = LIB.standin_torch_malloc(128 * KIB, 0, 0)  # PLANT: early
+    OUT.append(f"T {early} {128 * KIB} early")
+    LIB.standin_torch_capture(1)
+    LIB.standin_torch_free(ctypes.c_ulonglong(early))
+    OUT.append(f"F {early}")
+    LIB.standin_torch_capture(0)
+    after = LIB.standin_torch_malloc(64 * KIB, 0, 0)  # PLANT: after
+    OUT.append(f"T {after} {64 * KIB} after")
+
+
+SIDE = 0x5151  # a side stream's handle (the stand-in runs no work on it)
+
+
+def side_stream() -> None:
+    shared = LIB.standin_torch_malloc(MIB, 0, 0)  # PLANT: shared
+    OUT.append(f"T {shared} {MIB} shared")
+    LIB.standin_torch_record_stream(ctypes.c_ulonglong(shared), ctypes.c_ulonglong(SIDE))
+    LIB.standin_torch_free(ctypes.c_ulonglong(shared))
+    OUT.append(f"F {shared}")
+    nxt = LIB.standin_torch_malloc(512 * KIB, 0, 0)  # PLANT: next
+    OUT.append(f"T {nxt} {512 * KIB} next")
+    held = LIB.standin_torch_malloc(2 * KIB, 0, 0)  # PLANT: held
+    OUT.append(f"T {held} {2 * KIB} held")
+    LIB.standin_torch_record_stream(ctypes.c_ulonglong(held), ctypes.c_ulonglong(SIDE))
+    LIB.standin_torch_free(ctypes.c_ulonglong(held))
+    OUT.append(f"F {held}")
+
+
+def burst() -> None:
+    big = LIB.standin_torch_malloc(40 * MIB, 0, 0)  # PLANT: burst
+    OUT.append(f"T {big} {40 * MIB} burst")
+    LIB.standin_torch_free(ctypes.c_ulonglong(big))
+    OUT.append(f"F {big}")
+    LIB.standin_torch_empty_cache()
+
+
 def too_big() -> None:
     p = LIB.standin_torch_malloc(OOM_BYTES, 0, 0)  # PLANT: oom
     OUT.append(f"OOM {OOM_BYTES}" if p == 0 else f"T {p} {OOM_BYTES} oom")
@@ -83,6 +135,8 @@ def main() -> None:
     LIB.standin_torch_malloc.argtypes = [ctypes.c_ulong, ctypes.c_int, ctypes.c_ulonglong]
     LIB.standin_torch_reserved.restype = ctypes.c_ulonglong
     LIB.standin_torch_allocated.restype = ctypes.c_ulonglong
+    LIB.standin_torch_pages.restype = ctypes.c_ulonglong
+    LIB.standin_torch_pending.restype = ctypes.c_ulonglong
     if "--bench" in args:
         n = int(args[args.index("--bench") + 1])
         depth = int(args[args.index("--depth") + 1]) if "--depth" in args else 1
@@ -100,10 +154,18 @@ def main() -> None:
     weights()
     for _ in range(iterations):
         step()
+    if "--deferred" in args:
+        captured()
+    if "--streams" in args:
+        side_stream()
     if "--oom" in args:
         too_big()
+    if "--empty-cache" in args:
+        burst()
     OUT.append(f"RESERVED {LIB.standin_torch_reserved()}")
     OUT.append(f"ALLOCATED_BYTES {LIB.standin_torch_allocated()}")
+    OUT.append(f"PAGES {LIB.standin_torch_pages(0)} {LIB.standin_torch_pages(1)}")
+    OUT.append(f"PENDING {LIB.standin_torch_pending()}")
     print("\n".join(OUT), flush=True)
     print("ALLOCATED", flush=True)
     if wait:

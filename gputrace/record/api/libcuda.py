@@ -15,6 +15,7 @@ import ctypes
 import itertools
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,10 @@ BUFFER = "cuda_events"
 CUDA_RB_PAGES = 1024  # 4 MiB: ~40k calls between polls
 PAUSE_LOAD, PAUSE_FIRST, PAUSE_PY = 1, 2, 4
 STOP_WAIT_S = 1.0  # the most a release waits for the probe's SIGSTOP to take effect
+PY_WATCH_S = 1.0
+"""A stop for a new Python stack alone is the Python-pause thread's (py_pauses.py, the
+only reader of its stack) for this long; the drain continues it after, should that
+thread have failed."""
 STACK_DEPTH = 127  # frames per allocation stack (`record --stack-depth`); the kernel's most
 # what sees libcuda loads (the manifest's api.library_loads)
 LOADS_TP_BTF = "tp_btf sys_enter/sys_exit (syscall layer)"
@@ -225,10 +230,14 @@ class LibcudaProbes:
         one to let go once the drain has read the stacks of their calls (a new
         Python stack's code objects are read while the process is still stopped)."""
         tbl = self.bpf["cuda_paused"]
-        items = [(k.value, v.kinds, v.fd, v.stopped, v.stop_boot_ns) for k, v in tbl.items()]
+        items = [(k.value, v.kinds, v.fd, v.stopped, v.stop_boot_ns, v.ts_ns)
+                 for k, v in tbl.items()]
         targets = self.bpf["cuda_targets"]
         held: list[tuple[int, int, int]] = []
-        for pid, kinds, fd, stopped, boot in items:
+        young = time.monotonic_ns() - int(PY_WATCH_S * 1e9)
+        for pid, kinds, fd, stopped, boot, ts in items:
+            if kinds == PAUSE_PY and stopped and ts > young and self.py_watch is not None:
+                continue  # the Python-pause thread's
             if self.filtered and ctypes.c_uint(pid) not in targets:
                 # not (or no longer) a target: nothing of it is read or attached
                 self._release(tbl, pid, stopped, boot)

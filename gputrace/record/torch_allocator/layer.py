@@ -4,7 +4,9 @@
 
 Every process that maps a libc10_cuda.so (launched, `-p`, or the whole host, found by
 the API layer's library watch) gets uprobes on NativeCachingAllocator::malloc (entry
-and its `ret` instructions) and ::free, found by mangled name (symbols.py); each tensor
+and its `ret` instructions) and ::free, and on the cudaMallocAsync backend's
+mallocAsync and freeAsync where the file has them, found by mangled name (symbols.py);
+libcuda's segment calls are the API layer's targets (LIBCUDA_PROBES); each tensor
 and segment becomes a row of `allocator_events`, its stack rows of `stacks` and
 `allocator_frames`, and what is alive at the end `allocator_segments` and
 `allocator_blocks`: the tables `gputrace import torch-snapshot` writes, so every
@@ -38,7 +40,17 @@ LIBRARY_RE = r"^libc10_cuda\.so(\.[\w.]+)?$"
 FREE_FN = {1: "torch_free_arg1_enter", 2: "torch_free_enter"}
 """The probe function of a free whose pointer is in argument 1 or 2."""
 LIBCUDA_PROBES = (("cuMemAlloc_v2", "torch_seg_alloc_enter", "torch_seg_alloc_ret"),
-                  ("cuMemFree_v2", "torch_seg_free_enter", ""))
+                  ("cuMemFree_v2", "torch_seg_free_enter", ""),
+                  ("cuMemCreate", "", "torch_seg_try_ret"),
+                  ("cuMemMap", "torch_seg_map_enter", "torch_seg_map_ret"),
+                  ("cuMemUnmap", "torch_seg_unmap_enter", ""),
+                  ("cuMemAllocAsync", "", "torch_seg_try_ret"),
+                  ("cuMemAllocAsync_ptsz", "", "torch_seg_try_ret"),
+                  ("cuMemFreeAsync", "torch_release_enter", ""),
+                  ("cuMemFreeAsync_ptsz", "torch_release_enter", ""))
+"""libcuda calls the allocator makes: segments (cuMemAlloc_v2/cuMemFree_v2), pages of
+expandable segments (cuMemMap/cuMemUnmap), out-of-memory failures (cuMemCreate,
+cuMemAllocAsync) and the async backend's releases (cuMemFreeAsync)."""
 
 
 def probe_source() -> str:
@@ -71,6 +83,7 @@ class TorchAllocatorLayer(Layer):
         self.skipped: list[dict[str, str]] = []
         self.attached: list[str] = []
         self.stack_ids: dict[tuple[int, int], int] = {}  # (pid, stack key) -> allocator id
+        self.next_stack_id = 1  # never reused: the ids of processes gone stay in the trace
         self.changed = True
         self.drops = 0
 
@@ -114,14 +127,24 @@ class TorchAllocatorLayer(Layer):
             self.changed = True
             return
         bpf, names = self.api.bpf, []
-        points = [("torch_malloc_enter", entry.malloc, "malloc"),
-                  *(("torch_malloc_ret", r, f"malloc+{r - entry.malloc:#x}")
+        nat, asy = "NativeCachingAllocator::", "CudaMallocAsync::"
+        points = [("torch_malloc_enter", entry.malloc, f"{nat}malloc"),
+                  *(("torch_malloc_ret", r, f"{nat}malloc+{r - entry.malloc:#x}")
                     for r in entry.malloc_rets),
-                  *((FREE_FN[arg], addr, f"free@{addr:#x}") for addr, arg in entry.frees)]
+                  *((FREE_FN[arg], addr, f"{nat}free@{addr:#x}") for addr, arg in entry.frees)]
+        if entry.async_malloc:  # the cudaMallocAsync backend, in the same file
+            points += [("torch_malloc_async_enter", entry.async_malloc, f"{asy}mallocAsync"),
+                       *(("torch_malloc_ret", r, f"{asy}mallocAsync+{r - entry.async_malloc:#x}")
+                         for r in entry.async_rets),
+                       ("torch_free_async_enter", entry.async_free, f"{asy}freeAsync")]
+        if entry.defer:  # a free that waits for other streams, and its block's release
+            points += [("torch_defer_enter", entry.defer, "DeviceCachingAllocator::insert_events"),
+                       ("torch_free_block_enter", entry.release_block,
+                        "DeviceCachingAllocator::free_block")]
         try:
             for fn, addr, label in points:
                 bpf.attach_uprobe(name=path, addr=addr, fn_name=fn)
-                names.append(f"uprobe:NativeCachingAllocator::{label}@{shown}")
+                names.append(f"uprobe:{label}@{shown}")
         except Exception as e:  # bcc raises a bare Exception; what attached is detached
             for _fn, addr, _label in points[:len(names)]:
                 with contextlib.suppress(Exception):
@@ -132,7 +155,9 @@ class TorchAllocatorLayer(Layer):
             self.changed = True
             return
         self.attached += names
-        self.libraries.append({"path": shown, "release": entry.release, "pid": pid})
+        self.libraries.append({"path": shown, "release": entry.release, "pid": pid,
+                               "backends": ["native", "cudaMallocAsync"]
+                               if entry.async_malloc else ["native"]})
         self.changed = True
 
     def drain(self, s: Session, due: Due) -> list[tuple[str, Any]]:
@@ -163,8 +188,11 @@ class TorchAllocatorLayer(Layer):
         stack_of: dict[tuple[int, int], int] = {}
         for pid, key in set(zip(ev["pid"].tolist(), keys.tolist(), strict=True)):
             if key >= 0:
-                stack_of[(pid, key)] = self.stack_ids.setdefault((pid, key),
-                                                                 len(self.stack_ids) + 1)
+                sid = self.stack_ids.get((pid, key))
+                if sid is None:
+                    sid = self.stack_ids[(pid, key)] = self.next_stack_id
+                    self.next_stack_id += 1
+                stack_of[(pid, key)] = sid
         rows = self.api.stack_rows(ev) if len(ev) else []
         return stack_of, rows
 
@@ -202,6 +230,10 @@ class TorchAllocatorLayer(Layer):
             for pid in gone:
                 with contextlib.suppress(KeyError):
                     del tbl[ctypes.c_uint(pid)]
+            deferred = self.api.bpf["torch_deferred"]  # blocks of processes gone
+            for k in [k for k in deferred if k.pid in gone]:
+                with contextlib.suppress(KeyError):
+                    del deferred[k]
 
 
 def frames_table(rows: list[dict[str, Any]], stack_ids: dict[tuple[int, int], int]) -> pa.Table:

@@ -36,6 +36,29 @@ MALLOC_INT_DEVICE = f"{_NS}6mallocEPPvimP11CUstream_st"
 """malloc(void**, int device, size_t, cudaStream_t): 2.1's (the device an int, not yet
 c10::DeviceIndex; the probe reads its low byte, as for an int8_t)."""
 
+_ASYNC = "_ZN3c104cuda20CUDACachingAllocator15CudaMallocAsync12_GLOBAL__N_1"
+MALLOC_ASYNC = f"{_ASYNC}11mallocAsyncEPPvamP11CUstream_st"
+"""The cudaMallocAsync backend's `mallocAsync(void** devPtr, c10::DeviceIndex device,
+size_t size, cudaStream_t stream)`, a free function in an anonymous namespace of
+CudaMallocAsync (c10/cuda/CUDAMallocAsyncAllocator.cpp): every tensor of that backend."""
+MALLOC_ASYNC_INT_DEVICE = f"{_ASYNC}11mallocAsyncEPPvimP11CUstream_st"
+"""2.1's: the device an int."""
+FREE_ASYNC = f"{_ASYNC}9freeAsyncEPv"
+"""`freeAsync(void* ptr)`: every tensor's free of that backend. Its memory goes back
+at the `cudaFreeAsync` (libcuda's cuMemFreeAsync) of that pointer, inside it or, for a
+tensor made outside a CUDA graph capture and freed during one, deferred to the next
+mallocAsync after the capture."""
+_DEVICE = "_ZN3c104cuda20CUDACachingAllocator6Native22DeviceCachingAllocator"
+INSERT_EVENTS = f"{_DEVICE}13insert_eventsEPNS2_12_GLOBAL__N_15BlockE"
+"""DeviceCachingAllocator::insert_events(Block*): a free whose block another stream still
+uses (recordStream) waits for events on those streams: called inside that free."""
+FREE_BLOCK = (f"{_DEVICE}10free_blockEPNS2_12_GLOBAL__N_15Block"
+              "ERKSt10shared_ptrINS_15GatheredContextEE")
+"""DeviceCachingAllocator::free_block(Block*, std::shared_ptr<GatheredContext> const&): a
+block back in the cache, inside its free, or for a deferred one in process_events once
+its streams' events have completed. The Block is known only by its address (its layout
+differs per release): the probe pairs it with the pointer of the free that deferred it."""
+
 
 @dataclass(frozen=True)
 class Release:
@@ -45,6 +68,10 @@ class Release:
     name: str
     malloc: str
     frees: tuple[tuple[str, int], ...]
+    async_malloc: str = MALLOC_ASYNC
+    async_free: str = FREE_ASYNC
+    defer: str = INSERT_EVENTS
+    release_block: str = FREE_BLOCK
 
 
 RELEASES: tuple[Release, ...] = (
@@ -54,13 +81,21 @@ RELEASES: tuple[Release, ...] = (
     # raw_delete call); read on the wheel's libc10_cuda.so (torch-2.14.1-cp311
     # manylinux_2_28_x86_64): both LOCAL in .symtab, malloc with one `ret`
     Release("2.14", MALLOC, ((FREE, 2),)),
+    # (each line's async backend, c10/cuda/CUDAMallocAsyncAllocator.cpp at the same
+    # tag: `void mallocAsync(void** devPtr, c10::DeviceIndex device, size_t size,
+    # cudaStream_t stream)` and `void freeAsync(void* ptr)` in
+    # CudaMallocAsync::(anonymous namespace), LOCAL in .symtab of all three wheels,
+    # mallocAsync with one `ret`; 2.1.2's takes an `int device`; and
+    # DeviceCachingAllocator::insert_events(Block*) and free_block(Block*,
+    # std::shared_ptr<GatheredContext> const&), LOCAL in all three, the same names)
     # v2.5.1: the same malloc; free has no symbol (inlined into its two callers,
     # the DataPtr deleter `local_raw_delete(void*)` and `raw_delete(void*)`), read on
     # torch-2.5.1-cp311 manylinux1_x86_64's libc10_cuda.so
     Release("2.5", MALLOC, ((LOCAL_RAW_DELETE, 1), (RAW_DELETE, 2))),
     # v2.1.2: `void malloc(void** devPtr, int device, size_t size, cudaStream_t
     # stream)`; free inlined as in 2.5; read on torch-2.1.2-cp311 manylinux1_x86_64
-    Release("2.1", MALLOC_INT_DEVICE, ((LOCAL_RAW_DELETE, 1), (RAW_DELETE, 2))),
+    Release("2.1", MALLOC_INT_DEVICE, ((LOCAL_RAW_DELETE, 1), (RAW_DELETE, 2)),
+            MALLOC_ASYNC_INT_DEVICE),
 )
 
 LIBRARY = "libc10_cuda.so"
@@ -74,6 +109,11 @@ class ProbePoints:
     malloc: int
     malloc_rets: tuple[int, ...]
     frees: tuple[tuple[int, int], ...]  # (address, argument holding the pointer)
+    async_malloc: int = 0  # the cudaMallocAsync backend's; 0: not in this file
+    async_rets: tuple[int, ...] = ()
+    async_free: int = 0
+    defer: int = 0  # insert_events and free_block; 0: deferred frees not seen
+    release_block: int = 0
 
 
 class SymbolsMissing(ValueError):
@@ -102,7 +142,17 @@ def find(path: str) -> ProbePoints:
         if m[1] <= m[0]:
             raise SymbolsMissing(f"{path}: malloc's symbol has no size")
         rets = ret_sites(path, e, m[0], m[1])
-        return ProbePoints(rel.name, m[0], rets, tuple((f[0], arg) for f, arg in frees if f))
+        am, af = _func(e, rel.async_malloc), _func(e, rel.async_free)
+        a_rets: tuple[int, ...] = ()
+        if am is not None and af is not None and am[1] > am[0]:
+            try:
+                a_rets = ret_sites(path, e, am[0], am[1])
+            except SymbolsMissing:
+                a_rets = ()  # the native allocator is still traced; async not
+        async_points = (am[0], a_rets, af[0]) if a_rets and am and af else (0, (), 0)
+        d, fb = _func(e, rel.defer), _func(e, rel.release_block)
+        return ProbePoints(rel.name, m[0], rets, tuple((f[0], arg) for f, arg in frees if f),
+                           *async_points, *((d[0], fb[0]) if d and fb else (0, 0)))
     where = ".symtab" if e.has_symtab else ".dynsym only (stripped)"
     raise SymbolsMissing(f"{path}: no NativeCachingAllocator::malloc/free in {where} "
                          "(a PyTorch release this gputrace has no table for)")

@@ -94,6 +94,71 @@ def test_story_of_events_to_allocator_tables() -> None:
         (T2 + 2048, 2 * MIB - 1024 - 2048, "inactive")]
 
 
+def test_expandable_pages_and_async_tensors_to_allocator_tables() -> None:
+    """Three 2 MiB pages of an expandable segment mapped inside mallocs (two runs: the
+    third page lies apart), one unmapped, one not the allocator's; a tensor in the
+    first run. Then the async backend (result 1): three tensors, one freed and given
+    back at its cuMemFreeAsync, one freed and not given back yet (deferred), one
+    alive; a cuMemFreeAsync of a pointer it never handed out."""
+    st = decode.AllocatorState()
+    p0, p1, p2, a1, a2, a3 = 0x8000_0000, 0x8020_0000, 0x9000_0000, 0xa000, 0xb000, 0xc000
+    ev = np.zeros(12, decode.TORCH_DTYPE)
+    for i, (kind, ts, ptr, size, request, result) in enumerate((
+            (6, 1, p0, 2 * MIB, 1000, 0), (6, 2, p1, 2 * MIB, 1000, 0),  # seg_map
+            (6, 3, p2, 2 * MIB, 1000, 0),
+            (0, 4, p0, 1000, 1000, 0),  # a tensor in the first run
+            (7, 5, p2, 2 * MIB, 0, 0), (7, 6, 0x1234, 2 * MIB, 0, 0),  # seg_unmap
+            (0, 7, a1, 1000, 1000, 1), (0, 8, a2, 3000, 3000, 1), (0, 9, a3, 5, 5, 1),
+            (1, 10, a1, 0, 0, 1), (8, 11, a1, 0, 0, 0),  # freed, then given back
+            (1, 12, a2, 0, 0, 1))):  # fmt: skip
+        ev[i] = (ts, 0, ptr, size, 0, request, 7, 70, -1, -1, result, 0, kind, 0)
+    t = st.rows(ev, {})
+    assert t is not None
+    assert st.rows(_ev((8, 13, 0xdead, 0, 0, 7, 70, -1)), {}) is None  # not a tensor of it
+    assert [(r["action"], r["address"], r["size_bytes"]) for r in t.to_pylist()] == [
+        ("segment_map", p0, 2 * MIB), ("segment_map", p1, 2 * MIB),
+        ("segment_map", p2, 2 * MIB), ("alloc", p0, 1024), ("segment_unmap", p2, 2 * MIB),
+        ("alloc", a1, 1000), ("alloc", a2, 3000), ("alloc", a3, 5),
+        ("free_requested", a1, 1000), ("free_completed", a1, 1000),
+        ("free_requested", a2, 3000)]  # fmt: skip
+    tables = st.state_tables()
+    segs = [(s["address"], s["total_size_bytes"], s["allocated_size_bytes"],
+             s["active_size_bytes"], s["pool"], s["is_expandable"])
+            for s in tables["allocator_segments"].to_pylist()]
+    assert segs == [(p0, 4 * MIB, 1024, 1024, "small", True),
+                    (a3, 5, 5, 5, "async", False), (a2, 3000, 0, 3000, "async", False)]
+    blocks = [(b["segment_address"], b["address"], b["size_bytes"], b["state"])
+              for b in tables["allocator_blocks"].to_pylist()]
+    assert blocks == [(p0, p0, 1024, "active_allocated"),
+                      (p0, p0 + 1024, 4 * MIB - 1024, "inactive"),
+                      (a3, a3, 5, "active_allocated"), (a2, a2, 3000, "active_pending_free")]
+
+
+def test_native_free_deferred_until_its_release() -> None:
+    """Thread 70 frees T1, whose free then defers it (insert_events): completed at its
+    release; thread 71 frees T2 and allocates: completed at its free's instant, written
+    before the next row of that thread; thread 70 frees T3 last: completed at the end.
+    A release of a pointer never deferred writes nothing."""
+    st = decode.AllocatorState()
+    t3 = 0x7000_0800
+    first = st.rows(_ev((0, 1, T1, 1000, 1000, 7, 70, -1), (0, 2, T2, 2048, 2048, 7, 71, -1),
+                        (0, 3, t3, 512, 512, 7, 70, -1),
+                        (1, 10, T1, 0, 0, 7, 70, -1), (1, 11, T2, 0, 0, 7, 71, -1)), {})
+    assert first is not None  # T2's completion waits for its thread's next event
+    more = st.rows(_ev((9, 12, T1, 0, 0, 7, 70, -1), (0, 13, 0x9000, 512, 512, 7, 71, -1),
+                       (8, 14, 0xdead, 0, 0, 7, 72, -1), (8, 20, T1, 0, 0, 7, 72, -1),
+                       (1, 21, t3, 0, 0, 7, 70, -1)), {})
+    end = st.unsettled()
+    assert more is not None and end is not None
+    rows = [(r["action"], r["address"], r["ts_ns"]) for t in (first, more, end)
+            for r in t.to_pylist()]
+    assert rows[3:] == [
+        ("free_requested", T1, 10), ("free_requested", T2, 11),
+        ("free_completed", T2, 11), ("alloc", 0x9000, 13), ("free_completed", T1, 20),
+        ("free_requested", t3, 21), ("free_completed", t3, 21)]  # fmt: skip
+    assert not st.pending and not st.undecided
+
+
 def test_a_malloc_that_returns_after_a_failure_is_no_oom() -> None:
     st = decode.AllocatorState()
     st.rows(_ev((5, 1, 0, MIB, MIB, 7, 70, -1), (0, 1, T1, MIB, MIB, 7, 70, -1)), {})
@@ -158,6 +223,15 @@ def test_entry_points_of_the_stand_in_builds() -> None:
                              text=True, check=True).stdout  # fmt: skip
         rets = [int(m, 16) for m in re.findall(r"^\s*([0-9a-f]+):.*\sret\b", dis, re.M)]
         assert list(e.malloc_rets) == rets and rets
+        # the async backend's, in every shape: 2.1's takes an int device
+        am = symbols.MALLOC_ASYNC_INT_DEVICE if release == "2.1" else symbols.MALLOC_ASYNC
+        assert (e.async_malloc, e.async_free) == (nm[am], nm[symbols.FREE_ASYNC])
+        end = min(a for a in nm.values() if a > e.async_malloc)
+        dis = subprocess.run(["objdump", "-d", f"--start-address={e.async_malloc}",
+                              f"--stop-address={end}", str(lib)], capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+        rets = [int(m, 16) for m in re.findall(r"^\s*([0-9a-f]+):.*\sret\b", dis, re.M)]
+        assert list(e.async_rets) == rets and rets
     with pytest.raises(symbols.SymbolsMissing, match=r"no NativeCachingAllocator::malloc/free "
                        r"in \.symtab"):  # fmt: skip
         symbols.find(str(st.LIB_UNKNOWN))
