@@ -80,8 +80,12 @@ class Elf:
 
 def open_ro(path: str, nofollow: bool = False) -> int:
     """A read-only descriptor on `path` (O_NOFOLLOW: where the name is a mapping's
-    resolved file, a link there is not the file mapped); OSError as open raises it."""
-    return os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NOFOLLOW if nofollow else 0))
+    resolved file, a link there is not the file mapped); OSError as open raises it.
+    O_NONBLOCK: a traced process can put a FIFO where a library is looked for (a
+    file it opens named libcuda.so.1), whose blocking open waits for a writer
+    forever; it is opened at once and refused as not a regular file."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+    return os.open(path, flags | (os.O_NOFOLLOW if nofollow else 0))
 
 
 def read(path: str, symbols: bool = True, *, fd: int | None = None,
@@ -99,6 +103,8 @@ def read(path: str, symbols: bool = True, *, fd: int | None = None,
             raise ElfError(f"{path}: file of {st.st_size} bytes, over the "
                            f"{MAX_FILE_BYTES >> 20} MiB bound (not parsed)")
         data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except ElfError:
+        raise
     except (OSError, ValueError) as e:
         raise ElfError(f"{path}: {e}") from None
     finally:

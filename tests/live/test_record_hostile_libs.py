@@ -160,3 +160,36 @@ def test_hostile_libraries_cost_bounded_memory_and_time(tmp_path: Path) -> None:
     assert "over the bound of 65536 bytes" in skipped, skipped
     assert {"module": str(rows), "reason": skipped} in api["unwind"]["skipped"]
     assert "helpers_left" not in t.manifest
+
+
+FIFO_PROGRAM = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK)  # no writer: never one
+print("OPENED", flush=True)
+"""
+
+
+def test_a_fifo_named_libcuda_does_not_hold_the_recorder(tmp_path: Path) -> None:
+    """A traced process opens a FIFO named libcuda.so.1 (read-only: no writer). The
+    recorder attaches to the libcuda a process opens; a blocking open of that FIFO
+    for reading would wait for a writer forever (SIGINT and SIGTERM retry it), with
+    the process stopped for the attach. The recorder must refuse it at once, finish
+    the trace, and say why in the manifest."""
+    fifo = tmp_path / "lib" / "libcuda.so.1"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    out = tmp_path / "trace"
+    rec = RecorderProc(record_cmd(out, "--", sys.executable, "-c", FIFO_PROGRAM, str(fifo)))
+    try:
+        rec.wait_ready()
+        rc = rec.wait(timeout=MAX_RUN_S)
+    finally:
+        if rec.proc.poll() is None:
+            rec.proc.kill()
+            rec.proc.wait()
+    assert rc == 0, "".join(rec.stderr)
+    assert rec.proc.stdout is not None and rec.proc.stdout.read() == "OPENED\n"
+    t = open_trace(out)
+    assert t.manifest["status"] == "complete"
+    assert {"name": f"uprobe:*@{fifo}", "reason": f"{fifo}: not a regular file"} in (
+        t.manifest["hooks"]["skipped"])

@@ -369,3 +369,21 @@ def test_an_interpreter_name_that_is_a_fifo_is_not_waited_on(tmp_path: Path) -> 
                        env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert r.stdout == "not a regular file\n", r.stderr
     assert process.MAX_INTERPRETER_BYTES < CHILD_AS
+
+
+def test_a_fifo_where_a_library_is_looked_for_is_not_waited_on(tmp_path: Path) -> None:
+    """The libcuda attach, the symbolizer and the unwind cache open a name a traced
+    process chose; a FIFO there (no writer) is refused at once, never waited on."""
+    fifo = tmp_path / "libcuda.so.1"
+    os.mkfifo(fifo)
+    code = ("import sys; from gputrace.record import elf\n"
+            "from gputrace.record.unwind import cache, cfi\n"
+            "for nofollow in (False, True):\n"
+            "    try:\n        elf.read(sys.argv[1], nofollow=nofollow)\n"
+            "    except elf.ElfError as e:\n        print(e)\n"
+            "try:\n    cache.compile_cached(sys.argv[1], 1000, None)\n"
+            "except cfi.CfiError as e:\n    print(e)\n")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True,
+                       text=True, timeout=MAX_S, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert r.stdout == f"{fifo}: not a regular file\n" * 3, r.stderr
