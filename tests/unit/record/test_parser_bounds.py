@@ -387,3 +387,51 @@ def test_a_fifo_where_a_library_is_looked_for_is_not_waited_on(tmp_path: Path) -
                        text=True, timeout=MAX_S, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert r.stdout == f"{fifo}: not a regular file\n" * 3, r.stderr
+
+
+TRUNCATE = """
+import os, subprocess, sys, time
+from gputrace.record import elf
+path = sys.argv[1]
+real = elf._parse
+
+def parse_once_cut(p, d, symbols):
+    # the traced process cuts its file short while the recorder parses it
+    t = subprocess.Popen([sys.executable, "-c",
+                          "import os, sys; os.truncate(sys.argv[1], 4096)", path])
+    while t.poll() is None:  # it has cut, or it waits in truncate(2) (syscall 76)
+        try:
+            if open(f"/proc/{t.pid}/syscall").read().startswith("76 "):
+                break
+        except OSError:
+            pass
+        time.sleep(0.001)
+    out = real(p, d, symbols)
+    print("cut before the end of the parse:", t.poll() is not None, flush=True)
+    return out
+
+elf._parse = parse_once_cut
+e = elf.read(path)
+print("parsed", len(e.names), flush=True)
+"""
+
+
+def test_a_library_cut_short_under_the_parse_does_not_end_the_recorder(
+        tmp_path: Path) -> None:
+    """The symbolizer and the libcuda attach parse a traced process's file through a
+    mapping; the process truncating it meanwhile made the next page read SIGBUS, which
+    ends the (root) recorder. With the parse's read lease the truncate waits."""
+    lib = hostile_elf.symbol_bomb(tmp_path / "libcut.so", symbols=1000, strtab=4 << 20)
+    r = subprocess.run([sys.executable, "-c", TRUNCATE, str(lib)], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])  # -7: SIGBUS
+    assert r.stdout == "cut before the end of the parse: False\nparsed 1000\n"
+    assert lib.stat().st_size == 4096  # then it was cut, once the parse let go
+
+
+def test_a_library_open_for_writing_is_not_parsed(tmp_path: Path) -> None:
+    lib = hostile_elf.symbol_bomb(tmp_path / "libopen.so", symbols=10, strtab=4096)
+    with lib.open("r+b"), pytest.raises(elf.ElfError, match=r"open for writing by a process"):
+        elf.read(str(lib))
+    assert len(elf.read(str(lib)).names) == 10
