@@ -15,6 +15,7 @@ import re
 import stat as statmod
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -36,9 +37,7 @@ is 5-30 MB (a debug build with symbols under 100 MB). A traced process may map a
 under an interpreter's name: a sparse 8 GiB one was read whole into the recorder."""
 MAX_NAME_HITS = 64
 """Places one wanted name is looked for in a string table (an honest one holds it once)."""
-SYM_SIZE = 24
-_SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
-                 ("value", "<u8"), ("size", "<u8")])
+SYM_SIZE = 24  # Elf64_Sym: st_name u32 @0, st_shndx u16 @6, st_value u64 @8
 
 
 class Memory:
@@ -121,17 +120,24 @@ def elf_objects(path: str) -> tuple[int, list[tuple[int, int]], dict[bytes, int]
         n = min(sh[5], len(d) - sh[4]) // sh[9] if sh[4] < len(d) else 0
         if n <= 0:
             continue
-        ent = np.frombuffer(d, np.uint8, n * sh[9], sh[4]).reshape(n, sh[9])[:, :SYM_SIZE]
-        syms = np.ascontiguousarray(ent).view(_SYM).ravel()
-        live = (syms["shndx"] != 0) & (syms["value"] != 0)
+        ent = np.frombuffer(d, np.uint8, n * sh[9], sh[4]).reshape(n, sh[9])
+        names, values = _field(ent, 0, "<u4"), _field(ent, 8, "<u8")
+        live = (_field(ent, 6, "<u2") != 0) & (values != 0)
         for want in _WANT:
             at = _name_offsets(d, want, s_off, s_end)
             if not at or want in found:
                 continue
-            hit = np.flatnonzero(live & np.isin(syms["name"], at))
+            hit = np.flatnonzero(live & np.isin(names, at))
             if len(hit):
-                found[want] = int(syms["value"][hit[0]])
+                found[want] = int(values[hit[0]])
     return e_type, loads, found
+
+
+def _field(ent: np.ndarray[Any, np.dtype[Any]], at: int,
+           kind: str) -> np.ndarray[Any, np.dtype[Any]]:
+    """One field of every symbol entry (rows of `ent`), `kind` bytes at offset `at`."""
+    size = np.dtype(kind).itemsize
+    return np.ascontiguousarray(ent[:, at : at + size]).view(kind).ravel()
 
 
 def _name_offsets(d: bytes, name: bytes, start: int, end: int) -> list[int]:
