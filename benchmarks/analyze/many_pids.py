@@ -1,6 +1,7 @@
 """`gputrace analyze --only leaks` (terminal report) on a trace of very many short processes.
 
     python benchmarks/analyze/many_pids.py OUT --pids 1_000_000   # builds, then times
+    python benchmarks/analyze/many_pids.py OUT --pids 1_000_000 --only all --reuse
 
 Each process makes `--allocs` cuMemAlloc_v2 calls 2 s apart (1 MiB each, never
 freed) and a `processes` row (it exits at the end): one growth series and one
@@ -57,7 +58,8 @@ import contextlib, os, resource, sys, time
 from gputrace.cli import main
 t0, c0 = time.perf_counter(), time.process_time()
 with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
-    rc = main(["analyze", sys.argv[1], "--only", "leaks"])
+    rc = main(["analyze", sys.argv[1], *(["--only", sys.argv[2]] if sys.argv[2] != "all"
+                                          else [])])
 ru = resource.getrusage(resource.RUSAGE_SELF)
 print(f"rc={rc} wall_s={time.perf_counter() - t0:.1f} cpu_s={time.process_time() - c0:.1f} "
       f"peak_MiB={ru.ru_maxrss / 1024:.0f}")
@@ -69,12 +71,15 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--pids", type=lambda s: int(s.replace("_", "")), default=1_000_000)
     ap.add_argument("--allocs", type=int, default=4)
+    ap.add_argument("--only", default="leaks", help="the report to time; all: every one")
+    ap.add_argument("--reuse", action="store_true", help="time the trace OUT already holds")
     a = ap.parse_args()
-    t = time.perf_counter()
-    build(a.out, a.pids, a.allocs)
-    print(f"built {a.pids} processes x {a.allocs} allocations in "
-          f"{time.perf_counter() - t:.1f} s", flush=True)
-    subprocess.run([sys.executable, "-c", CHILD, a.out], check=True)
+    if not a.reuse:
+        t = time.perf_counter()
+        build(a.out, a.pids, a.allocs)
+        print(f"built {a.pids} processes x {a.allocs} allocations in "
+              f"{time.perf_counter() - t:.1f} s", flush=True)
+    subprocess.run([sys.executable, "-c", CHILD, a.out, a.only], check=True)
 
 
 if __name__ == "__main__":

@@ -270,5 +270,8 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"// cflags: -DGT_TORCH_STACKS={torch_layer.STACKS[torch_stacks]}")
             raise typer.Exit(0)
         from gputrace.live import LiveOptions, run
+        from gputrace.record import reap
 
-        raise typer.Exit(run(Recorder(opts), LiveOptions(live, metrics, alert or [], on_alert)))
+        rc = run(Recorder(opts), LiveOptions(live, metrics, alert or [], on_alert))
+        reap.exit_if_left(rc)  # a helper the kernel holds would hold the exit too
+        raise typer.Exit(rc)

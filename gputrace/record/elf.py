@@ -13,6 +13,8 @@ fstat of that descriptor) are the same file."""
 from __future__ import annotations
 
 import bisect
+import errno
+import fcntl
 import mmap
 import os
 import stat
@@ -80,8 +82,12 @@ class Elf:
 
 def open_ro(path: str, nofollow: bool = False) -> int:
     """A read-only descriptor on `path` (O_NOFOLLOW: where the name is a mapping's
-    resolved file, a link there is not the file mapped); OSError as open raises it."""
-    return os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NOFOLLOW if nofollow else 0))
+    resolved file, a link there is not the file mapped); OSError as open raises it.
+    O_NONBLOCK: a traced process can put a FIFO where a library is looked for (a
+    file it opens named libcuda.so.1), whose blocking open waits for a writer
+    forever; it is opened at once and refused as not a regular file."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+    return os.open(path, flags | (os.O_NOFOLLOW if nofollow else 0))
 
 
 def read(path: str, symbols: bool = True, *, fd: int | None = None,
@@ -98,7 +104,10 @@ def read(path: str, symbols: bool = True, *, fd: int | None = None,
         if st.st_size > MAX_FILE_BYTES:
             raise ElfError(f"{path}: file of {st.st_size} bytes, over the "
                            f"{MAX_FILE_BYTES >> 20} MiB bound (not parsed)")
+        _hold(fd, path)
         data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except ElfError:
+        raise
     except (OSError, ValueError) as e:
         raise ElfError(f"{path}: {e}") from None
     finally:
@@ -112,6 +121,25 @@ def read(path: str, symbols: bool = True, *, fd: int | None = None,
         raise ElfError(f"{path}: truncated or malformed ELF ({e})") from None
     finally:
         data.close()
+
+
+def _hold(fd: int, path: str) -> None:
+    """Keep the file whole while it is parsed through a mapping: a page past a
+    shortened end is SIGBUS, which ends the process (the root recorder, its trace
+    left `recording`), and the file is a traced process's to truncate. A read lease
+    makes every open for writing and every truncate of it wait until the parse is
+    done (at most the kernel's lease-break-time, 45 s by default); a file already open
+    for writing gets none and is refused. Where leases are not to be had (a
+    filesystem without them, a recorder without CAP_LEASE) the file is parsed as it is."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except OSError as e:
+        if e.errno == errno.EAGAIN:
+            raise ElfError(f"{path}: open for writing by a process (not parsed: it could be "
+                           "cut short under the parse)") from None
+        return
+    # the lease's break signal (SIGIO, whose default ends the process) goes nowhere
+    fcntl.fcntl(fd, fcntl.F_SETOWN, 0)
 
 
 def _parse(path: str, d: mmap.mmap, symbols: bool) -> Elf:

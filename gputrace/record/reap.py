@@ -22,6 +22,7 @@ STATES = {"D": "asleep uninterruptibly", "T": "stopped", "t": "stopped by a trac
           "R": "running", "S": "asleep", "Z": "ended, not reaped"}
 LEFT: list[dict[str, Any]] = []
 _LOCK = threading.Lock()
+_EVER = [0]  # helpers left to the kernel in this process's life
 
 
 def state(pid: int) -> str | None:
@@ -64,6 +65,7 @@ def end(what: str, pid: int, kill: Callable[[], None],
             "why": f"{STATES.get(st, 'state ' + st)} after SIGKILL and {REAP_WAIT_S:g} s"}
     with _LOCK:
         LEFT.append(note)
+        _EVER[0] += 1
     print(f"gputrace: warning: the {what} (pid {pid}) could not be ended: {note['why']}; "
           "it is left to the kernel (it holds no part of the trace)", file=sys.stderr,
           flush=True)
@@ -76,3 +78,22 @@ def take_left() -> list[dict[str, Any]]:
         out = list(LEFT)
         LEFT.clear()
     return out
+
+
+def exit_if_left(rc: int) -> None:
+    """Exit now with `rc` when a helper was left to the kernel: the interpreter's own
+    exit would wait for it (the compile worker's process pool joins its worker at
+    exit, forever for one asleep uninterruptibly, and the recorder never ended). Called
+    once the trace is closed and everything said; nothing else of the exit is needed."""
+    if not _EVER[0]:
+        return
+    with contextlib.suppress(Exception):
+        # multiprocessing's own clean-up of the pool's semaphores (else its resource
+        # tracker unlinks them and warns of a leak on our stderr)
+        from multiprocessing import util
+
+        getattr(util, "_run_finalizers", lambda _priority: None)(0)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(rc)

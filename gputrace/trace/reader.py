@@ -36,8 +36,14 @@ through a libcuda of its own); the trace keeps them verbatim (uint64) and the
 analyses count a larger one as 0 bytes, with a warning (`trace_warnings`)."""
 
 CHOSEN_SIZES = {"cuda_calls": ("size_bytes",), "ioctls": ("size_bytes", "va_length"),
-                "mappings": ("length",)}
-"""The size columns whose values a traced process passes (what allocation lifetimes read)."""
+                "mappings": ("length",),
+                "allocator_events": ("size_bytes", "device_free_bytes"),
+                "allocator_segments": ("total_size_bytes", "allocated_size_bytes",
+                                       "active_size_bytes", "requested_size_bytes"),
+                "allocator_blocks": ("size_bytes", "requested_size_bytes")}
+"""The size columns whose values a traced process passes (what allocation lifetimes read;
+the caching allocator's, read from its memory by the torch_allocator layer or a snapshot
+someone wrote, which the allocator analyses add up as signed integers)."""
 
 
 class ManifestFacts:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from gputrace.record import reap
 from gputrace.trace.reader import open_trace
 from tests import hostile_elf
 from tests.record_helpers import RecorderProc, live_skip_reason, record_cmd
@@ -160,3 +161,124 @@ def test_hostile_libraries_cost_bounded_memory_and_time(tmp_path: Path) -> None:
     assert "over the bound of 65536 bytes" in skipped, skipped
     assert {"module": str(rows), "reason": skipped} in api["unwind"]["skipped"]
     assert "helpers_left" not in t.manifest
+
+
+FIFO_PROGRAM = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK)  # no writer: never one
+print("OPENED", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_fifo_named_libcuda_does_not_hold_the_recorder(tmp_path: Path) -> None:
+    """A traced process opens a FIFO named libcuda.so.1 (read-only: no writer). The
+    recorder attaches to the libcuda a process opens; a blocking open of that FIFO
+    for reading would wait for a writer forever (SIGINT and SIGTERM retry it), with
+    the process stopped for the attach. The recorder must refuse it at once, finish
+    the trace, and say why in the manifest."""
+    fifo = tmp_path / "lib" / "libcuda.so.1"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    out = tmp_path / "trace"
+    rec = RecorderProc(record_cmd(out, "--", sys.executable, "-c", FIFO_PROGRAM, str(fifo)),
+                       stdin=subprocess.PIPE)  # fmt: skip
+    skip = {"name": f"uprobe:*@{fifo}", "reason": f"{fifo}: not a regular file"}
+    assert rec.proc.stdin is not None and rec.proc.stdout is not None
+    try:
+        rec.wait_ready()
+        assert rec.proc.stdout.readline() == "OPENED\n"
+        deadline = time.monotonic() + MAX_RUN_S
+        while skip not in hooks_skipped(out):  # the recorder looked at it and went on
+            assert time.monotonic() < deadline, "".join(rec.stderr)
+            time.sleep(0.1)  # polling a file with a deadline
+        rec.proc.stdin.write("\n")
+        rec.proc.stdin.flush()
+        rc = rec.wait(timeout=MAX_RUN_S)
+    finally:
+        if rec.proc.poll() is None:
+            rec.proc.kill()
+            rec.proc.wait()
+    assert rc == 0, "".join(rec.stderr)
+    t = open_trace(out)
+    assert t.manifest["status"] == "complete"
+    assert skip in t.manifest["hooks"]["skipped"]
+
+
+def hooks_skipped(trace: Path) -> list[dict[str, str]]:
+    """The manifest's hooks.skipped as last written (empty while none is readable)."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return list(json.loads((trace / "manifest.json").read_text())["hooks"]["skipped"])
+    return []
+
+
+FUSE_PROGRAM = """
+import ctypes, mmap, os, sys
+real, lib = sys.argv[1:3]
+cuda = ctypes.CDLL(real)
+dev, ctx = ctypes.c_int(0), ctypes.c_void_p(0)
+assert not (cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(dev), 0)
+            or cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev))
+f = open(lib, "rb")
+m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE,
+              prot=mmap.PROT_READ | mmap.PROT_EXEC)
+ptr = ctypes.c_ulonglong(0)
+assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(1 << 20)) == 0
+print("MAPPED", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_compile_worker_stuck_in_a_hostile_close_is_named_in_the_manifest(
+        tmp_path: Path) -> None:
+    """A traced process maps a library of its own FUSE filesystem whose server never
+    answers the compile worker's FLUSH: the worker's close of it sleeps
+    uninterruptibly (beyond SIGKILL). The recording still ends at once, complete, and
+    its manifest and stderr name the worker left to the kernel, its pid and state D."""
+    from tests.standin import standin
+    from tests.standin_cuda.standin_cuda import build
+
+    if (why := standin.skip_reason()) is not None:
+        pytest.skip(why)
+    honest = hostile_elf.honest(tmp_path / "libhonest.so", functions=10)
+    out = tmp_path / "trace"
+    # the worker is a multiprocessing child: its command line holds spawn_main
+    with standin.noflush_mount(tmp_path, content=honest, hang="spawn_main") as hostile:
+        w = subprocess.Popen([sys.executable, "-c", FUSE_PROGRAM, str(build().libcuda),
+                              str(hostile.file)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert w.stdin is not None and w.stdout is not None
+        rec = RecorderProc(record_cmd(out, "--no-cache", "-p", str(w.pid)))
+        try:
+            rec.wait_ready()
+            assert w.stdout.readline() == "MAPPED\n"
+            deadline = time.monotonic() + MAX_RUN_S
+            while not hostile.hung_pids():  # the worker read the library, then closed it
+                assert time.monotonic() < deadline, hostile.log.read_text()
+                time.sleep(0.05)  # polling a log with a deadline
+            hung = sorted(set(hostile.hung_pids()))  # the worker's close of the library
+            assert len(hung) == 1, {p: Path(f"/proc/{p}/cmdline").read_bytes()[:100]
+                                    for p in hung}  # fmt: skip
+            worker = hung[0]
+            t0 = time.monotonic()
+            rec.proc.send_signal(signal.SIGINT)
+            rc = rec.wait(timeout=MAX_RUN_S)
+            took = time.monotonic() - t0
+            stuck = reap.held_state(worker)  # while the hostile server still runs
+        finally:
+            w.kill()
+            w.wait()
+            if rec.proc.poll() is None:
+                rec.proc.kill()
+    rec.proc.wait()
+    assert rc == 0, "".join(rec.stderr)
+    assert worker != rec.proc.pid and stuck == "D", stuck
+    assert took < MAX_RUN_S
+    m = open_trace(out).manifest
+    assert m["status"] == "complete"
+    why = f"asleep uninterruptibly after SIGKILL and {reap.REAP_WAIT_S:g} s"
+    assert m["helpers_left"] == [{"helper": "unwind compile worker", "pid": worker,
+                                  "state": "D", "why": why}]  # fmt: skip
+    assert (f"gputrace: warning: the unwind compile worker (pid {worker}) could not be "
+            f"ended: {why}; it is left to the kernel (it holds no part of the trace)\n"
+            in rec.stderr), rec.stderr

@@ -196,16 +196,19 @@ class NoFlushMount:
 
 
 @contextlib.contextmanager
-def noflush_mount(tmp_path: Path) -> Iterator[NoFlushMount]:
-    """Mount the hostile noflushfs on tmp_path/"hostile"; on the way out its server
-    is killed (which aborts every FLUSH left hanging, so the stuck closes return)
-    and the mount detached."""
+def noflush_mount(tmp_path: Path, content: Path | None = None,
+                  hang: str | None = None) -> Iterator[NoFlushMount]:
+    """Mount the hostile noflushfs on tmp_path/"hostile" (its file holding `content`'s
+    bytes; with `hang`, only the FLUSH of processes whose command line holds it left
+    unanswered); on the way out its server is killed (which aborts every FLUSH left
+    hanging, so the stuck closes return) and the mount detached."""
     build("noflushfs")
     mnt = tmp_path / "hostile"
     mnt.mkdir(exist_ok=True)
     log = tmp_path / "noflushfs.log"
     with log.open("wb") as logf:
-        proc = subprocess.Popen([str(BUILD_DIR / "noflushfs"), str(mnt)],
+        extra = [] if content is None else [str(content), *([hang] if hang else [])]
+        proc = subprocess.Popen([str(BUILD_DIR / "noflushfs"), str(mnt), *extra],
                                 stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
     try:
         deadline = time.monotonic() + MOUNT_TIMEOUT_S

@@ -186,3 +186,64 @@ def test_kubelets_roots_can_be_named(monkeypatch: pytest.MonkeyPatch) -> None:
     assert from_cgroup(path) == Identity(CID, None, UID, "besteffort")
     assert identity.kube_roots() == ("/custom/kubepods",)
     assert from_cgroup(f"/kubepods/besteffort/pod{UID}/{CID}").pod_uid is None  # replaced
+
+
+def _cgroup2() -> Path | None:
+    """A writable cgroup v2 mount (root), else None."""
+    if os.geteuid() != 0:
+        return None
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _dev, mnt, kind, *_ = line.split()
+        if kind == "cgroup2" and os.access(mnt, os.W_OK):
+            return Path(mnt)
+    return None
+
+
+def test_a_real_delegated_subtree_copying_kubelets_layout_is_no_pod(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real cgroup tree: a process moved into `<a subtree>/kubepods/besteffort/pod<uid>/
+    <64 hex>` (what a user with a delegated subtree can make) reads, through
+    /proc/PID/cgroup, as no pod; the same under kubelet's root reads as that pod."""
+    import subprocess
+    import sys
+    import uuid
+
+    mnt = _cgroup2()
+    if mnt is None:
+        pytest.skip("needs root and a writable cgroup v2 mount")
+    tag = f"gputrace-test-{uuid.uuid4().hex[:8]}"
+    uid = str(uuid.uuid4())
+    cid = uuid.uuid4().hex + uuid.uuid4().hex
+    made: list[Path] = []
+
+    def tree(*parts: str) -> Path:
+        d = mnt
+        for part in parts:
+            d = d / part
+            if not d.exists():
+                d.mkdir()
+                made.append(d)
+        return d
+
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                         stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        got = {}
+        for where, parts in (("delegated", (tag, "user", "kubepods", "besteffort")),
+                             ("kubelet", (tag, "kubepods", "besteffort"))):
+            leaf = tree(*parts, f"pod{uid}", cid)
+            (leaf / "cgroup.procs").write_text(str(p.pid))
+            text = Path(f"/proc/{p.pid}/cgroup").read_text()
+            assert f"/pod{uid}/{cid}" in text
+            got[where] = from_proc_cgroup(text)
+        assert got["delegated"].pod_uid is None and got["delegated"].qos_class is None
+        # kubelet's root is /kubepods: the test's own is named as a node would name it
+        monkeypatch.setenv(identity.KUBE_ROOTS_ENV, f"/{tag}/kubepods")
+        again = from_proc_cgroup(Path(f"/proc/{p.pid}/cgroup").read_text())
+        assert (again.pod_uid, again.qos_class) == (uid, "besteffort")
+    finally:
+        (mnt / "cgroup.procs").write_text(str(p.pid))  # back to the root, then gone
+        p.kill()
+        p.wait()
+        for d in reversed(made):
+            d.rmdir()

@@ -19,6 +19,7 @@ import polars as pl
 
 from gputrace import schema
 from gputrace.analyses.helpers.sites import SiteFilter
+from gputrace.trace.reader import CHOSEN_SIZES, SIZE_LIMIT
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,9 @@ def inputs_from_trace(trace: Any, allocator_source: str | None = None) -> Inputs
             f"the trace holds the caching allocator twice (recorded live by the "
             f"torch_allocator layer and an imported snapshot): the allocator reports read "
             f"the {pick} rows; the {other} rows are not counted")
+    for name, cols in CHOSEN_SIZES.items():
+        if name.startswith("allocator_"):  # the API and driver sizes: helpers/lifetimes.py
+            tables[name] = tables[name].with_columns(_possible(c) for c in cols)
     start, end = m.get("start_ts_ns"), m.get("end_ts_ns")
     if isinstance(start, int) and isinstance(end, int) and end < start:
         problems.append(f"the manifest's end_ts_ns ({end}) is before its start_ts_ns "
@@ -147,6 +151,14 @@ def inputs_from_trace(trace: Any, allocator_source: str | None = None) -> Inputs
         problems=tuple(problems),
         ioctl_commands=_ioctl_commands(trace),
     )
+
+
+def _possible(col: str) -> pl.Expr:
+    """`col` with a size past SIZE_LIMIT (a traced process's, or a forged trace's) as 0
+    bytes, as the API layer's: one past 2^63 made every allocator analysis fail its
+    signed sums ("u64 to i64 failed"); trace_warnings says how many and the largest."""
+    c = pl.col(col)
+    return pl.when(c > SIZE_LIMIT).then(pl.lit(0, pl.UInt64)).otherwise(c).alias(col)
 
 
 def _ioctl_commands(trace: Any) -> pl.DataFrame | None:

@@ -12,9 +12,14 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat as statmod
 import struct
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
+
+from gputrace.record import elf
 from gputrace.record.python_stacks import layouts
 from gputrace.record.python_stacks.layouts import Layout, LayoutError
 
@@ -26,6 +31,13 @@ SHT_SYMTAB, SHT_DYNSYM = 2, 11
 PT_LOAD = 1
 ET_EXEC = 2
 GLIBC_TID_SPAN = 2048  # bytes of glibc's struct pthread searched for the tid field
+MAX_INTERPRETER_BYTES = 256 << 20
+"""The largest interpreter file read (whole, as root): a CPython executable or libpython
+is 5-30 MB (a debug build with symbols under 100 MB). A traced process may map any file
+under an interpreter's name: a sparse 8 GiB one was read whole into the recorder."""
+MAX_NAME_HITS = 64
+"""Places one wanted name is looked for in a string table (an honest one holds it once)."""
+SYM_SIZE = 24  # Elf64_Sym: st_name u32 @0, st_shndx u16 @6, st_value u64 @8
 
 
 class Memory:
@@ -66,9 +78,27 @@ class PyProcess:
 
 
 def elf_objects(path: str) -> tuple[int, list[tuple[int, int]], dict[bytes, int]]:
-    """(e_type, PT_LOAD (offset, vaddr) pairs, {name: vaddr}) of the symbols in _WANT."""
-    with open(path, "rb") as f:
-        d = f.read()
+    """(e_type, PT_LOAD (offset, vaddr) pairs, {name: vaddr}) of the symbols in _WANT.
+
+    The file is whatever a traced process maps under an interpreter's name, read as
+    root, so the read is bounded whatever it holds (docs/security.md, "Files a traced
+    process chooses"): opened without following a link or blocking (a FIFO is not
+    waited on), a regular file of at most MAX_INTERPRETER_BYTES, at most
+    elf.MAX_SYMBOLS entries, and each wanted name found in the string tables (its
+    offsets) then matched against the entries at once: no name is sliced to its NUL.
+    ValueError (or OSError) says why a file is not one."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not statmod.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > MAX_INTERPRETER_BYTES:
+            raise ValueError(f"file of {st.st_size} bytes, over the "
+                             f"{MAX_INTERPRETER_BYTES >> 20} MiB bound")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            d = f.read(st.st_size)  # its size then: grown since, the rest is not read
+    finally:
+        os.close(fd)
     if d[:4] != b"\x7fELF" or d[4] != 2 or d[5] != 1:
         raise ValueError("not a 64-bit little-endian ELF file")
     (e_type,) = struct.unpack_from("<H", d, 16)
@@ -80,20 +110,46 @@ def elf_objects(path: str) -> tuple[int, list[tuple[int, int]], dict[bytes, int]
         if p_type == PT_LOAD:
             loads.append((p_offset, p_vaddr))
     sections = [struct.unpack_from("<IIQQQQIIQQ", d, shoff + i * shentsize) for i in range(shnum)]
+    tables = [sh for sh in sections if sh[1] in (SHT_DYNSYM, SHT_SYMTAB) and sh[9] >= SYM_SIZE]
+    if sum(sh[5] // sh[9] for sh in tables) > elf.MAX_SYMBOLS:
+        raise ValueError(f"over {elf.MAX_SYMBOLS} symbol entries")
     found: dict[bytes, int] = {}
-    for sh in sections:
-        if sh[1] not in (SHT_DYNSYM, SHT_SYMTAB) or sh[9] == 0:
+    for sh in tables:
+        strtab = sections[sh[6]]
+        s_off, s_end = strtab[4], min(strtab[4] + strtab[5], len(d))
+        n = min(sh[5], len(d) - sh[4]) // sh[9] if sh[4] < len(d) else 0
+        if n <= 0:
             continue
-        str_off = sections[sh[6]][4]
-        for j in range(sh[5] // sh[9]):
-            st_name, _i, _o, st_shndx, st_value = struct.unpack_from("<IBBHQ", d, sh[4] + j * sh[9])
-            if st_shndx == 0 or st_value == 0:
+        ent = np.frombuffer(d, np.uint8, n * sh[9], sh[4]).reshape(n, sh[9])
+        names, values = _field(ent, 0, "<u4"), _field(ent, 8, "<u8")
+        live = (_field(ent, 6, "<u2") != 0) & (values != 0)
+        for want in _WANT:
+            at = _name_offsets(d, want, s_off, s_end)
+            if not at or want in found:
                 continue
-            start = str_off + st_name
-            name = d[start : d.find(b"\0", start)]
-            if name in _WANT:
-                found.setdefault(name, st_value)
+            hit = np.flatnonzero(live & np.isin(names, at))
+            if len(hit):
+                found[want] = int(values[hit[0]])
     return e_type, loads, found
+
+
+def _field(ent: np.ndarray[Any, np.dtype[Any]], at: int,
+           kind: str) -> np.ndarray[Any, np.dtype[Any]]:
+    """One field of every symbol entry (rows of `ent`), `kind` bytes at offset `at`."""
+    size = np.dtype(kind).itemsize
+    return np.ascontiguousarray(ent[:, at : at + size]).view(kind).ravel()
+
+
+def _name_offsets(d: bytes, name: bytes, start: int, end: int) -> list[int]:
+    """Offsets (from `start`) in the string table d[start:end] at which `name` is a
+    whole NUL-terminated string (or the tail of a longer one: names are tail-merged)."""
+    out: list[int] = []
+    needle = name + b"\0"
+    at = d.find(needle, start, end)
+    while at >= 0 and len(out) < MAX_NAME_HITS:
+        out.append(at - start)
+        at = d.find(needle, at + 1, end)
+    return out
 
 
 def _mappings(pid: int) -> list[tuple[int, int, str]]:
@@ -170,7 +226,7 @@ def find(pid: int) -> PyProcess:
     for path in cands:
         try:
             e_type, loads, syms = elf_objects(f"/proc/{pid}/root{path}")
-        except (OSError, ValueError, struct.error):
+        except (OSError, ValueError, IndexError, struct.error):
             continue
         if b"_PyRuntime" not in syms:
             continue

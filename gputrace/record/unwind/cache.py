@@ -88,8 +88,9 @@ def compile_cached(path: str, max_rows: int, d: Path | None) -> cfi.UnwindTable:
     """`cfi.compile_file(path, max_rows)`, from the cache directory `d` (`cache_dir()`,
     decided once by the recorder; None: no cache) when it holds the file."""
     try:
-        # O_NOFOLLOW: the name is a mapping's resolved file (a link there is not it)
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        # O_NOFOLLOW: the name is a mapping's resolved file (a link there is not it);
+        # O_NONBLOCK: a FIFO put at that name is not waited on (refused below)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
         raise cfi.CfiError(f"{path}: unreadable ({e.strerror})") from None
     try:

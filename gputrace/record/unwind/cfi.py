@@ -129,6 +129,24 @@ def worker_init(parent: int) -> None:
         os._exit(1)
     with contextlib.suppress(OSError, ValueError):  # a hostile library cannot take the host's
         resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
+    # none of the recorder's stdio: a worker left asleep in a hostile close (beyond
+    # SIGKILL) would hold the pipe the recorder's stderr goes to, whose reader (`| tee`,
+    # a test) then never sees it end; its failures come back through the pool
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+    # ...nor its end of the pipe to multiprocessing's resource tracker, which holds the
+    # recorder's stderr until every end is closed (the worker needs no tracker)
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    theirs = getattr(tracker, "_fd", None)
+    if isinstance(theirs, int):
+        with contextlib.suppress(OSError):
+            os.close(theirs)
+        setattr(tracker, "_fd", None)  # noqa: B010 (a private attribute)
 
 
 def warm() -> None:

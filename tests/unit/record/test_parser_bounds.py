@@ -272,3 +272,166 @@ def test_a_dead_worker_is_replaced(compiler: tables.Compiler, tmp_path: Path) ->
             assert time.monotonic() < deadline
     assert table.functions == 10
     assert worker_pid(compiler) != old and reap.state(old) is None
+
+
+# ------------------------------------------------------------------ Python interpreters
+FIND = """
+import json, sys
+from gputrace.record.python_stacks import process
+try:
+    process.find(int(sys.argv[1]))
+    got = {"found": True}
+except process.NotPython:
+    got = {"found": False}
+got["rss"] = int([ln for ln in open("/proc/self/status")
+                  if ln.startswith("VmHWM")][0].split()[1]) * 1024
+print(json.dumps(got))
+"""
+
+
+MAPPER = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int fd = open(argv[1], O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) || mmap(0, st.st_size, PROT_READ | PROT_EXEC, MAP_PRIVATE,
+                                         fd, 0) == MAP_FAILED)
+        return 1;
+    printf("mapped\n");
+    fflush(stdout);
+    char c;
+    while (read(0, &c, 1) > 0) {}
+    return 0;
+}
+"""
+
+
+def mapper(tmp_path: Path) -> Path:
+    """A C program that maps its argument executable (no CPython of its own)."""
+    src, exe = tmp_path / "mapper.c", tmp_path / "mapper"
+    src.write_text(MAPPER)
+    r = subprocess.run(["cc", "-O0", "-o", str(exe), str(src)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"no C compiler: {r.stderr[-200:]}")
+    return exe
+
+
+def sparse_interpreter(path: Path) -> Path:
+    """A well-formed ELF header followed by 8 GiB of holes (no disk)."""
+    hostile_elf.symbol_bomb(path, symbols=3, strtab=64)
+    with path.open("r+b") as f:
+        f.truncate(8 << 30)
+    return path
+
+
+@pytest.mark.parametrize("build", [
+    sparse_interpreter,  # was read whole: 8 GiB in the recorder
+    lambda p: hostile_elf.symbol_bomb(p, symbols=4000, strtab=8 << 20),  # 32 GiB sliced
+])  # fmt: skip
+def test_a_file_mapped_under_an_interpreters_name_is_read_within_bounds(
+        tmp_path: Path, build: object) -> None:
+    """A traced process maps a hostile file named like libpython: the recorder's search
+    for its CPython reads it within MAX_INTERPRETER_BYTES and compares names without
+    slicing them, in bounded memory and time, and finds no interpreter."""
+    from gputrace.record.python_stacks import process
+
+    lib = build(tmp_path / "libpython3.11.so.1.0")  # type: ignore[operator]
+    assert process.INTERPRETER_NAME.match(lib.name)
+    p = subprocess.Popen([str(mapper(tmp_path)), str(lib)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "mapped\n"
+        got = parse_in_child(FIND, str(p.pid))
+    finally:
+        p.kill()
+        p.wait()
+    assert got["found"] is False
+    assert int(got["rss"]) < MAX_RSS, got  # type: ignore[call-overload]
+    assert float(got["wall"]) < MAX_S, got  # type: ignore[arg-type]
+
+
+def test_an_interpreter_name_that_is_a_fifo_is_not_waited_on(tmp_path: Path) -> None:
+    """Between the maps read and the open, a process can put a FIFO at its mapping's
+    name: opening it for reading would wait for a writer forever."""
+    from gputrace.record.python_stacks import process
+
+    fifo = tmp_path / "libpython3.11.so"
+    os.mkfifo(fifo)
+    code = ("import sys; from gputrace.record.python_stacks import process\n"
+            "try:\n    process.elf_objects(sys.argv[1])\n"
+            "except ValueError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True,
+                       text=True, timeout=MAX_S, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert r.stdout == "not a regular file\n", r.stderr
+    assert process.MAX_INTERPRETER_BYTES < CHILD_AS
+
+
+def test_a_fifo_where_a_library_is_looked_for_is_not_waited_on(tmp_path: Path) -> None:
+    """The libcuda attach, the symbolizer and the unwind cache open a name a traced
+    process chose; a FIFO there (no writer) is refused at once, never waited on."""
+    fifo = tmp_path / "libcuda.so.1"
+    os.mkfifo(fifo)
+    code = ("import sys; from gputrace.record import elf\n"
+            "from gputrace.record.unwind import cache, cfi\n"
+            "for nofollow in (False, True):\n"
+            "    try:\n        elf.read(sys.argv[1], nofollow=nofollow)\n"
+            "    except elf.ElfError as e:\n        print(e)\n"
+            "try:\n    cache.compile_cached(sys.argv[1], 1000, None)\n"
+            "except cfi.CfiError as e:\n    print(e)\n")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True,
+                       text=True, timeout=MAX_S, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert r.stdout == f"{fifo}: not a regular file\n" * 3, r.stderr
+
+
+TRUNCATE = """
+import os, subprocess, sys, time
+from gputrace.record import elf
+path = sys.argv[1]
+real = elf._parse
+
+def parse_once_cut(p, d, symbols):
+    # the traced process cuts its file short while the recorder parses it
+    t = subprocess.Popen([sys.executable, "-c",
+                          "import os, sys; os.truncate(sys.argv[1], 4096)", path])
+    while t.poll() is None:  # it has cut, or it waits in truncate(2) (syscall 76)
+        try:
+            if open(f"/proc/{t.pid}/syscall").read().startswith("76 "):
+                break
+        except OSError:
+            pass
+        time.sleep(0.001)
+    out = real(p, d, symbols)
+    print("cut before the end of the parse:", t.poll() is not None, flush=True)
+    return out
+
+elf._parse = parse_once_cut
+e = elf.read(path)
+print("parsed", len(e.names), flush=True)
+"""
+
+
+def test_a_library_cut_short_under_the_parse_does_not_end_the_recorder(
+        tmp_path: Path) -> None:
+    """The symbolizer and the libcuda attach parse a traced process's file through a
+    mapping; the process truncating it meanwhile made the next page read SIGBUS, which
+    ends the (root) recorder. With the parse's read lease the truncate waits."""
+    lib = hostile_elf.symbol_bomb(tmp_path / "libcut.so", symbols=1000, strtab=4 << 20)
+    r = subprocess.run([sys.executable, "-c", TRUNCATE, str(lib)], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])  # -7: SIGBUS
+    assert r.stdout == "cut before the end of the parse: False\nparsed 1000\n"
+    assert lib.stat().st_size == 4096  # then it was cut, once the parse let go
+
+
+def test_a_library_open_for_writing_is_not_parsed(tmp_path: Path) -> None:
+    lib = hostile_elf.symbol_bomb(tmp_path / "libopen.so", symbols=10, strtab=4096)
+    with lib.open("r+b"), pytest.raises(elf.ElfError, match=r"open for writing by a process"):
+        elf.read(str(lib))
+    assert len(elf.read(str(lib)).names) == 10
