@@ -283,16 +283,23 @@ def stack_of(rows: AllocatorRows, frames: Any, where: str) -> int | None:
         return None
     if not isinstance(frames, list):
         raise SnapshotError(f"{where} is {type(frames).__name__}, not a list")
-    if len(frames) == 2 and frames[0] is _FRAME:
-        got: int | None = frames[1]
+    if len(frames) == 4 and frames[0] is _FRAME:
+        # converted: its id among these rows, or its frames for other rows (the
+        # streaming reader converts trace entries before the segments' rows exist)
+        got: int | None = frames[3] if frames[2] is rows else rows.stack_id(frames[1])
         return got
     try:  # frames PyTorch shares were converted when first seen
         key = tuple([f[_FRAME] for f in frames])
     except (KeyError, TypeError, IndexError):
         key = tuple(_frame(f, f"{where}[{i}]") for i, f in enumerate(frames))
     sid = rows.stack_id(key)
-    frames[:] = [_FRAME, sid]
+    frames[:] = converted(rows, key, sid)
     return sid
+
+
+def converted(rows: AllocatorRows, key: tuple[Frame, ...], sid: int | None) -> list[Any]:
+    """What a frames list becomes once read: its frames and its stack id in `rows`."""
+    return [_FRAME, key, rows, sid]
 
 
 def _pool_id(v: Any, where: str) -> str | None:
