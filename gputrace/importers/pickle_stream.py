@@ -44,6 +44,9 @@ class Fallback(GputraceError):
 class Sink:
     """Where chosen lists go. The base takes nothing: the reader builds everything."""
 
+    watch: tuple[str, ...] = ()
+    """Strings whose first memo slot the reader notes in `memo_watch`."""
+
     def new_list(self, reader: StreamReader) -> list[Any] | None:
         """A list standing for the EMPTY_LIST about to be pushed, or None for a plain
         list. The reader's stack tells where it is."""
@@ -87,7 +90,7 @@ class StreamReader:
         self.memo: list[Any] = []
         self.streamed: set[int] = set()
         """ids of the lists the sink stands behind"""
-        self.memo_watch: dict[str, int] = {}
+        self.memo_watch: dict[str, int] = dict.fromkeys(self.sink.watch, -1)
         """strings the sink asked to know the memo slot of (filled as they are stored)"""
         self.eof = False
 

@@ -64,12 +64,14 @@ FAST_KEYS = ("action", "addr", "size", "stream", "time_us", "compile_context",
 MAX_SHAPES = 16
 """Most entry patterns compiled (PyTorch writes one key order; oom entries differ)."""
 
+_F = rb"(?:\x95.{8})?"  # a FRAME opcode (a length hint, skipped) may precede any opcode
 _REF = rb"h.|j.{4}"
-_INT = (rb"(K.|M..|J.{4}|"
+_INT = (_F + rb"(K.|M..|J.{4}|"
         + b"|".join(b"\\x8a" + b"\\x%02x" % n + b".{%d}" % n for n in range(1, 10)) + b")")
-_TEXT = rb"(N|" + _REF + rb"|\x8c\x03N/A\x94|\x8c\x00\x94)"
-_FRAMES = rb"(N|" + _REF + rb"|\]\x94(?:\((?:" + _REF + rb"){2,1000}e|(?:" + _REF + rb")a)?)"
-_VALUE = {"action": b"(" + _REF + b")", "addr": _INT, "size": _INT, "stream": _INT,
+_TEXT = _F + rb"(N|" + _REF + rb"|\x8c\x03N/A" + _F + rb"\x94|\x8c\x00" + _F + rb"\x94)"
+_FRAMES = (_F + rb"(N|" + _REF + rb"|\]" + _F + rb"\x94(?:" + _F + rb"\((?:" + _F + _REF
+           + rb"){2,1000}" + _F + rb"e|" + _F + rb"(?:" + _REF + rb")" + _F + rb"a)?)")
+_VALUE = {"action": _F + b"(" + _REF + b")", "addr": _INT, "size": _INT, "stream": _INT,
           "time_us": _INT, "compile_context": _TEXT, "user_metadata": _TEXT,
           "frames": _FRAMES}
 _INLINE = {b"\x8c\x03N/A\x94": "N/A", b"\x8c\x00\x94": "", b"N": None, b"": None}
@@ -109,8 +111,8 @@ class _Shape:
 
     @classmethod
     def of(cls, keys: tuple[str, ...], slots: dict[str, int]) -> _Shape:
-        body = b"".join(re.escape(_ref_bytes(slots[k])) + _VALUE[k] for k in keys)
-        entry = rb"\}\x94\(" + body + b"u()"
+        body = b"".join(_F + re.escape(_ref_bytes(slots[k])) + _VALUE[k] for k in keys)
+        entry = _F + rb"\}" + _F + rb"\x94" + _F + rb"\(" + body + _F + b"u()"
         got = [keys.index(k) if k in keys else len(keys) for k in FAST_KEYS]
         order = tuple(sorted((FAST_KEYS.index(k) for k in keys if FAST_KEYS.index(k) >= 5),
                              key=lambda i: keys.index(FAST_KEYS[i])))
@@ -127,6 +129,8 @@ class _Trace(list[Any]):
 
 class SnapshotSink(Sink):
     """Streams `device_traces[i]` of the top-level dict into `self.rows`."""
+
+    watch = FAST_KEYS
 
     def __init__(self) -> None:
         self.rows = AllocatorRows()
@@ -340,7 +344,11 @@ class SnapshotSink(Sink):
         return got
 
     def _text(self, memo: list[Any], ref: bytes) -> Any:
-        """The string a reference names (a mark object, never a row's text, if none)."""
+        """The string a reference names, or an inline one with a FRAME inside (a mark
+        object, never a row's text, if none)."""
+        if ref[:1] == b"\x8c":
+            v = self.texts[ref] = ref[2:2 + ref[1]].decode()
+            return v
         i = _slot(ref)
         v = memo[i] if i < len(memo) else _SEEN
         if v is None or type(v) is str:
@@ -364,16 +372,18 @@ class SnapshotSink(Sink):
             if len(v) == 4 and v[0] is _FRAME and v[2] is rows:
                 self.stacks[fr] = (sid, None)
             return (sid, None)
-        body = fr[2:]
-        if body[:1] == b"(":
-            body = body[1:-1]
-        elif body:
-            body = body[:-1]
         key: list[Frame] = []
         pos = 0
-        while pos < len(body):
-            n = 2 if body[pos] == 0x68 else 5
-            i = _slot(body[pos:pos + n])
+        while pos < len(fr):  # the pattern matched: refs, FRAMEs and list opcodes
+            c = fr[pos]
+            if c == 0x95:
+                pos += 9
+                continue
+            if c != 0x68 and c != 0x6A:
+                pos += 1
+                continue
+            n = 2 if c == 0x68 else 5
+            i = _slot(fr[pos:pos + n])
             pos += n
             f = memo[i] if i < len(memo) else None
             try:
