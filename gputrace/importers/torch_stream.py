@@ -65,7 +65,7 @@ MAX_SHAPES = 16
 """Most entry patterns compiled (PyTorch writes one key order; oom entries differ)."""
 
 _F = rb"(?:\x95.{8})?"  # a FRAME opcode (a length hint, skipped) may precede any opcode
-_REF = rb"h.|j.{4}"
+_REF = rb"(?:h.|j.{4})"
 _INT = (_F + rb"(K.|M..|J.{4}|"
         + b"|".join(b"\\x8a" + b"\\x%02x" % n + b".{%d}" % n for n in range(1, 10)) + b")")
 _TEXT = _F + rb"(N|" + _REF + rb"|\x8c\x03N/A" + _F + rb"\x94|\x8c\x00" + _F + rb"\x94)"
