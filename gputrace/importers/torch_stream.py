@@ -25,7 +25,6 @@ carry provisional ids that `finish` renumbers once the segments are read.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
@@ -64,16 +63,17 @@ FAST_KEYS = ("action", "addr", "size", "stream", "time_us", "compile_context",
 MAX_SHAPES = 16
 """Most entry patterns compiled (PyTorch writes one key order; oom entries differ)."""
 
-_F = rb"(?:\x95.{8})?"  # a FRAME opcode (a length hint, skipped) may precede any opcode
+_F = rb"(?:\x95.{8})?+"  # a FRAME opcode (a length hint, skipped) may precede any opcode
 _REF = rb"(?:h.|j.{4})"
-_INT = (_F + rb"(K.|M..|J.{4}|"
-        + b"|".join(b"\\x8a" + b"\\x%02x" % n + b".{%d}" % n for n in range(1, 10)) + b")")
-_TEXT = _F + rb"(N|" + _REF + rb"|\x8c\x03N/A" + _F + rb"\x94|\x8c\x00" + _F + rb"\x94)"
-_FRAMES = (_F + rb"(N|" + _REF + rb"|\]" + _F + rb"\x94(?:" + _F + rb"\((?:" + _F + _REF
-           + rb"){2,1000}" + _F + rb"e|" + _F + rb"(?:" + _REF + rb")" + _F + rb"a)?)")
-_VALUE = {"action": _F + b"(" + _REF + b")", "addr": _INT, "size": _INT, "stream": _INT,
-          "time_us": _INT, "compile_context": _TEXT, "user_metadata": _TEXT,
-          "frames": _FRAMES}
+_INTS = (rb"K.|M..|J.{4}|"
+         + b"|".join(b"\\x8a" + b"\\x%02x" % n + b".{%d}" % n for n in range(1, 10)))
+_TEXTS = rb"N|" + _REF + rb"|\x8c\x03N/A" + _F + rb"\x94|\x8c\x00" + _F + rb"\x94"
+_LISTS = (rb"N|" + _REF + rb"|\]" + _F + rb"\x94(?:" + _F + rb"\((?:" + _F + _REF
+          + rb"){2,1000}+" + _F + rb"e|" + _F + _REF + _F + rb"a)?+")
+_VALUE = {"action": _REF, "addr": _INTS, "size": _INTS, "stream": _INTS, "time_us": _INTS,
+          "compile_context": _TEXTS, "user_metadata": _TEXTS, "frames": _LISTS}
+MAX_LENGTHS = 32
+"""Most frames-list lengths unrolled into an entry's quick pattern."""
 _INLINE = {b"\x8c\x03N/A\x94": "N/A", b"\x8c\x00\x94": "", b"N": None, b"": None}
 
 
@@ -98,26 +98,49 @@ def _num(b: bytes) -> int:
     return int.from_bytes(b[1:], "little", signed=True)
 
 
-@dataclass
+def _entry_pattern(keys: tuple[str, ...], slots: dict[str, int], frame: bytes,
+                   lists: bytes) -> bytes:
+    """An entry of these keys: `frame` before each opcode, `lists` for frames."""
+    value = {**_VALUE, "frames": lists}
+    body = b"".join(frame + re.escape(_ref_bytes(slots[k])) + frame + b"(" + value[k] + b")"
+                    for k in keys)
+    return frame + rb"\}" + frame + rb"\x94" + frame + rb"\(" + body + frame + b"u()"
+
+
 class _Shape:
-    """The pattern of an entry with these keys, in this order."""
+    """The patterns of an entry with these keys, in this order: `slow` takes FRAME
+    opcodes anywhere and any frames list of references; `fast` (a run of entries in
+    one pass) none, and frames lists of LONG_BINGETs of the lengths seen so far, each
+    unrolled (a repeated group costs the regular-expression engine ~0.5 us a turn)."""
 
-    keys: tuple[str, ...]
-    entry: re.Pattern[bytes]
-    run: re.Pattern[bytes]
-    canon: itemgetter[tuple[bytes, ...]]
-    memo_order: tuple[int, ...]
-    """FAST_KEYS positions whose value may store a memo slot, in the entry's order."""
+    def __init__(self, keys: tuple[str, ...], slots: dict[str, int]) -> None:
+        self.keys, self.slots = keys, slots
+        self.canon = itemgetter(*[keys.index(k) if k in keys else len(keys)
+                                  for k in FAST_KEYS])
+        self.memo_order = tuple(sorted(
+            (FAST_KEYS.index(k) for k in keys if FAST_KEYS.index(k) >= 5),
+            key=lambda i: keys.index(FAST_KEYS[i])))
+        """FAST_KEYS positions whose value may store a memo slot, in the entry's order."""
+        self.slow = re.compile(_entry_pattern(keys, slots, _F, _LISTS), re.S)
+        self.lengths: set[int] = set()
+        self.fast = self.run = self.slow
+        self._compile()
 
-    @classmethod
-    def of(cls, keys: tuple[str, ...], slots: dict[str, int]) -> _Shape:
-        body = b"".join(_F + re.escape(_ref_bytes(slots[k])) + _VALUE[k] for k in keys)
-        entry = _F + rb"\}" + _F + rb"\x94" + _F + rb"\(" + body + _F + b"u()"
-        got = [keys.index(k) if k in keys else len(keys) for k in FAST_KEYS]
-        order = tuple(sorted((FAST_KEYS.index(k) for k in keys if FAST_KEYS.index(k) >= 5),
-                             key=lambda i: keys.index(FAST_KEYS[i])))
-        return cls(keys, re.compile(entry, re.S), re.compile(b"(?:" + entry + b")+", re.S),
-                   itemgetter(*got), order)
+    def _compile(self) -> None:
+        unrolled = b"".join(rb"|\(" + rb"j.{4}" * k + b"e" for k in sorted(self.lengths))
+        lists = rb"N|" + _REF + rb"|\]\x94(?:" + _REF + b"a" + unrolled + b")?+"
+        fast = _entry_pattern(self.keys, self.slots, b"", lists)
+        self.fast = re.compile(fast, re.S)
+        self.run = re.compile(b"(?:" + fast + b")++", re.S)
+
+    def learn(self, frames: bytes) -> None:
+        """Unroll this frames list's length into `fast` if it is LONG_BINGETs only."""
+        k = (len(frames) - 4) // 5
+        if (len(self.lengths) < MAX_LENGTHS and frames[:3] == b"]\x94(" and k >= 2
+                and k not in self.lengths and len(frames) == 4 + 5 * k
+                and frames[3:-1:5] == b"j" * k):
+            self.lengths.add(k)
+            self._compile()
 
 
 class _Trace(list[Any]):
@@ -228,7 +251,7 @@ class SnapshotSink(Sink):
             return
         if not {"action", "addr", "size", "stream", "time_us"} <= set(keys):
             return
-        shape = _Shape.of(keys, slots)
+        shape = _Shape(keys, slots)
         self.shapes[keys] = shape
         self.order.append(shape)
 
@@ -245,24 +268,42 @@ class SnapshotSink(Sink):
             for shape in self.order:
                 m = shape.run.match(buf, pos)
                 if m is not None:
+                    if not self._run(reader, target, shape, shape.fast, buf, pos, m.end()):
+                        return reader.pos
                     break
-            else:
-                return pos
-            found = shape.entry.findall(buf, pos, m.end())
-            n = 0
-            while n < len(found):
-                room = EVENT_CHUNK - len(self.rows.events["seq"])
-                part = found[n:n + room]
-                done = self._rows(reader.memo, target, shape, part)
-                n += done
-                if len(self.rows.events["seq"]) >= EVENT_CHUNK:
-                    self.rows.flush_events()
-                    check_rows(self.rows)
-                if done < len(part):
-                    for _ in range(n):  # where the entry it stopped at starts
-                        pos = shape.entry.match(buf, pos).end()  # type: ignore[union-attr]
+            else:  # an entry with a FRAME inside, or a new frames list
+                for shape in self.order:
+                    m = shape.slow.match(buf, pos)
+                    if m is not None:
+                        if not self._run(reader, target, shape, shape.slow, buf, pos, m.end()):
+                            return reader.pos
+                        shape.learn(m.group(shape.keys.index("frames") + 1)
+                                    if "frames" in shape.keys else b"")
+                        break
+                else:
                     return pos
             pos = m.end()
+
+    def _run(self, reader: StreamReader, target: _Trace, shape: _Shape,
+             entry: re.Pattern[bytes], buf: bytes, pos: int, end: int) -> bool:
+        """Rows of the entries `entry` matches from pos to end; False if it stopped
+        before `end` (reader.pos is then where the entry it stopped at starts)."""
+        found = entry.findall(buf, pos, end)
+        n = 0
+        while n < len(found):
+            room = EVENT_CHUNK - len(self.rows.events["seq"])
+            part = found[n:n + room]
+            done = self._rows(reader.memo, target, shape, part)
+            n += done
+            if len(self.rows.events["seq"]) >= EVENT_CHUNK:
+                self.rows.flush_events()
+                check_rows(self.rows)
+            if done < len(part):
+                for _ in range(n):  # where the entry it stopped at starts
+                    pos = entry.match(buf, pos).end()  # type: ignore[union-attr]
+                reader.pos = pos
+                return False
+        return True
 
     def _rows(self, memo: list[Any], t: _Trace, shape: _Shape,
               found: list[tuple[bytes, ...]]) -> int:
