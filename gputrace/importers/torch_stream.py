@@ -72,8 +72,9 @@ _LISTS = (rb"N|" + _REF + rb"|\]" + _F + rb"\x94(?:" + _F + rb"\((?:" + _F + _RE
           + rb"){2,1000}+" + _F + rb"e|" + _F + _REF + _F + rb"a)?+")
 _VALUE = {"action": _REF, "addr": _INTS, "size": _INTS, "stream": _INTS, "time_us": _INTS,
           "compile_context": _TEXTS, "user_metadata": _TEXTS, "frames": _LISTS}
-MAX_LENGTHS = 32
-"""Most frames-list lengths unrolled into an entry's quick pattern."""
+MAX_LENGTHS = 64
+"""Most frames lists (their sequences of reference opcodes) unrolled into an entry's
+quick pattern."""
 _INLINE = {b"\x8c\x03N/A\x94": "N/A", b"\x8c\x00\x94": "", b"N": None, b"": None}
 
 
@@ -122,24 +123,34 @@ class _Shape:
             key=lambda i: keys.index(FAST_KEYS[i])))
         """FAST_KEYS positions whose value may store a memo slot, in the entry's order."""
         self.slow = re.compile(_entry_pattern(keys, slots, _F, _LISTS), re.S)
-        self.lengths: set[int] = set()
+        self.lengths: set[bytes] = set()
+        """the opcodes (h or j) of each frames list unrolled"""
         self.fast = self.run = self.slow
         self._compile()
 
     def _compile(self) -> None:
-        unrolled = b"".join(rb"|\(" + rb"j.{4}" * k + b"e" for k in sorted(self.lengths))
+        unrolled = b"".join(rb"|\(" + b"".join(rb"h." if c == 0x68 else rb"j.{4}" for c in sig)
+                            + b"e" for sig in sorted(self.lengths))
         lists = rb"N|" + _REF + rb"|\]\x94(?:" + _REF + b"a" + unrolled + b")?+"
         fast = _entry_pattern(self.keys, self.slots, b"", lists)
         self.fast = re.compile(fast, re.S)
         self.run = re.compile(b"(?:" + fast + b")++", re.S)
 
     def learn(self, frames: bytes) -> None:
-        """Unroll this frames list's length into `fast` if it is LONG_BINGETs only."""
-        k = (len(frames) - 4) // 5
-        if (len(self.lengths) < MAX_LENGTHS and frames[:3] == b"]\x94(" and k >= 2
-                and k not in self.lengths and len(frames) == 4 + 5 * k
-                and frames[3:-1:5] == b"j" * k):
-            self.lengths.add(k)
+        """Unroll this frames list's references (BINGET or LONG_BINGET each) into
+        `fast`, when it has no FRAME inside."""
+        if len(self.lengths) >= MAX_LENGTHS or frames[:3] != b"]\x94(" or frames[-1:] != b"e":
+            return
+        sig = bytearray()
+        pos, end = 3, len(frames) - 1
+        while pos < end:
+            c = frames[pos]
+            if c not in (0x68, 0x6A):
+                return
+            sig.append(c)
+            pos += 2 if c == 0x68 else 5
+        if pos == end and len(sig) >= 2 and bytes(sig) not in self.lengths:
+            self.lengths.add(bytes(sig))
             self._compile()
 
 
