@@ -55,13 +55,34 @@ class Sink:
     def appended(self, reader: StreamReader, target: list[Any], items: list[Any]) -> None:
         """Items appended to a list `new_list` returned (they are not stored in it)."""
 
-    def skip(self, reader: StreamReader, target: list[Any], pos: int) -> int:
-        """Called right after a MARK above a list `new_list` returned: consume what
-        it recognises from reader.buf[pos:], return the position it stopped at."""
-        return pos
+    def skip(self, reader: StreamReader, target: list[Any], pos: int,
+             pending: list[Any]) -> tuple[int, int]:
+        """Called inside a MARK above a list `new_list` returned, where an item may
+        start at reader.buf[pos]: consume the items it recognises from there (first
+        taking `pending`, the complete items above the MARK, when it takes any), and
+        return (the position it stopped at, how many items it consumed)."""
+        return pos, 0
+
+    frozen_keys: tuple[Any, ...] = ()
+    """A dict holding one of these keys was consumed: changing it is refused."""
+    frozen_head: Any = None
+    """A list whose first item is this was consumed: changing it is refused."""
 
 
 _D = struct.Struct("<d")
+
+
+class _Skipped:
+    """Stands on the stack for items the sink consumed (an APPENDS still to come
+    would have taken them): any other opcode that touches it is left to PlainUnpickler."""
+
+
+SKIPPED = _Skipped()
+
+
+def _refuse_frozen() -> PickleRefused:
+    return PickleRefused("refused: the snapshot changes a trace entry or frame after its "
+                         "history read it (no pickler writes that)")
 
 
 def _refuse_global(module: Any, name: Any) -> PickleRefused:
@@ -93,6 +114,11 @@ class StreamReader:
         self.memo_watch: dict[str, int] = dict.fromkeys(self.sink.watch, -1)
         """strings the sink asked to know the memo slot of (filled as they are stored)"""
         self.eof = False
+        self.skips = 0
+        """SKIPPED stand-ins on the stack"""
+        self.done_at = -1
+        """Position after the last SETITEM(S) that completed an item above a MARK over
+        a streamed list (the sink may take it when the next item starts there)."""
 
     # ---------------------------------------------------------------- bytes
 
@@ -129,6 +155,8 @@ class StreamReader:
     def _put(self, i: int) -> None:
         memo = self.memo
         v = self.stack[-1]
+        if v is SKIPPED:
+            raise Fallback("MEMOIZE of consumed items")
         if i != len(memo):  # never written so by a pickler: PlainUnpickler judges
             raise Fallback("memo slot out of order")
         memo.append(v)
@@ -140,19 +168,52 @@ class StreamReader:
             raise Fallback("memo slot not found")
         return self.memo[i]
 
-    def _pop_mark(self) -> list[Any]:
+    def _pop_mark(self, appends: bool = False) -> list[Any]:
         k = self.marks.pop()
         items = self.stack[k:]
         del self.stack[k:]
+        if self.skips and SKIPPED in items and not appends:
+            raise Fallback("consumed items taken by another opcode")
         return items
 
     def _append(self, target: Any, items: list[Any]) -> None:
         if type(target) is list:
+            if target and target[0] is self.sink.frozen_head:
+                raise _refuse_frozen()
             target.extend(items)
         elif isinstance(target, list) and id(target) in self.streamed:
+            if self.skips and SKIPPED in items:
+                self.skips -= items.count(SKIPPED)
+                items = [x for x in items if x is not SKIPPED]
             self.sink.appended(self, target, items)
         else:
             raise Fallback("APPEND to a non-list")
+
+    def _setitems(self, d: Any, items: list[Any]) -> None:
+        if type(d) is not dict or len(items) % 2:
+            raise Fallback("SETITEMS on a non-dict")
+        for k in self.sink.frozen_keys:
+            if k in d:
+                raise _refuse_frozen()
+        for i in range(0, len(items), 2):
+            d[_key(items[i])] = items[i + 1]
+        marks, stack = self.marks, self.stack
+        if self.streamed and marks and 0 < marks[-1] < len(stack) \
+                and id(stack[marks[-1] - 1]) in self.streamed \
+                and all(type(x) is dict or x is SKIPPED for x in stack[marks[-1]:]):
+            self.done_at = self.pos
+
+    def _skip(self, pending_from: int) -> None:
+        """Let the sink take items from self.pos (inside the MARK at `pending_from`)."""
+        stack = self.stack
+        self.ahead()
+        pending = stack[pending_from:]
+        pos, n = self.sink.skip(self, stack[pending_from - 1], self.pos,
+                                [x for x in pending if x is not SKIPPED])
+        self.pos = pos
+        if n:
+            self.skips -= pending.count(SKIPPED) - 1
+            stack[pending_from:] = [SKIPPED]
 
     # ---------------------------------------------------------------- opcodes
 
@@ -192,8 +253,7 @@ class StreamReader:
             elif op == 0x28:  # MARK
                 marks.append(len(stack))
                 if stack and id(stack[-1]) in self.streamed:
-                    self.ahead()
-                    self.pos = self.sink.skip(self, stack[-1], self.pos)
+                    self._skip(len(stack))
             elif op == 0x4B:  # BININT1
                 self.need(1)
                 push(self.buf[self.pos])
@@ -215,12 +275,14 @@ class StreamReader:
                 self.pos += 2
             elif op == 0x75:  # SETITEMS
                 items = self._pop_mark()
-                d = stack[-1]
-                if type(d) is not dict or len(items) % 2:
-                    raise Fallback("SETITEMS on a non-dict")
-                for i in range(0, len(items), 2):
-                    d[_key(items[i])] = items[i + 1]
+                self._setitems(stack[-1], items)
             elif op == 0x7D:  # EMPTY_DICT
+                if pos == self.done_at:  # an item just completed above a streamed list
+                    self.pos = pos
+                    self._skip(marks[-1])
+                    if self.pos != pos:
+                        continue
+                    self.pos = pos + 1
                 push({})
             elif op == 0x5D:  # EMPTY_LIST
                 lst = self.sink.new_list(self)
@@ -230,19 +292,21 @@ class StreamReader:
                     self.streamed.add(id(lst))
                     push(lst)
             elif op == 0x65:  # APPENDS
-                items = self._pop_mark()
+                items = self._pop_mark(appends=True)
                 self._append(stack[-1], items)
             elif op == 0x61:  # APPEND
                 if len(stack) < 2:
                     raise Fallback("APPEND without a list")
                 v = stack.pop()
+                if v is SKIPPED:
+                    raise Fallback("APPEND of consumed items")
                 self._append(stack[-1], [v])
             elif op == 0x73:  # SETITEM
-                if len(stack) < 3 or type(stack[-3]) is not dict:
+                if len(stack) < 3 or SKIPPED in (stack[-1], stack[-2]):
                     raise Fallback("SETITEM on a non-dict")
                 v = stack.pop()
                 k = stack.pop()
-                stack[-1][_key(k)] = v
+                self._setitems(stack[-1], [k, v])
             elif op == 0x4E:  # NONE
                 push(None)
             elif op == 0x88:  # NEWTRUE
@@ -265,11 +329,14 @@ class StreamReader:
             elif op == 0x29:  # EMPTY_TUPLE
                 push(())
             elif op == 0x85:  # TUPLE1
+                self._unskipped(1)
                 stack[-1] = (stack[-1],)
             elif op == 0x86:  # TUPLE2
+                self._unskipped(2)
                 b = stack.pop()
                 stack[-1] = (stack[-1], b)
             elif op == 0x87:  # TUPLE3
+                self._unskipped(3)
                 c = stack.pop()
                 b = stack.pop()
                 stack[-1] = (stack[-1], b, c)
@@ -323,6 +390,7 @@ class StreamReader:
                 self.pos += 4 + n
             elif op == 0x30:  # POP
                 if stack and (not marks or marks[-1] < len(stack)):
+                    self._unskipped(1)
                     stack.pop()
                 elif marks:
                     marks.pop()
@@ -331,12 +399,13 @@ class StreamReader:
             elif op == 0x31:  # POP_MARK
                 self._pop_mark()
             elif op == 0x32:  # DUP
+                self._unskipped(1)
                 push(stack[-1])
             elif op == 0x80:  # PROTO
                 self.need(1)
                 self.pos += 1
             elif op == 0x2E:  # STOP
-                if len(stack) != 1 or marks:
+                if len(stack) != 1 or marks or stack[0] is SKIPPED:
                     raise Fallback("STOP with a stack of other than one value")
                 return stack.pop()
             elif op == 0x63 or op == 0x69:  # GLOBAL, INST: module and name on lines
@@ -354,6 +423,10 @@ class StreamReader:
                                     "a PyTorch snapshot holds only plain data")
             else:  # text opcodes, REDUCE, BUILD, NEWOBJ, EXT*, buffers, unknown
                 raise Fallback(f"opcode {op:#x}")
+
+    def _unskipped(self, n: int) -> None:
+        if self.skips and SKIPPED in self.stack[-n:]:
+            raise Fallback("consumed items taken by another opcode")
 
     def _line(self) -> bytes:
         """Bytes up to the next newline (GLOBAL's operands), bounded."""

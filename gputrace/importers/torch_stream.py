@@ -212,9 +212,17 @@ class SnapshotSink(Sink):
             return t
         return None
 
+    frozen_keys = (_SEEN, _FRAME)
+    frozen_head = _FRAME
+
     def appended(self, reader: StreamReader, target: list[Any], items: list[Any]) -> None:
         if not isinstance(target, _Trace):
             raise Fallback("APPEND to the list of device traces")
+        self._convert(reader, target, items)
+        self._release(reader.memo)
+
+    def _convert(self, reader: StreamReader, target: _Trace, items: list[Any]) -> None:
+        """Rows of entries read opcode by opcode, checked by torch_entries."""
         rows = self.rows
         for e in items:
             seq = target.seq
@@ -235,7 +243,6 @@ class SnapshotSink(Sink):
                 continue
             add_row(rows, target.dev, seq, row)
             _consume(e)
-        self._release(reader.memo)
 
     def _release(self, memo: list[Any]) -> None:
         """Point the memo slots of consumed entries at one stand-in each: a consumed
@@ -268,31 +275,50 @@ class SnapshotSink(Sink):
 
     # ---------------------------------------------------------------- runs of entries
 
-    def skip(self, reader: StreamReader, target: list[Any], pos: int) -> int:
-        if not isinstance(target, _Trace) or self.error is not None or not self.order:
-            return pos
+    def skip(self, reader: StreamReader, target: list[Any], pos: int,
+             pending: list[Any]) -> tuple[int, int]:
+        if not isinstance(target, _Trace) or self.error is not None:
+            return pos, 0
+        if len(self.order) < MAX_SHAPES:  # learn from the first entries already
+            for e in pending:
+                if type(e) is dict and _SEEN not in e:
+                    self._learn(reader, tuple(e))
+        if not self.order:
+            return pos, 0
         self._release(reader.memo)
+        taken = 0
         while True:
             reader.pos = pos
             reader.ahead()
             buf, pos = reader.buf, reader.pos
+            entry = None
             for shape in self.order:
                 m = shape.run.match(buf, pos)
                 if m is not None:
-                    if not self._run(reader, target, shape, shape.fast, buf, pos, m.end()):
-                        return reader.pos
+                    entry = shape.fast
                     break
             else:  # an entry with a FRAME inside, or a new frames list
                 for shape in self.order:
                     m = shape.slow.match(buf, pos)
                     if m is not None:
-                        if not self._run(reader, target, shape, shape.slow, buf, pos, m.end()):
-                            return reader.pos
-                        shape.learn(m.group(shape.keys.index("frames") + 1)
-                                    if "frames" in shape.keys else b"")
+                        entry = shape.slow
                         break
-                else:
-                    return pos
+            if entry is None or m is None:
+                return pos, taken
+            if pending:  # the items before these entries first, in order
+                self._convert(reader, target, pending)
+                self._release(reader.memo)
+                taken += len(pending)
+                pending = []
+                if self.error is not None:
+                    return pos, taken
+            before = target.seq
+            whole = self._run(reader, target, shape, entry, buf, pos, m.end())
+            taken += target.seq - before
+            if not whole:
+                return reader.pos, taken
+            if entry is shape.slow and "frames" in shape.keys:
+                shape.learn(m.group(shape.keys.index("frames") + 1))
             pos = m.end()
 
     def _run(self, reader: StreamReader, target: _Trace, shape: _Shape,
