@@ -24,6 +24,7 @@ overwrite the slots of what it consumed with one shared stand-in.
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from typing import IO, Any
 
@@ -145,10 +146,8 @@ class StreamReader:
     def ahead(self) -> None:
         """Top the buffer up to AHEAD bytes past the position when the stream has them."""
         if len(self.buf) - self.pos < AHEAD and not self.eof:
-            try:
+            with contextlib.suppress(EOFError):  # the stream ended: what is there is all
                 self.need(AHEAD)
-            except EOFError:  # the stream ended: what is there is all
-                pass
 
     # ---------------------------------------------------------------- memo
 
@@ -224,7 +223,7 @@ class StreamReader:
         except IndexError:  # a stack underflow: PlainUnpickler words it
             raise Fallback("stack underflow") from None
 
-    def _load(self) -> Any:  # noqa: C901 - one branch per opcode, in one loop for speed
+    def _load(self) -> Any:
         stack, marks = self.stack, self.marks
         push = stack.append
         while True:

@@ -26,8 +26,8 @@ import lzma
 import os
 import pickle
 import stat
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import IO, Any, cast
 
 from gputrace.errors import GputraceError

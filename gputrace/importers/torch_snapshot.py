@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 from gputrace.importers.pickle_stream import Fallback, StreamReader

@@ -25,7 +25,6 @@ carry provisional ids that `finish` renumbers once the segments are read.
 from __future__ import annotations
 
 import re
-from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
@@ -39,6 +38,14 @@ from gputrace.importers.torch_entries import (
     _fast_entry,
     add_row,
     check_rows,
+)
+from gputrace.importers.torch_patterns import (
+    FAST_KEYS,
+    INLINE_TEXTS,
+    MAX_SHAPES,
+    Shape,
+    memo_slot,
+    opcode_int,
 )
 from gputrace.importers.torch_rows import (
     _FRAME,
@@ -56,102 +63,6 @@ from gputrace.importers.torch_rows import (
     stack_of,
 )
 from gputrace.trace.reader import SIZE_LIMIT
-
-FAST_KEYS = ("action", "addr", "size", "stream", "time_us", "compile_context",
-             "user_metadata", "frames")
-"""The fields of the common entry, in the order a pattern's groups are read back."""
-MAX_SHAPES = 16
-"""Most entry patterns compiled (PyTorch writes one key order; oom entries differ)."""
-
-_F = rb"(?:\x95.{8})?+"  # a FRAME opcode (a length hint, skipped) may precede any opcode
-_REF = rb"(?:h.|j.{4})"
-_INTS = (rb"K.|M..|J.{4}|"
-         + b"|".join(b"\\x8a" + b"\\x%02x" % n + b".{%d}" % n for n in range(1, 10)))
-_TEXTS = rb"N|" + _REF + rb"|\x8c\x03N/A" + _F + rb"\x94|\x8c\x00" + _F + rb"\x94"
-_LISTS = (rb"N|" + _REF + rb"|\]" + _F + rb"\x94(?:" + _F + rb"\((?:" + _F + _REF
-          + rb"){2,1000}+" + _F + rb"e|" + _F + _REF + _F + rb"a)?+")
-_VALUE = {"action": _REF, "addr": _INTS, "size": _INTS, "stream": _INTS, "time_us": _INTS,
-          "compile_context": _TEXTS, "user_metadata": _TEXTS, "frames": _LISTS}
-MAX_LENGTHS = 64
-"""Most frames lists (their sequences of reference opcodes) unrolled into an entry's
-quick pattern."""
-_INLINE = {b"\x8c\x03N/A\x94": "N/A", b"\x8c\x00\x94": "", b"N": None, b"": None}
-
-
-def _ref_bytes(i: int) -> bytes:
-    """How a pickler refers to memo slot `i`."""
-    return b"h" + bytes([i]) if i < 256 else b"j" + i.to_bytes(4, "little")
-
-
-def _slot(ref: bytes) -> int:
-    return ref[1] if ref[0] == 0x68 else int.from_bytes(ref[1:5], "little")
-
-
-def _num(b: bytes) -> int:
-    """The integer an integer opcode (BININT1, BININT2, BININT, LONG1) pushes."""
-    c = b[0]
-    if c == 0x8A:
-        return int.from_bytes(b[2:], "little", signed=True)
-    if c == 0x4B:
-        return b[1]
-    if c == 0x4D:
-        return b[1] | b[2] << 8
-    return int.from_bytes(b[1:], "little", signed=True)
-
-
-def _entry_pattern(keys: tuple[str, ...], slots: dict[str, int], frame: bytes,
-                   lists: bytes) -> bytes:
-    """An entry of these keys: `frame` before each opcode, `lists` for frames."""
-    value = {**_VALUE, "frames": lists}
-    body = b"".join(frame + re.escape(_ref_bytes(slots[k])) + frame + b"(" + value[k] + b")"
-                    for k in keys)
-    return frame + rb"\}" + frame + rb"\x94" + frame + rb"\(" + body + frame + b"u()"
-
-
-class _Shape:
-    """The patterns of an entry with these keys, in this order: `slow` takes FRAME
-    opcodes anywhere and any frames list of references; `fast` (a run of entries in
-    one pass) none, and frames lists of LONG_BINGETs of the lengths seen so far, each
-    unrolled (a repeated group costs the regular-expression engine ~0.5 us a turn)."""
-
-    def __init__(self, keys: tuple[str, ...], slots: dict[str, int]) -> None:
-        self.keys, self.slots = keys, slots
-        self.canon = itemgetter(*[keys.index(k) if k in keys else len(keys)
-                                  for k in FAST_KEYS])
-        self.memo_order = tuple(sorted(
-            (FAST_KEYS.index(k) for k in keys if FAST_KEYS.index(k) >= 5),
-            key=lambda i: keys.index(FAST_KEYS[i])))
-        """FAST_KEYS positions whose value may store a memo slot, in the entry's order."""
-        self.slow = re.compile(_entry_pattern(keys, slots, _F, _LISTS), re.S)
-        self.lengths: set[bytes] = set()
-        """the opcodes (h or j) of each frames list unrolled"""
-        self.fast = self.run = self.slow
-        self._compile()
-
-    def _compile(self) -> None:
-        unrolled = b"".join(rb"|\(" + b"".join(rb"h." if c == 0x68 else rb"j.{4}" for c in sig)
-                            + b"e" for sig in sorted(self.lengths))
-        lists = rb"N|" + _REF + rb"|\]\x94(?:" + _REF + b"a" + unrolled + b")?+"
-        fast = _entry_pattern(self.keys, self.slots, b"", lists)
-        self.fast = re.compile(fast, re.S)
-        self.run = re.compile(b"(?:" + fast + b")++", re.S)
-
-    def learn(self, frames: bytes) -> None:
-        """Unroll this frames list's references (BINGET or LONG_BINGET each) into
-        `fast`, when it has no FRAME inside."""
-        if len(self.lengths) >= MAX_LENGTHS or frames[:3] != b"]\x94(" or frames[-1:] != b"e":
-            return
-        sig = bytearray()
-        pos, end = 3, len(frames) - 1
-        while pos < end:
-            c = frames[pos]
-            if c not in (0x68, 0x6A):
-                return
-            sig.append(c)
-            pos += 2 if c == 0x68 else 5
-        if pos == end and len(sig) >= 2 and bytes(sig) not in self.lengths:
-            self.lengths.add(bytes(sig))
-            self._compile()
 
 
 class _Trace(list[Any]):
@@ -173,10 +84,10 @@ class SnapshotSink(Sink):
         self.outer_marks = 0
         self.traces: list[_Trace] = []
         self.error: SnapshotError | None = None
-        self.shapes: dict[tuple[str, ...], _Shape | None] = {}
-        self.order: list[_Shape] = []
+        self.shapes: dict[tuple[str, ...], Shape | None] = {}
+        self.order: list[Shape] = []
         self.actions: dict[bytes, tuple[int, str]] = {}
-        self.texts: dict[bytes, str | None] = dict(_INLINE)
+        self.texts: dict[bytes, str | None] = dict(INLINE_TEXTS)
         self.stacks: dict[bytes, tuple[int | None, list[Any] | None]] = {b"": (None, None),
                                                                          b"N": (None, None)}
         self.gone: dict[Any, Any] = {_SEEN: True}
@@ -269,7 +180,7 @@ class SnapshotSink(Sink):
             return
         if not {"action", "addr", "size", "stream", "time_us"} <= set(keys):
             return
-        shape = _Shape(keys, slots)
+        shape = Shape(keys, slots)
         self.shapes[keys] = shape
         self.order.append(shape)
 
@@ -321,7 +232,7 @@ class SnapshotSink(Sink):
                 shape.learn(m.group(shape.keys.index("frames") + 1))
             pos = m.end()
 
-    def _run(self, reader: StreamReader, target: _Trace, shape: _Shape,
+    def _run(self, reader: StreamReader, target: _Trace, shape: Shape,
              entry: re.Pattern[bytes], buf: bytes, pos: int, end: int) -> bool:
         """Rows of the entries `entry` matches from pos to end; False if it stopped
         before `end` (reader.pos is then where the entry it stopped at starts)."""
@@ -342,7 +253,7 @@ class SnapshotSink(Sink):
                 return False
         return True
 
-    def _rows(self, memo: list[Any], t: _Trace, shape: _Shape,
+    def _rows(self, memo: list[Any], t: _Trace, shape: Shape,
               found: list[tuple[bytes, ...]]) -> int:
         """Rows of the matched entries, in order; how many (it stops at the first one
         the common path would not take)."""
@@ -350,6 +261,7 @@ class SnapshotSink(Sink):
         actions, texts, stacks = self.actions, self.texts, self.stacks
         canon, order, gone = shape.canon, shape.memo_order, self.gone
         mappend = memo.append
+        from_bytes, number = int.from_bytes, opcode_int
         ts: list[int] = []
         codes: list[int] = []
         acts: list[str] = []
@@ -364,9 +276,9 @@ class SnapshotSink(Sink):
             ca = actions.get(act)
             if ca is None and (ca := self._action(memo, act)) is None:
                 break
-            addr = int.from_bytes(a[2:], "little", signed=True) if a[0] == 0x8A else _num(a)
-            t_us = int.from_bytes(tu[2:], "little", signed=True) if tu[0] == 0x8A else _num(tu)
-            size, stream = _num(s), _num(st)
+            addr = from_bytes(a[2:], "little", signed=True) if a[0] == 0x8A else number(a)
+            t_us = from_bytes(tu[2:], "little", signed=True) if tu[0] == 0x8A else number(tu)
+            size, stream = number(s), number(st)
             if not (0 <= addr <= U64_MAX and 0 <= size <= SIZE_LIMIT
                     and 0 <= t_us <= _FAST_TIME_MAX and -(1 << 63) <= stream <= U64_MAX):
                 break
@@ -414,7 +326,7 @@ class SnapshotSink(Sink):
         return n
 
     def _action(self, memo: list[Any], ref: bytes) -> tuple[int, str] | None:
-        i = _slot(ref)
+        i = memo_slot(ref)
         v = memo[i] if i < len(memo) else None
         if type(v) is not str or v not in _FAST_ACTIONS:
             return None
@@ -425,9 +337,9 @@ class SnapshotSink(Sink):
         """The string a reference names, or an inline one with a FRAME inside (a mark
         object, never a row's text, if none)."""
         if ref[:1] == b"\x8c":
-            v = self.texts[ref] = ref[2:2 + ref[1]].decode()
-            return v
-        i = _slot(ref)
+            text = self.texts[ref] = ref[2:2 + ref[1]].decode()
+            return text
+        i = memo_slot(ref)
         v = memo[i] if i < len(memo) else _SEEN
         if v is None or type(v) is str:
             self.texts[ref] = v
@@ -439,7 +351,7 @@ class SnapshotSink(Sink):
         value: a reference to a list, or a new list of references to frame dicts."""
         rows = self.rows
         if fr[0] != 0x5D:  # a reference to a list read before
-            i = _slot(fr)
+            i = memo_slot(fr)
             v = memo[i] if i < len(memo) else None
             if type(v) is not list:
                 return None
@@ -461,7 +373,7 @@ class SnapshotSink(Sink):
                 pos += 1
                 continue
             n = 2 if c == 0x68 else 5
-            i = _slot(fr[pos:pos + n])
+            i = memo_slot(fr[pos:pos + n])
             pos += n
             f = memo[i] if i < len(memo) else None
             try:
@@ -479,9 +391,10 @@ class SnapshotSink(Sink):
     def finish(self, rows: AllocatorRows, traces: Any) -> None:
         """Move the streamed rows into `rows` (whose segments are read), their stack
         ids renumbered as the reference reader numbers them."""
-        if traces is not self.outer or [t.dev for t in traces] != list(range(len(traces))) \
-                or any(t is not u for t, u in zip(traces, self.traces, strict=False)) \
-                or len(self.traces) != len(traces):
+        outer = self.outer
+        if outer is None or traces is not outer or len(self.traces) != len(outer) \
+                or any(t is not u for t, u in zip(outer, self.traces, strict=True)) \
+                or [t.dev for t in self.traces] != list(range(len(outer))):
             raise Fallback("device_traces is not the list of histories read")
         if self.error is not None:
             raise self.error
