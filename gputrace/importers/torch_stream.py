@@ -25,12 +25,15 @@ carry provisional ids that `finish` renumbers once the segments are read.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from gputrace.importers.pickle_stream import Fallback, Sink, StreamReader
+from gputrace.importers.torch_columns import decode_ints, first_false, run_table
 from gputrace.importers.torch_entries import (
     _FAST_ACTIONS,
     _FAST_TIME_MAX,
@@ -45,13 +48,11 @@ from gputrace.importers.torch_patterns import (
     MAX_SHAPES,
     Shape,
     memo_slot,
-    opcode_int,
 )
 from gputrace.importers.torch_rows import (
     _FRAME,
     _SEEN,
     EVENT_CHUNK,
-    U64_MAX,
     AllocatorRows,
     Frame,
     SnapshotError,
@@ -63,6 +64,10 @@ from gputrace.importers.torch_rows import (
     stack_of,
 )
 from gputrace.trace.reader import SIZE_LIMIT
+
+_CTX = (None, "N/A", "")
+_META = (None, "")
+_NOTHING = object()
 
 
 class _Trace(list[Any]):
@@ -95,6 +100,9 @@ class SnapshotSink(Sink):
         self.markers: dict[int | None, list[Any]] = {}
         self.strings: dict[str, str] = {}
         self.memo_done = 0
+        self.pending: list[pa.Table] = []
+        """Tables of runs of entries not yet made one chunk."""
+        self.pending_rows = 0
 
     # ---------------------------------------------------------------- where lists go
 
@@ -134,6 +142,7 @@ class SnapshotSink(Sink):
 
     def _convert(self, reader: StreamReader, target: _Trace, items: list[Any]) -> None:
         """Rows of entries read opcode by opcode, checked by torch_entries."""
+        self.flush_runs()  # the runs before these entries go first
         rows = self.rows
         for e in items:
             seq = target.seq
@@ -255,75 +264,91 @@ class SnapshotSink(Sink):
 
     def _rows(self, memo: list[Any], t: _Trace, shape: Shape,
               found: list[tuple[bytes, ...]]) -> int:
-        """Rows of the matched entries, in order; how many (it stops at the first one
-        the common path would not take)."""
+        """Rows of the matched entries, in order, checked column by column; how many
+        (it stops at the first one the common path would not take)."""
+        n = len(found)
+        act, a, s, st, tu, cx, mt, fr = shape.canon(list(zip(*found, strict=True)))
+        # each check may stop the run early: the entries before the first failing one
+        stop = min(self._known(self.actions, act, lambda r: self._action(memo, r)),
+                   self._known(self.texts, cx, lambda r: self._text(memo, r), _CTX),
+                   self._known(self.texts, mt, lambda r: self._text(memo, r), _META))
+        (addr, f1), (size, f2), (stream, f3), (t_us, f4) = (decode_ints(c) for c in (a, s, st, tu))
+        stop = min(stop, first_false(f1 & f2 & f3 & f4 & (addr >= 0) & (size >= 0)
+                                     & (size <= SIZE_LIMIT) & (t_us >= 0)
+                                     & (t_us <= _FAST_TIME_MAX)))
+        # stacks are numbered in order of first use: resolved in that order, up to stop
+        stops = self.stacks
+        for key in dict.fromkeys(fr[:stop]):
+            if key not in stops and self._stack(memo, key) is None:
+                stop = fr.index(key)
+                break
+        n = stop
+        if not n:
+            return 0
+        self._memoize(memo, shape, n, (cx, mt, fr))
+        acts = [self.actions[r] for r in act[:n]]
+        table = run_table(
+            time_us=t_us[:n], seq0=t.seq, device=t.dev, codes=[c for c, _ in acts],
+            actions=[x for _, x in acts], address=addr[:n], size=size[:n],
+            stream=stream[:n], stack_ids=[stops[k][0] for k in fr[:n]],
+            ctx=[self.texts[k] for k in cx[:n]], meta=[self.texts[k] for k in mt[:n]])
         rows = self.rows
-        actions, texts, stacks = self.actions, self.texts, self.stacks
-        canon, order, gone = shape.canon, shape.memo_order, self.gone
-        mappend = memo.append
-        from_bytes, number = int.from_bytes, opcode_int
-        ts: list[int] = []
-        codes: list[int] = []
-        acts: list[str] = []
-        addrs: list[int] = []
-        sizes: list[int] = []
-        streams: list[int] = []
-        sids: list[int | None] = []
-        ctxs: list[str | None] = []
-        metas: list[str | None] = []
-        for g in found:
-            act, a, s, st, tu, cx, mt, fr = canon(g)
-            ca = actions.get(act)
-            if ca is None and (ca := self._action(memo, act)) is None:
-                break
-            addr = from_bytes(a[2:], "little", signed=True) if a[0] == 0x8A else number(a)
-            t_us = from_bytes(tu[2:], "little", signed=True) if tu[0] == 0x8A else number(tu)
-            size, stream = number(s), number(st)
-            if not (0 <= addr <= U64_MAX and 0 <= size <= SIZE_LIMIT
-                    and 0 <= t_us <= _FAST_TIME_MAX and -(1 << 63) <= stream <= U64_MAX):
-                break
-            ctx = texts[cx] if cx in texts else self._text(memo, cx)
-            meta = texts[mt] if mt in texts else self._text(memo, mt)
-            if ctx not in (None, "N/A", "") or meta not in (None, ""):
-                break
-            got = stacks.get(fr)
-            if got is None and (got := self._stack(memo, fr)) is None:
-                break
-            mappend(gone)
-            for k in order:
-                v = (cx, mt, fr)[k - 5]
-                if v[:1] == b"\x8c":
-                    mappend(texts[v])
-                elif v[:1] == b"]":
-                    mappend(got[1])
-            ts.append(t_us)
-            codes.append(ca[0])
-            acts.append(ca[1])
-            addrs.append(addr)
-            sizes.append(size)
-            streams.append(stream)
-            sids.append(got[0])
-            ctxs.append(ctx)
-            metas.append(meta)
-        n = len(ts)
-        if n:
-            cols = rows.events
-            cols["time_us"].extend(ts)
-            cols["seq"].extend(range(t.seq, t.seq + n))
-            cols["device"].extend([t.dev] * n)
-            cols["action_code"].extend(codes)
-            cols["action"].extend(acts)
-            cols["address"].extend(addrs)
-            cols["device_free_bytes"].extend([None] * n)
-            cols["size_bytes"].extend(sizes)
-            cols["stream"].extend(streams)
-            cols["stack_id"].extend(sids)
-            cols["compile_context"].extend(ctxs)
-            cols["user_metadata"].extend(metas)
-            t.seq += n
-            rows.event_count += n
-            self.memo_done = len(memo)
+        if rows.events["seq"]:
+            rows.flush_events()  # rows read opcode by opcode before these go first
+        self.pending.append(table)
+        self.pending_rows += n
+        lo, hi = int(t_us[:n].min()), int(t_us[:n].max())
+        span = rows.time_us_span
+        rows.time_us_span = (lo, hi) if span is None else (min(span[0], lo), max(span[1], hi))
+        t.seq += n
+        rows.event_count += n
+        if self.pending_rows >= EVENT_CHUNK:
+            self.flush_runs()
+        check_rows(rows)
         return n
+
+    def flush_runs(self) -> None:
+        """The runs' tables read so far, as one chunk of the events."""
+        if self.pending:
+            self.rows.event_chunks.append(pa.concat_tables(self.pending).combine_chunks())
+            self.pending, self.pending_rows = [], 0
+
+    def _known(self, table: dict[bytes, Any], col: tuple[bytes, ...],
+               resolve: Callable[[bytes], Any], allowed: tuple[Any, ...] | None = None) -> int:
+        """Index of the first value of `col` that `resolve` cannot name (or names as
+        something not `allowed`); its length when there is none."""
+        bad = set()
+        for key in dict.fromkeys(col):
+            if key not in table:
+                resolve(key)  # stored in `table` when it names a value
+                if key not in table:
+                    bad.add(key)
+                    continue
+            if allowed is not None and table[key] not in allowed:
+                bad.add(key)
+        if not bad:
+            return len(col)
+        return next(i for i, k in enumerate(col) if k in bad)
+
+    def _memoize(self, memo: list[Any], shape: Shape, n: int,
+                 values: tuple[tuple[bytes, ...], ...]) -> None:
+        """The memo slots the first n entries store, in their order: each entry's dict
+        (consumed: one stand-in), then its inline strings and new frames lists."""
+        gone = self.gone
+        fields = []
+        for k in shape.memo_order:
+            col = values[k - 5][:n]
+            stored = {key: (self.texts[key] if key[:1] == b"\x8c" else
+                            self.stacks[key][1] if key[:1] == b"]" else _NOTHING)
+                      for key in dict.fromkeys(col)}
+            if any(v is not _NOTHING for v in stored.values()):
+                fields.append(list(map(stored.__getitem__, col)))
+        if not fields:
+            memo.extend([gone] * n)
+        else:
+            memo.extend(x for tup in zip(repeat(gone, n), *fields, strict=True)
+                        for x in tup if x is not _NOTHING)
+        self.memo_done = len(memo)
 
     def _action(self, memo: list[Any], ref: bytes) -> tuple[int, str] | None:
         i = memo_slot(ref)
@@ -399,6 +424,7 @@ class SnapshotSink(Sink):
         if self.error is not None:
             raise self.error
         mine = self.rows
+        self.flush_runs()
         mine.flush_events()
         ids = [None] + [rows.stack_id(k) for k in mine.stacks]
         same = all(i == j for j, i in enumerate(ids) if j)
