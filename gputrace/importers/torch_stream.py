@@ -32,6 +32,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gputrace.importers import pickle_stream
 from gputrace.importers.pickle_stream import Fallback, Sink, StreamReader
 from gputrace.importers.torch_columns import decode_ints, first_false, run_table
 from gputrace.importers.torch_entries import (
@@ -206,8 +207,15 @@ class SnapshotSink(Sink):
         if not self.order:
             return pos, 0
         self._release(reader.memo)
-        taken = 0
+        taken = target.seq
+        runs: list[tuple[Shape, re.Pattern[bytes], int, int]] = []
         while True:
+            if len(reader.buf) - pos < pickle_stream.AHEAD and not reader.eof:
+                # the buffer is about to drop what is before pos: read the runs first
+                stopped = self._take(reader, target, runs)
+                runs = []
+                if stopped is not None:
+                    return stopped, target.seq - taken
             reader.pos = pos
             reader.ahead()
             buf, pos = reader.buf, reader.pos
@@ -224,43 +232,48 @@ class SnapshotSink(Sink):
                         entry = shape.slow
                         break
             if entry is None or m is None:
-                return pos, taken
+                stopped = self._take(reader, target, runs)
+                return (pos if stopped is None else stopped), target.seq - taken
             if pending:  # the items before these entries first, in order
                 self._convert(reader, target, pending)
                 self._release(reader.memo)
-                taken += len(pending)
+                taken -= len(pending)
                 pending = []
                 if self.error is not None:
-                    return pos, taken
-            before = target.seq
-            whole = self._run(reader, target, shape, entry, buf, pos, m.end())
-            taken += target.seq - before
-            if not whole:
-                return reader.pos, taken
+                    return pos, target.seq - taken
+            runs.append((shape, entry, pos, m.end()))
             if entry is shape.slow and "frames" in shape.keys:
                 shape.learn(m.group(shape.keys.index("frames") + 1))
             pos = m.end()
 
-    def _run(self, reader: StreamReader, target: _Trace, shape: Shape,
-             entry: re.Pattern[bytes], buf: bytes, pos: int, end: int) -> bool:
-        """Rows of the entries `entry` matches from pos to end; False if it stopped
-        before `end` (reader.pos is then where the entry it stopped at starts)."""
-        found = entry.findall(buf, pos, end)
-        n = 0
-        while n < len(found):
-            room = EVENT_CHUNK - len(self.rows.events["seq"])
-            part = found[n:n + room]
-            done = self._rows(reader.memo, target, shape, part)
-            n += done
-            if len(self.rows.events["seq"]) >= EVENT_CHUNK:
-                self.rows.flush_events()
-                check_rows(self.rows)
-            if done < len(part):
-                for _ in range(n):  # where the entry it stopped at starts
-                    pos = entry.match(buf, pos).end()  # type: ignore[union-attr]
-                reader.pos = pos
-                return False
-        return True
+    def _take(self, reader: StreamReader, target: _Trace,
+              runs: list[tuple[Shape, re.Pattern[bytes], int, int]]) -> int | None:
+        """Rows of the entries of `runs` (matched in reader.buf), consecutive runs of
+        one shape read as one batch; None, or where the entry it stopped at starts."""
+        buf = reader.buf
+        i = 0
+        while i < len(runs):
+            shape = runs[i][0]
+            j = i
+            found: list[tuple[bytes, ...]] = []
+            counts = []
+            while j < len(runs) and runs[j][0] is shape:
+                _, entry, start, end = runs[j]
+                got = entry.findall(buf, start, end)
+                found.extend(got)
+                counts.append(len(got))
+                j += 1
+            done = self._rows(reader.memo, target, shape, found)
+            if done < len(found):
+                for k, count in enumerate(counts):  # the run of the entry it stopped at
+                    if done < count:
+                        _, entry, pos, _ = runs[i + k]
+                        for _ in range(done):
+                            pos = entry.match(buf, pos).end()  # type: ignore[union-attr]
+                        return pos
+                    done -= count
+            i = j
+        return None
 
     def _rows(self, memo: list[Any], t: _Trace, shape: Shape,
               found: list[tuple[bytes, ...]]) -> int:
