@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from gputrace.importers import pickle_stream
 from gputrace.importers.pickle_stream import Fallback, Sink, StreamReader
-from gputrace.importers.torch_columns import decode_ints, first_false, run_table
+from gputrace.importers.torch_columns import TYPES, by_key, decode_ints, first_false, run_table
 from gputrace.importers.torch_entries import (
     _FAST_ACTIONS,
     _FAST_TIME_MAX,
@@ -299,12 +299,17 @@ class SnapshotSink(Sink):
         if not n:
             return 0
         self._memoize(memo, shape, n, (cx, mt, fr))
-        acts = [self.actions[r] for r in act[:n]]
+        act, fr = act[:n], fr[:n]
         table = run_table(
-            time_us=t_us[:n], seq0=t.seq, device=t.dev, codes=[c for c, _ in acts],
-            actions=[x for _, x in acts], address=addr[:n], size=size[:n],
-            stream=stream[:n], stack_ids=[stops[k][0] for k in fr[:n]],
-            ctx=[self.texts[k] for k in cx[:n]], meta=[self.texts[k] for k in mt[:n]])
+            time_us=t_us[:n], seq0=t.seq, device=t.dev,
+            codes=by_key(act, {k: v[0] for k, v in self.actions.items()},
+                         TYPES["action_code"]),
+            actions=by_key(act, {k: v[1] for k, v in self.actions.items()}, TYPES["action"]),
+            address=addr[:n], size=size[:n], stream=stream[:n],
+            stack_ids=by_key(fr, {k: stops[k][0] for k in dict.fromkeys(fr)},
+                             TYPES["stack_id"]),
+            ctx=by_key(cx[:n], self.texts, TYPES["compile_context"]),
+            meta=by_key(mt[:n], self.texts, TYPES["user_metadata"]))
         rows = self.rows
         if rows.events["seq"]:
             rows.flush_events()  # rows read opcode by opcode before these go first
