@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pyarrow as pa
+
 from gputrace.importers.pickle_stream import Fallback, StreamReader
 from gputrace.importers.safe_pickle import Loaded, load_plain, load_with
 from gputrace.importers.torch_entries import trace_rows
@@ -163,7 +165,7 @@ def import_record(snap: TorchSnapshot, **more: Any) -> dict[str, Any]:
 
 def write_alone(snap: TorchSnapshot, out: str | os.PathLike[str], *, force: bool = False) -> Path:
     """Write the snapshot as a trace of its own: ts_ns are Unix-epoch ns."""
-    from gputrace.trace.writer import write_tables
+    from gputrace.trace.writer import TraceWriter
 
     snap.rows.place(0, None)
     span = snap.rows.time_us_span
@@ -174,4 +176,23 @@ def write_alone(snap: TorchSnapshot, out: str | os.PathLike[str], *, force: bool
     }
     if span is not None:
         manifest.update(start_ts_ns=span[0] * 1000, end_ts_ns=span[1] * 1000)
-    return write_tables(out, snap.rows.tables(), manifest=manifest, force=force)
+    w = TraceWriter(out, manifest=manifest, force=force)
+    try:
+        append_tables(w, snap.rows.tables())
+        snap.rows.event_chunks = []
+    except BaseException:
+        w.close(status="incomplete")
+        raise
+    w.close()
+    return w.path
+
+
+def append_tables(w: Any, tables: dict[str, pa.Table]) -> None:
+    """Append `tables` to the TraceWriter `w` a record batch at a time, each table's
+    batches let go as they are appended: a whole 10^7-entry table handed over at once
+    would be copied into one (its size again in memory at the peak)."""
+    for name in list(tables):
+        batches = tables.pop(name).to_batches()
+        batches.reverse()
+        while batches:
+            w.append(name, batches.pop())
