@@ -223,16 +223,14 @@ class AllocatorRows:
         import pyarrow.compute as pc
 
         self.flush_events()
-        placed = []
-        for t in self.event_chunks:
+        for i, t in enumerate(self.event_chunks):
             us = t.column("time_us")
             ts = pc.subtract(pc.multiply(us, pa.scalar(1000, pa.int64())),
                              pa.scalar(offset_ns, pa.int64()))
             t = t.set_column(t.schema.get_field_index("ts_ns"), "ts_ns", ts)
             t = t.set_column(t.schema.get_field_index("pid"), "pid",
                              pa.array([pid] * t.num_rows, pa.int32()))
-            placed.append(t.cast(schema.ALLOCATOR_EVENTS.arrow_schema))
-        self.event_chunks = placed
+            self.event_chunks[i] = t.cast(schema.ALLOCATOR_EVENTS.arrow_schema)
         for cols in (self.segments, self.blocks):
             cols["pid"] = [pid] * len(cols["device"])
 
