@@ -37,8 +37,9 @@ entry plus the entry at its peak and the last one."""
 
 
 def replay(inp: Inputs) -> pl.LazyFrame:
-    """Every trace entry in each device's order (`i`), with the state after it."""
-    return entries(inp)
+    """Every trace entry in each device's order (`i`), with the state after it on its
+    device (every figure of this report is per device: no pool matching)."""
+    return entries(inp, pools=False)
 
 
 def retained_by_stack(inp: Inputs, events: pl.LazyFrame) -> pl.LazyFrame:
