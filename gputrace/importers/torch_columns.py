@@ -8,6 +8,7 @@ run are joined and decoded in a few vector operations.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -91,6 +92,20 @@ def by_key(col: tuple[bytes, ...] | list[bytes], value: dict[bytes, Any],
     values: Any = pa.array([value[k] for k in keys], kind)
     taken: pa.Array[Any] = pc.take(values, pa.array(index, pa.int32()))
     return taken
+
+
+def memo_slots(memo: list[Any], entry: Any, n: int, cols: list[tuple[bytes, ...]],
+               stored: list[dict[bytes, Any]]) -> None:
+    """Append to `memo` what each of n entries of a run stores, in its order: `entry`
+    (its dict), then for each column in `cols` the value `stored` maps its bytes to,
+    when that is not None (an inline string or a new frames list stores one slot)."""
+    fields = [list(map(m.__getitem__, col)) for col, m in zip(cols, stored, strict=True)
+              if any(v is not None for v in m.values())]
+    if not fields:
+        memo.extend([entry] * n)
+        return
+    memo.extend(x for tup in zip(repeat(entry, n), *fields, strict=True)
+                for x in tup if x is not None)
 
 
 def first_false(ok: np.ndarray[Any, Any]) -> int:

@@ -217,6 +217,32 @@ class AllocatorRows:
             cols, schema=schema.ALLOCATOR_EVENTS.arrow_schema))
         self.events = _columns(schema.ALLOCATOR_EVENTS)
 
+    def take_events(self, other: AllocatorRows) -> None:
+        """Move the events of `other` (rows made before these rows' stacks were
+        numbered: the stream reader's) after these, their stack ids renumbered as
+        these rows number stacks, in the order `other` first used them."""
+        import pyarrow.compute as pc
+
+        other.flush_events()
+        ids = [None] + [self.stack_id(k) for k in other.stacks]
+        lookup = pa.array(ids, pa.int64())
+        same = all(i == j for j, i in enumerate(ids) if j)
+        for chunk in other.event_chunks:
+            if not same:
+                i = chunk.schema.get_field_index("stack_id")
+                chunk = chunk.set_column(i, "stack_id", pc.take(lookup, chunk.column(i)))
+            self.event_chunks.append(chunk)
+        other.event_chunks = []
+        self.event_count += other.event_count
+        span, more = self.time_us_span, other.time_us_span
+        if more is not None:
+            self.time_us_span = more if span is None else (min(span[0], more[0]),
+                                                           max(span[1], more[1]))
+        for note in other.notes:
+            self.note(note)
+        stack_text = sum(len(f[0] or "") + len(f[1] or "") for k in other.stacks for f in k)
+        self.count_text(other.text_bytes - stack_text)
+
     def place(self, offset_ns: int, pid: int | None) -> None:
         """Set events' ts_ns to time_us in ns minus `offset_ns` (the recording's
         realtime offset; 0 for Unix-epoch ns), and every row's pid."""

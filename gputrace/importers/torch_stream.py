@@ -26,15 +26,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from itertools import repeat
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from gputrace.importers import pickle_stream
 from gputrace.importers.pickle_stream import Fallback, Sink, StreamReader
-from gputrace.importers.torch_columns import TYPES, by_key, decode_ints, first_false, run_table
+from gputrace.importers.torch_columns import (
+    TYPES,
+    by_key,
+    decode_ints,
+    first_false,
+    memo_slots,
+    run_table,
+)
 from gputrace.importers.torch_entries import (
     _FAST_ACTIONS,
     _FAST_TIME_MAX,
@@ -68,7 +73,6 @@ from gputrace.trace.reader import SIZE_LIMIT
 
 _CTX = (None, "N/A", "")
 _META = (None, "")
-_NOTHING = object()
 
 
 class _Trace(list[Any]):
@@ -352,20 +356,10 @@ class SnapshotSink(Sink):
                  values: tuple[tuple[bytes, ...], ...]) -> None:
         """The memo slots the first n entries store, in their order: each entry's dict
         (consumed: one stand-in), then its inline strings and new frames lists."""
-        gone = self.gone
-        fields = []
-        for k in shape.memo_order:
-            col = values[k - 5][:n]
-            stored = {key: (self.texts[key] if key[:1] == b"\x8c" else
-                            self.stacks[key][1] if key[:1] == b"]" else _NOTHING)
-                      for key in dict.fromkeys(col)}
-            if any(v is not _NOTHING for v in stored.values()):
-                fields.append(list(map(stored.__getitem__, col)))
-        if not fields:
-            memo.extend([gone] * n)
-        else:
-            memo.extend(x for tup in zip(repeat(gone, n), *fields, strict=True)
-                        for x in tup if x is not _NOTHING)
+        stored = [{key: (self.texts[key] if key[:1] == b"\x8c" else self.stacks[key][1]
+                         if key[:1] == b"]" else None) for key in dict.fromkeys(col)}
+                  for col in (values[k - 5][:n] for k in shape.memo_order)]
+        memo_slots(memo, self.gone, n, [values[k - 5][:n] for k in shape.memo_order], stored)
         self.memo_done = len(memo)
 
     def _action(self, memo: list[Any], ref: bytes) -> tuple[int, str] | None:
@@ -441,24 +435,6 @@ class SnapshotSink(Sink):
             raise Fallback("device_traces is not the list of histories read")
         if self.error is not None:
             raise self.error
-        mine = self.rows
         self.flush_runs()
-        mine.flush_events()
-        ids = [None] + [rows.stack_id(k) for k in mine.stacks]
-        same = all(i == j for j, i in enumerate(ids) if j)
-        lookup = pa.array(ids, pa.int64())
-        for chunk in mine.event_chunks:
-            if not same:
-                i = chunk.schema.get_field_index("stack_id")
-                chunk = chunk.set_column(i, "stack_id", pc.take(lookup, chunk.column(i)))
-            rows.event_chunks.append(chunk)
-        rows.event_count += mine.event_count
-        span, more = rows.time_us_span, mine.time_us_span
-        if more is not None:
-            rows.time_us_span = more if span is None else (min(span[0], more[0]),
-                                                           max(span[1], more[1]))
-        for note in mine.notes:
-            rows.note(note)
-        stack_text = sum(len(f[0] or "") + len(f[1] or "") for k in mine.stacks for f in k)
-        rows.count_text(mine.text_bytes - stack_text)
+        rows.take_events(self.rows)
         check_rows(rows)
