@@ -24,7 +24,10 @@ from tests.conftest import ROOT
 FIX = ROOT / "fixtures"
 FIXTURES = [*sorted(FIX.glob("torch-*/*.pickle*")),
             FIX / "real-h200-torch" / "torch-workload.snapshot.pickle.xz"]
-SHARED = ROOT.parent.parent / "shared" / "real-h200" / "torch-workload.snapshot.pickle.xz"
+# ../shared/real-h200 beside the checkout (or beside the worktrees' folder)
+SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared")
+               if (p / "real-h200").is_dir()), ROOT / "absent") / "real-h200" / \
+    "torch-workload.snapshot.pickle.xz"
 T_US = 1_767_225_600_000_000
 BASE = 0x7F00_0000_0000
 
