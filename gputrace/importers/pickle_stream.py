@@ -177,7 +177,8 @@ class StreamReader:
 
     def _append(self, target: Any, items: list[Any]) -> None:
         if type(target) is list:
-            if target and target[0] is self.sink.frozen_head:
+            head = self.sink.frozen_head
+            if head is not None and target and target[0] is head:
                 raise _refuse_frozen()
             target.extend(items)
         elif isinstance(target, list) and id(target) in self.streamed:
