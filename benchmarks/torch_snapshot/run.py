@@ -83,6 +83,19 @@ def snapshot(n: int) -> dict[str, Any]:
     return {"segments": segments, "device_traces": [trace], "allocator_settings": {}}
 
 
+def _entries(n: int) -> int:
+    """How many entries snapshot(n) holds (its loop, without building it)."""
+    count, i, free = SEGS, 0, SEGS * SLOTS
+    while count < n and free:
+        if i % 1000 == 999:
+            count += 1
+            free -= 1
+        else:
+            count += 3
+        i += 1
+    return count
+
+
 _MEASURE = """
 import resource, subprocess, sys, time
 t = time.monotonic()
@@ -120,26 +133,34 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--entries", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--memory-viz", required=True, help="PyTorch's torch/cuda/_memory_viz.py")
+    ap.add_argument("--keep", type=Path, help="a folder to keep (and reuse) the snapshots "
+                    "in: snapshot-N.pickle")
+    ap.add_argument("--tools", default="gputrace,trace,stats",
+                    help="which of gputrace, trace, stats to run (default: all)")
     args = ap.parse_args()
     rows = []
     for n in args.entries:
         with tempfile.TemporaryDirectory() as tmp:
-            f = Path(tmp) / "snapshot.pickle"
+            f = (args.keep or Path(tmp)) / f"snapshot-{n}.pickle"
             t = time.monotonic()
-            snap = snapshot(n)
-            entries = len(snap["device_traces"][0])
-            with open(f, "wb") as out:
-                pickle.dump(snap, out, protocol=4)
-            del snap
+            if not f.exists():
+                snap = snapshot(n)
+                with open(f, "wb") as out:
+                    pickle.dump(snap, out, protocol=4)
+                del snap
+            entries = _entries(n)
             made = time.monotonic() - t
             size = f.stat().st_size
-            for tool, cmd in (
-                ("gputrace import + allocator reports",
+            for key, tool, cmd in (
+                ("gputrace", "gputrace import + allocator reports",
                  [sys.executable, "-c", GPUTRACE, str(f), str(Path(tmp) / "t")]),
-                ("_memory_viz.py trace", [sys.executable, args.memory_viz, "trace", str(f)]),
-                ("_memory_viz.py stats (segsum)",
+                ("trace", "_memory_viz.py trace",
+                 [sys.executable, args.memory_viz, "trace", str(f)]),
+                ("stats", "_memory_viz.py stats (segsum)",
                  [sys.executable, args.memory_viz, "stats", str(f)]),
             ):
+                if key not in args.tools.split(","):
+                    continue
                 wall, rss, rc, cpu = measure(cmd)
                 rows.append({"entries": entries, "pickle_bytes": size, "tool": tool,
                              "wall_s": wall, "cpu_s": cpu, "peak_mib": rss, "rc": rc})

@@ -26,6 +26,7 @@ import lzma
 import os
 import pickle
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
@@ -177,6 +178,13 @@ def load_plain(path: str | os.PathLike[str]) -> Loaded:
     """The plain-data value of the pickle at `path` (xz, gzip or uncompressed, told
     apart by their magic bytes). PickleRefused, one line, for anything else: a file
     naming a global, a truncated or damaged file, a file that is not a pickle."""
+    return load_with(path, lambda stream: PlainUnpickler(stream).load())
+
+
+def load_with(path: str | os.PathLike[str], load: Callable[[IO[bytes]], Any]) -> Loaded:
+    """What `load` makes of the pickle at `path`, read through the same opening,
+    decompression bounds, hashing and one-line errors as `load_plain` (`load` reads
+    the decompressed stream up to the pickle's STOP)."""
     with contextlib.ExitStack() as files:
         try:
             # non-blocking: a FIFO named like a snapshot must not hang the open
@@ -214,12 +222,12 @@ def load_plain(path: str | os.PathLike[str]) -> Loaded:
         if inner is not None:
             stream = io.BufferedReader(_Bounded(inner, limit, why), 1 << 20)
         try:
-            value = PlainUnpickler(stream).load()
+            value = load(stream)
             # read the container to its end: its check (CRC) and a cut-off end show
             # only there, after the pickle's last opcode
             while stream.read(1 << 20):
                 pass
-        except PickleRefused:
+        except GputraceError:  # refused, or not a snapshot: already one line
             raise
         except (EOFError, lzma.LZMAError, gzip.BadGzipFile) as e:
             raise PickleRefused(f"{path}: truncated or damaged file ({_first_line(e)})"

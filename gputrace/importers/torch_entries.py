@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from gputrace.importers import torch_rows
 from gputrace.importers.torch_rows import (
     _ACTIONS,
     _FRAME,
     _SEEN,
     EVENT_CHUNK,
     I64_MAX,
-    MAX_ROWS,
     U64_MAX,
     AllocatorRows,
     SnapshotError,
@@ -39,32 +39,41 @@ def trace_rows(rows: AllocatorRows, traces: list[Any]) -> None:
             if row is None:
                 w = _where("device_traces", dev, seq)
                 row = _entry(rows, _dict(e, w), w)
-            # one place appends an entry's row, whichever path checked it
-            t, code, action, addr, free, size, stream, stack, ctx, meta = row
-            cols = rows.events
-            cols["time_us"].append(t)
-            cols["seq"].append(seq)
-            cols["device"].append(dev)
-            cols["action_code"].append(code)
-            cols["action"].append(action)
-            cols["address"].append(addr)
-            cols["device_free_bytes"].append(free)
-            cols["size_bytes"].append(size)
-            cols["stream"].append(stream)
-            cols["stack_id"].append(stack)
-            cols["compile_context"].append(ctx)
-            cols["user_metadata"].append(meta)
+            add_row(rows, dev, seq, row)
             _consume(e)
             trace[seq] = None  # the entry's memory goes now
-            rows.event_count += 1
-            if len(rows.events["seq"]) >= EVENT_CHUNK:
-                rows.flush_events()
-                if rows.event_count > MAX_ROWS:
-                    raise SnapshotError(f"refused: more than {MAX_ROWS:,} trace entries")
         _consume(trace)
     rows.flush_events()
-    if rows.event_count > MAX_ROWS:
-        raise SnapshotError(f"refused: more than {MAX_ROWS:,} trace entries")
+    check_rows(rows)
+
+
+def check_rows(rows: AllocatorRows) -> None:
+    """Refuse more trace entries than the row ceiling."""
+    if rows.event_count > torch_rows.MAX_ROWS:
+        raise SnapshotError(f"refused: more than {torch_rows.MAX_ROWS:,} trace entries")
+
+
+def add_row(rows: AllocatorRows, dev: int, seq: int, row: Row) -> None:
+    """Append an entry's row (one place, whichever path checked the entry); a full
+    chunk goes to Arrow."""
+    t, code, action, addr, free, size, stream, stack, ctx, meta = row
+    cols = rows.events
+    cols["time_us"].append(t)
+    cols["seq"].append(seq)
+    cols["device"].append(dev)
+    cols["action_code"].append(code)
+    cols["action"].append(action)
+    cols["address"].append(addr)
+    cols["device_free_bytes"].append(free)
+    cols["size_bytes"].append(size)
+    cols["stream"].append(stream)
+    cols["stack_id"].append(stack)
+    cols["compile_context"].append(ctx)
+    cols["user_metadata"].append(meta)
+    rows.event_count += 1
+    if len(cols["seq"]) >= EVENT_CHUNK:
+        rows.flush_events()
+        check_rows(rows)
 
 
 Row = tuple[int | None, int, str, int | None, int | None, int | None, int | None,
@@ -94,8 +103,8 @@ def _fast_entry(rows: AllocatorRows, e: dict[Any, Any]) -> Row | None:
             or e.get("user_metadata") not in (None, "")):
         return None
     frames = e.get("frames")
-    if type(frames) is list and len(frames) == 2 and frames[0] is _FRAME:
-        stack = frames[1]
+    if type(frames) is list and len(frames) == 4 and frames[0] is _FRAME and frames[2] is rows:
+        stack = frames[3]
     else:
         try:  # the path is built only when a frame is wrong: the slow path says it
             stack = stack_of(rows, frames, "")

@@ -37,7 +37,7 @@ from typing import Any
 
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
-from gputrace.importers.torch_snapshot import TorchSnapshot, import_record
+from gputrace.importers.torch_snapshot import TorchSnapshot, append_tables, import_record
 
 SLACK_NS = 1_000_000_000
 """How far outside the recording an entry may be stamped and still join: wall-clock
@@ -187,14 +187,15 @@ def write_joined(snap: TorchSnapshot, recording: str | os.PathLike[str],
                 w.append(name, in_current_schema(schema.table(name), _read_part(part), part))
                 w.rotate()
         before = {name: _part_names(w.path / name) for name in tables}
-        for name, table in tables.items():
-            w.append(name, table)
+        names = list(tables)
+        rows.event_chunks = []
+        append_tables(w, tables)
         w.rotate()
         if join.live:  # which parts are the snapshot's: the analyses pick a source by them
             record["allocator_sources"] = {
                 "live": "the torch_allocator recorder layer",
                 "snapshot_parts": {name: sorted(_part_names(w.path / name) - before[name])
-                                   for name in tables}}
+                                   for name in names}}
             w.update_manifest(imported=manifest["imported"])
     except BaseException:
         w.close(status="incomplete")

@@ -217,22 +217,46 @@ class AllocatorRows:
             cols, schema=schema.ALLOCATOR_EVENTS.arrow_schema))
         self.events = _columns(schema.ALLOCATOR_EVENTS)
 
+    def take_events(self, other: AllocatorRows) -> None:
+        """Move the events of `other` (rows made before these rows' stacks were
+        numbered: the stream reader's) after these, their stack ids renumbered as
+        these rows number stacks, in the order `other` first used them."""
+        import pyarrow.compute as pc
+
+        other.flush_events()
+        ids = [None] + [self.stack_id(k) for k in other.stacks]
+        lookup = pa.array(ids, pa.int64())
+        same = all(i == j for j, i in enumerate(ids) if j)
+        for chunk in other.event_chunks:
+            if not same:
+                i = chunk.schema.get_field_index("stack_id")
+                chunk = chunk.set_column(i, "stack_id", pc.take(lookup, chunk.column(i)))
+            self.event_chunks.append(chunk)
+        other.event_chunks = []
+        self.event_count += other.event_count
+        span, more = self.time_us_span, other.time_us_span
+        if more is not None:
+            self.time_us_span = more if span is None else (min(span[0], more[0]),
+                                                           max(span[1], more[1]))
+        for note in other.notes:
+            self.note(note)
+        stack_text = sum(len(f[0] or "") + len(f[1] or "") for k in other.stacks for f in k)
+        self.count_text(other.text_bytes - stack_text)
+
     def place(self, offset_ns: int, pid: int | None) -> None:
         """Set events' ts_ns to time_us in ns minus `offset_ns` (the recording's
         realtime offset; 0 for Unix-epoch ns), and every row's pid."""
         import pyarrow.compute as pc
 
         self.flush_events()
-        placed = []
-        for t in self.event_chunks:
+        for i, t in enumerate(self.event_chunks):
             us = t.column("time_us")
             ts = pc.subtract(pc.multiply(us, pa.scalar(1000, pa.int64())),
                              pa.scalar(offset_ns, pa.int64()))
             t = t.set_column(t.schema.get_field_index("ts_ns"), "ts_ns", ts)
             t = t.set_column(t.schema.get_field_index("pid"), "pid",
                              pa.array([pid] * t.num_rows, pa.int32()))
-            placed.append(t.cast(schema.ALLOCATOR_EVENTS.arrow_schema))
-        self.event_chunks = placed
+            self.event_chunks[i] = t.cast(schema.ALLOCATOR_EVENTS.arrow_schema)
         for cols in (self.segments, self.blocks):
             cols["pid"] = [pid] * len(cols["device"])
 
@@ -283,16 +307,23 @@ def stack_of(rows: AllocatorRows, frames: Any, where: str) -> int | None:
         return None
     if not isinstance(frames, list):
         raise SnapshotError(f"{where} is {type(frames).__name__}, not a list")
-    if len(frames) == 2 and frames[0] is _FRAME:
-        got: int | None = frames[1]
+    if len(frames) == 4 and frames[0] is _FRAME:
+        # converted: its id among these rows, or its frames for other rows (the
+        # streaming reader converts trace entries before the segments' rows exist)
+        got: int | None = frames[3] if frames[2] is rows else rows.stack_id(frames[1])
         return got
     try:  # frames PyTorch shares were converted when first seen
         key = tuple([f[_FRAME] for f in frames])
     except (KeyError, TypeError, IndexError):
         key = tuple(_frame(f, f"{where}[{i}]") for i, f in enumerate(frames))
     sid = rows.stack_id(key)
-    frames[:] = [_FRAME, sid]
+    frames[:] = converted(rows, key, sid)
     return sid
+
+
+def converted(rows: AllocatorRows, key: tuple[Frame, ...], sid: int | None) -> list[Any]:
+    """What a frames list becomes once read: its frames and its stack id in `rows`."""
+    return [_FRAME, key, rows, sid]
 
 
 def _pool_id(v: Any, where: str) -> str | None:

@@ -23,18 +23,24 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from gputrace.importers.safe_pickle import Loaded, load_plain
+import pyarrow as pa
+
+from gputrace.importers.pickle_stream import Fallback, StreamReader
+from gputrace.importers.safe_pickle import Loaded, load_plain, load_with
 from gputrace.importers.torch_entries import trace_rows
 from gputrace.importers.torch_rows import AllocatorRows, SnapshotError, segment_rows, text
+from gputrace.importers.torch_stream import SnapshotSink
 
 __all__ = ["KIND", "AllocatorRows", "SnapshotError", "TorchSnapshot", "check_top",
            "import_record", "read_snapshot", "snapshot_rows", "write_alone"]
 
 KIND = "torch-snapshot"
+T = TypeVar("T")
 MAX_SETTINGS = 64
 """Most allocator settings kept in the manifest (PyTorch has about 15)."""
 
@@ -70,9 +76,10 @@ def _settings(v: Any) -> dict[str, Any] | None:
     return out
 
 
-def snapshot_rows(snap: dict[str, Any]) -> AllocatorRows:
+def snapshot_rows(snap: dict[str, Any], sink: SnapshotSink | None = None) -> AllocatorRows:
     """The allocator tables' rows of a checked snapshot dict. Consumes it as it goes
-    (each container emptied once read: a big history is not held twice)."""
+    (each container emptied once read: a big history is not held twice). With `sink`,
+    the histories were read into rows while the file was read (torch_stream)."""
     rows = AllocatorRows()
     segments = snap["segments"]
     if not isinstance(segments, list):
@@ -86,7 +93,10 @@ def snapshot_rows(snap: dict[str, Any]) -> AllocatorRows:
     traces = snap.get("device_traces", [])
     if not isinstance(traces, list):
         raise SnapshotError(f"device_traces is {type(traces).__name__}, not a list")
-    trace_rows(rows, traces)
+    if sink is not None and sink.outer is not None and traces is sink.outer:
+        sink.finish(rows, traces)
+    else:
+        trace_rows(rows, traces)
     if rows.event_count == 0 and not snap.get("_segments_only"):
         rows.note("no trace entries: the state when the snapshot was taken, no history "
                   "(history not recorded, or an out-of-memory observer's dump)")
@@ -106,20 +116,24 @@ class TorchSnapshot:
     """notes (what the format lacks), allocator settings, annotations: for the manifest."""
 
 
-def read_snapshot(path: str | os.PathLike[str]) -> TorchSnapshot:
-    """Read the snapshot at `path` with the restricted unpickler and check its shape."""
+def read_snapshot(path: str | os.PathLike[str], *, stream: bool = True) -> TorchSnapshot:
+    """Read the snapshot at `path` with the restricted unpickler and check its shape.
+    `stream=False`: the reference reader (the whole pickle unpickled, then walked)."""
     name = Path(path).name
-    loaded: Loaded = load_plain(path)
-    snap = check_top(loaded.value, name)
+    try:  # the histories read as a stream of opcodes, never held
+        if not stream:
+            raise Fallback("the reference reader asked for")
+        sink = SnapshotSink()
+        loaded: Loaded = _named(name, load_with, path,
+                                lambda f: StreamReader(f, sink).load())
+        snap = check_top(loaded.value, name)
+        rows = _named(name, snapshot_rows, snap, sink)
+    except Fallback:  # what the stream reader leaves to the reference reader
+        loaded = load_plain(path)
+        snap = check_top(loaded.value, name)
+        rows = _named(name, snapshot_rows, snap)
     settings = _settings(snap.get("allocator_settings"))
     ann = snap.get("external_annotations")
-    try:
-        rows = snapshot_rows(snap)
-    except SnapshotError as e:
-        msg = str(e)
-        if msg.startswith("refused: "):
-            raise SnapshotError(f"refused: {name}: {msg[9:]}") from None
-        raise SnapshotError(f"{name}: {msg}") from None
     more: dict[str, Any] = {"notes": rows.notes}
     if settings is not None:
         more["allocator_settings"] = settings
@@ -127,6 +141,17 @@ def read_snapshot(path: str | os.PathLike[str]) -> TorchSnapshot:
         more["external_annotations"] = len(ann)
     return TorchSnapshot(rows, name, loaded.sha256, loaded.bytes, loaded.compression,
                          more)
+
+
+def _named(name: str, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args), its SnapshotError naming the file."""
+    try:
+        return fn(*args)
+    except SnapshotError as e:
+        msg = str(e)
+        if msg.startswith("refused: "):
+            raise SnapshotError(f"refused: {name}: {msg[9:]}") from None
+        raise SnapshotError(f"{name}: {msg}") from None
 
 
 def import_record(snap: TorchSnapshot, **more: Any) -> dict[str, Any]:
@@ -140,7 +165,7 @@ def import_record(snap: TorchSnapshot, **more: Any) -> dict[str, Any]:
 
 def write_alone(snap: TorchSnapshot, out: str | os.PathLike[str], *, force: bool = False) -> Path:
     """Write the snapshot as a trace of its own: ts_ns are Unix-epoch ns."""
-    from gputrace.trace.writer import write_tables
+    from gputrace.trace.writer import TraceWriter
 
     snap.rows.place(0, None)
     span = snap.rows.time_us_span
@@ -151,4 +176,23 @@ def write_alone(snap: TorchSnapshot, out: str | os.PathLike[str], *, force: bool
     }
     if span is not None:
         manifest.update(start_ts_ns=span[0] * 1000, end_ts_ns=span[1] * 1000)
-    return write_tables(out, snap.rows.tables(), manifest=manifest, force=force)
+    w = TraceWriter(out, manifest=manifest, force=force)
+    try:
+        append_tables(w, snap.rows.tables())
+        snap.rows.event_chunks = []
+    except BaseException:
+        w.close(status="incomplete")
+        raise
+    w.close()
+    return w.path
+
+
+def append_tables(w: Any, tables: dict[str, pa.Table]) -> None:
+    """Append `tables` to the TraceWriter `w` a record batch at a time, each table's
+    batches let go as they are appended: a whole 10^7-entry table handed over at once
+    would be copied into one (its size again in memory at the peak)."""
+    for name in list(tables):
+        batches = tables.pop(name).to_batches()
+        batches.reverse()
+        while batches:
+            w.append(name, batches.pop())

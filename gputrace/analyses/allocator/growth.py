@@ -54,8 +54,9 @@ entry plus the entry at its peak and the last one."""
 
 
 def replay(inp: Inputs) -> pl.LazyFrame:
-    """Every trace entry in each device's order (`i`), with the state after it."""
-    return entries(inp)
+    """Every trace entry in each device's order (`i`), with the state after it on its
+    device (every figure of this report is per device: no pool matching)."""
+    return entries(inp, pools=False)
 
 
 def retained_by_stack(inp: Inputs, events: pl.LazyFrame) -> pl.LazyFrame:
@@ -89,10 +90,12 @@ def growth(inp: Inputs, top: int | None = None) -> Report:
     warnings = trace_warnings(inp)
     if (absent := unrecorded(SPEC, inp, warnings)) is not None:
         return absent
-    events = replay(inp)
-    stacks, rep = pl.collect_all([retained_by_stack(inp, events), events.select(
+    # the replay once: the pairing by stack reads its rows, not a second replay
+    rep = replay(inp).select(
         "i", "ts_ns", "seq", "device", "action", "size", "reserved_bytes", "active_bytes",
-        "requested_bytes", "cache_free_bytes", "d_reserved", "d_active", "d_requested")])
+        "requested_bytes", "cache_free_bytes", "d_reserved", "d_active", "d_requested",
+        "address", "stack_id").collect()
+    stacks = retained_by_stack(inp, rep.lazy()).collect()
     data: dict[str, Any] = {"entries": rep.height, "by_stack": [], "series": [],
                             "devices": [], "device": None,
                             "start_active_bytes": None, "end_active_bytes": None,

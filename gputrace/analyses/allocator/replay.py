@@ -147,11 +147,13 @@ def paired_allocs(ev: pl.LazyFrame) -> pl.LazyFrame:
                        strategy="forward", check_sortedness=False))
 
 
-def entries(inp: Inputs) -> pl.LazyFrame:
+def entries(inp: Inputs, pools: bool = True) -> pl.LazyFrame:
     """Every trace entry in each device's order (`i` counts all devices, device by
     device) with the state just after it, on its device: reserved_bytes,
     active_bytes (rounded), requested_bytes, cache_free_bytes; and in its pool:
-    pool_reserved_bytes, pool_active_bytes."""
+    pool_reserved_bytes, pool_active_bytes (`pools=False`: not those, nor the pool
+    columns: the same rows and device figures without matching every address to its
+    segment, for a report of devices only)."""
     size = pl.col("size_bytes").cast(pl.Int64).fill_null(0)
     ev = (inp.scan("allocator_events")
           .select("pid", "device", "seq", "ts_ns", "action", "address", "stream", "stack_id",
@@ -169,33 +171,36 @@ def entries(inp: Inputs) -> pl.LazyFrame:
                         d_requested=_sign(ACTIVE) * pl.col("size"),
                         d_active=_sign(ACTIVE) * pl.col("block"))
           .drop("_real", "block"))
-    ev = _pools(inp, ev)
     end = end_state(inp)
     dev_end = end.group_by("device").agg(
         pl.col("reserved_bytes").sum().alias("_r"), pl.col("active_bytes").sum().alias("_a"))
     req_end = alive.group_by("device").agg(pl.col("_req").sum().alias("_q"))
-    ev = (ev.join(dev_end, on="device", how="left").join(req_end, on="device", how="left")
-          .join(end.select(*POOL_KEYS, pl.col("reserved_bytes").alias("_pr"),
-                           pl.col("active_bytes").alias("_pa")),
-                # a format without pool ids (null) still has its pools; an entry in no
-                # snapshot segment (pool null) matches none: it ends at zero
-                on=POOL_KEYS, how="left", nulls_equal=True)
-          .with_columns(pl.col("_r", "_a", "_q", "_pr", "_pa").fill_null(0))
-          .sort("i"))
+    if pools:
+        ev = _pools(inp, ev)
+    ev = ev.join(dev_end, on="device", how="left").join(req_end, on="device", how="left")
+    if pools:
+        ev = ev.join(end.select(*POOL_KEYS, pl.col("reserved_bytes").alias("_pr"),
+                                pl.col("active_bytes").alias("_pa")),
+                     # a format without pool ids (null) still has its pools; an entry in
+                     # no snapshot segment (pool null) matches none: it ends at zero
+                     on=POOL_KEYS, how="left", nulls_equal=True)
+    anchors = ["_r", "_a", "_q", *(["_pr", "_pa"] if pools else [])]
+    ev = ev.with_columns(pl.col(anchors).fill_null(0)).sort("i")
 
     def back(anchor: str, delta: str, over: list[str]) -> pl.Expr:
         return (pl.col(anchor) - pl.col(delta).sum().over(over)
                 + pl.col(delta).cum_sum().over(over))
 
+    per_pool = {"pool_reserved_bytes": back("_pr", "d_reserved", POOL_KEYS),
+                "pool_active_bytes": back("_pa", "d_active", POOL_KEYS)} if pools else {}
     return ev.with_columns(
         reserved_bytes=back("_r", "d_reserved", ["device"]),
         active_bytes=back("_a", "d_active", ["device"]),
         requested_bytes=back("_q", "d_requested", ["device"]),
-        pool_reserved_bytes=back("_pr", "d_reserved", POOL_KEYS),
-        pool_active_bytes=back("_pa", "d_active", POOL_KEYS),
+        **per_pool,
     ).with_columns(
         cache_free_bytes=pl.col("reserved_bytes") - pl.col("active_bytes"),
-    ).drop("_r", "_a", "_q", "_pr", "_pa")
+    ).drop(anchors)
 
 
 def _max(s: pl.Series) -> int:
