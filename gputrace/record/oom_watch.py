@@ -11,7 +11,6 @@ sampler queries the GPU within about a millisecond of the failed call's return.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,12 +30,10 @@ class OomWatch(RingWatch):
         self.api_names = api_names
         super().__init__(bpf, table, "gputrace-oom")
 
-    def _on_record(self, _ctx: Any, data: int, size: int) -> int:
-        if size >= incidents.OOM_DTYPE.itemsize:
-            raw = ctypes.string_at(data, incidents.OOM_DTYPE.itemsize)
-            rec = np.frombuffer(raw, incidents.OOM_DTYPE)[0]
+    def _on_record(self, data: bytes) -> None:
+        if len(data) >= incidents.OOM_DTYPE.itemsize:
+            rec = np.frombuffer(data[: incidents.OOM_DTYPE.itemsize], incidents.OOM_DTYPE)[0]
             self.records += 1
             # a subscriber's error must not unwind into C; the decoded row delivers it
             with contextlib.suppress(Exception):
                 self.signal.fire(incidents.from_probe(rec, self.api_names), early=True)
-        return 0

@@ -47,10 +47,9 @@ class PyPauseWatch(RingWatch):
         api.pauses += 1
         api._release(tbl, pid, v.stopped, v.stop_boot_ns)
 
-    def _on_record(self, _ctx: Any, data: int, size: int) -> int:
-        if size >= 8:
-            self._got.append(int.from_bytes(ctypes.string_at(data, 8), "little"))
-        return 0
+    def _on_record(self, data: bytes) -> None:
+        if len(data) >= 8:
+            self._got.append(int.from_bytes(data[:8], "little"))
 
     def _after_poll(self) -> None:
         if self._got:
