@@ -1,13 +1,18 @@
-"""Read a BPF ring buffer (BPF_MAP_TYPE_RINGBUF) with its data area mapped once.
+"""Read a BPF ring buffer (BPF_MAP_TYPE_RINGBUF) mapping only the part that holds records.
 
 libbpf (bcc's `open_ring_buffer`) maps each data area twice, back to back, so that a
-record wrapping past the end reads as one contiguous block: every ring then costs its
-size twice in the recorder's resident memory. This reader maps the consumer page
-read-write and the producer page plus the data area read-only, once, and copies a
-record that wraps in two slices. The protocol is the kernel's (kernel/bpf/ringbuf.c):
-each record is an 8-byte header (u32 length with the BUSY and DISCARD bits, u32 page
-offset) followed by the sample, padded to 8 bytes; the producer position is read
-before the headers, the consumer position is written after the batch.
+record wrapping past the end reads as one contiguous block: every ring then counts
+twice its size in the recorder's resident memory, though the kernel holds it once. This
+reader keeps the consumer page (read-write) and the producer page (read-only) mapped,
+and at each `consume` maps read-only only the pages between the two positions, copies
+the records out and unmaps them: the data areas' pages are the kernel's memory, no
+longer in the recorder's RSS or PSS but for a batch being read. The kernel maps the data
+pages twice in its own address space (kernel/bpf/ringbuf.c), so a window that runs past
+the end of the area is one contiguous mapping and a record that wraps reads in one
+piece. The protocol is the kernel's: each record is an 8-byte header (u32 length with
+the BUSY and DISCARD bits, u32 page offset) followed by the sample, padded to 8 bytes;
+the producer position is read before the headers, the consumer position written after
+the batch.
 """
 
 from __future__ import annotations
@@ -41,36 +46,31 @@ def max_entries(fd: int) -> int:
 
 
 class RingReader:
-    """One ring buffer map `fd`, mapped once; `consume()` hands each committed record's
-    bytes to `on_record` in order and frees their space. One thread consumes a reader."""
+    """One ring buffer map `fd`; `consume()` hands each committed record's bytes to
+    `on_record` in order and frees their space. One thread consumes a reader."""
 
     def __init__(self, fd: int, on_record: Callable[[bytes], object]) -> None:
         self.fd = fd
         self.on_record = on_record
-        page = mmap.PAGESIZE
+        page = self._page = mmap.PAGESIZE
         size = max_entries(fd)
-        if size <= 0 or size & (size - 1) or size % page:
+        if size < page or size & (size - 1):
             raise GputraceError(f"ring buffer map (fd {fd}): odd size {size}")
         self.size, self._mask = size, size - 1
         try:
             self._cons_map = mmap.mmap(fd, page, mmap.MAP_SHARED,
                                        mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-            # the producer page then the data area, read-only: the kernel allows this
-            # partial mapping (the double one is libbpf's choice, not the kernel's)
-            self._data_map = mmap.mmap(fd, page + size, mmap.MAP_SHARED, mmap.PROT_READ,
+            self._prod_map = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ,
                                        offset=page)
         except OSError as e:
             raise GputraceError(f"cannot map the ring buffer (fd {fd}): {e}") from None
         # aligned 8-byte loads and stores through ctypes are single instructions: on
         # x86-64 a load is an acquire and a store a release, as the protocol needs
         self._cons = ctypes.c_uint64.from_buffer(self._cons_map)
-        self._view = memoryview(self._data_map)
-        self._data = self._view[page:]
-        self._page = page
         self._poll: select.epoll | None = None
 
     def producer_pos(self) -> int:
-        return int(_U64.unpack_from(self._view, 0)[0])
+        return int(_U64.unpack_from(self._prod_map, 0)[0])
 
     def available(self) -> int:
         """Bytes committed or reserved and not yet consumed."""
@@ -79,39 +79,46 @@ class RingReader:
     def consume(self) -> int:
         """Hand every committed record on, in order; returns how many were handed on.
         Stops at the first record still being written (BUSY): the next call takes it."""
-        cons = start = int(self._cons.value)
-        data, mask, size, unpack, cb = self._data, self._mask, self.size, _U32.unpack_from, \
-            self.on_record
         n = 0
         while True:
-            prod = int(_U64.unpack_from(self._view, 0)[0])
+            cons = int(self._cons.value)
+            prod = self.producer_pos()
             if cons >= prod:
-                break
-            while cons < prod:
-                off = cons & mask
-                (hdr,) = unpack(data, off)  # the header never wraps: 8-aligned in 2^k
+                return n
+            got, cons_after = self._batch(cons, prod)
+            n += got
+            if cons_after != cons:
+                self._cons.value = cons_after  # after the batch: the space is free now
+            if cons_after < prod:
+                return n  # a record still being written
+
+    def _batch(self, cons: int, prod: int) -> tuple[int, int]:
+        """The records between `cons` and `prod`, through a mapping of just their pages."""
+        page, cb, unpack = self._page, self.on_record, _U32.unpack_from
+        first = (cons & self._mask) & ~(page - 1)
+        skew = (cons & self._mask) - first
+        length = (skew + prod - cons + page - 1) & ~(page - 1)  # <= size + page
+        try:  # data at 2 pages: offsets up to twice the size are the kernel's 2nd map
+            window = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ,
+                               offset=2 * page + first)
+        except OSError as e:
+            raise GputraceError(f"cannot map the ring buffer (fd {self.fd}): {e}") from None
+        view = memoryview(window)
+        n, at, end = 0, skew, skew + prod - cons
+        try:
+            while at < end:
+                (hdr,) = unpack(view, at)
                 if hdr & BUSY_BIT:
-                    prod = -1
                     break
-                length = hdr & _LEN_MASK
+                size = hdr & _LEN_MASK
                 if not hdr & DISCARD_BIT:
-                    begin = off + HEADER
-                    end = begin + length
-                    if end <= size:
-                        cb(bytes(data[begin:end]))
-                    else:  # wraps: the tail of the area, then its head
-                        begin &= mask
-                        if begin + length <= size:
-                            cb(bytes(data[begin:begin + length]))
-                        else:
-                            cb(bytes(data[begin:]) + bytes(data[: end - size]))
+                    cb(bytes(view[at + HEADER : at + HEADER + size]))
                     n += 1
-                cons += (length + HEADER + 7) & ~7
-            if prod < 0:
-                break
-        if cons != start:
-            self._cons.value = cons  # after the batch: the producer may reuse it now
-        return n
+                at += (size + HEADER + 7) & ~7
+        finally:
+            view.release()
+            window.close()
+        return n, cons + at - skew
 
     def wait(self, timeout_s: float) -> bool:
         """Sleep until data is there (epoll on the map) or `timeout_s` passed."""
@@ -126,9 +133,7 @@ class RingReader:
             self._poll.close()
             self._poll = None
         del self._cons
-        self._data.release()
-        self._view.release()
-        self._data_map.close()
+        self._prod_map.close()
         self._cons_map.close()
 
 

@@ -1,6 +1,7 @@
 """The ring buffer reader (gputrace/record/ringbuf.py) on a real BPF_MAP_TYPE_RINGBUF
 of one page filled by a tiny program: every record comes back byte for byte and in
-order, including one that wraps past the end of the data area, odd lengths and
+order, including one that wraps past the end of the data area (read through the
+kernel's second mapping of the data pages, in a window of their pages), odd lengths and
 discarded records are handled, the ring fills (the program counts its failed outputs
 and the reader gets exactly the others) and space is freed for the next records.
 Root and bcc (skipped otherwise)."""
