@@ -31,6 +31,9 @@ HEADER = 8
 _LEN_MASK = ~(BUSY_BIT | DISCARD_BIT) & 0xFFFFFFFF
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+# the most a batch maps at once (its records are copied out, then it is unmapped): a
+# full 64 MiB ring read after a burst adds this much to the RSS, not its size
+WINDOW = 4 << 20
 
 
 def max_entries(fd: int) -> int:
@@ -85,40 +88,50 @@ class RingReader:
             prod = self.producer_pos()
             if cons >= prod:
                 return n
-            got, cons_after = self._batch(cons, prod)
+            got, cons_after, busy = self._batch(cons, prod)
             n += got
             if cons_after != cons:
                 self._cons.value = cons_after  # after the batch: the space is free now
-            if cons_after < prod:
-                return n  # a record still being written
+            if busy:
+                return n
 
-    def _batch(self, cons: int, prod: int) -> tuple[int, int]:
-        """The records between `cons` and `prod`, through a mapping of just their pages."""
+    def _batch(self, cons: int, prod: int) -> tuple[int, int, bool]:
+        """The records from `cons` on, through a mapping of at most WINDOW bytes of
+        their pages (more for one record longer than that): (records handed on, the
+        position after them, whether a record still being written stopped it)."""
         page, cb, unpack = self._page, self.on_record, _U32.unpack_from
         first = (cons & self._mask) & ~(page - 1)
         skew = (cons & self._mask) - first
-        length = (skew + prod - cons + page - 1) & ~(page - 1)  # <= size + page
-        try:  # data at 2 pages: offsets up to twice the size are the kernel's 2nd map
-            window = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ,
-                               offset=2 * page + first)
-        except OSError as e:
-            raise GputraceError(f"cannot map the ring buffer (fd {self.fd}): {e}") from None
-        view = memoryview(window)
-        n, at, end = 0, skew, skew + prod - cons
-        try:
-            while at < end:
-                (hdr,) = unpack(view, at)
-                if hdr & BUSY_BIT:
-                    break
-                size = hdr & _LEN_MASK
-                if not hdr & DISCARD_BIT:
-                    cb(bytes(view[at + HEADER : at + HEADER + size]))
-                    n += 1
-                at += (size + HEADER + 7) & ~7
-        finally:
-            view.release()
-            window.close()
-        return n, cons + at - skew
+        span = min(prod - cons, WINDOW)
+        while True:
+            length = (skew + span + page - 1) & ~(page - 1)  # <= size + page
+            try:  # data at 2 pages: offsets up to twice the size are the kernel's 2nd map
+                window = mmap.mmap(self.fd, length, mmap.MAP_SHARED, mmap.PROT_READ,
+                                   offset=2 * page + first)
+            except OSError as e:
+                raise GputraceError(f"cannot map the ring buffer (fd {self.fd}): {e}") from None
+            view = memoryview(window)
+            n, at, end, busy = 0, skew, skew + span, False
+            try:
+                while at < end:  # a header is 8 bytes at an 8-aligned offset: mapped
+                    (hdr,) = unpack(view, at)
+                    if hdr & BUSY_BIT:
+                        busy = True
+                        break
+                    size = hdr & _LEN_MASK
+                    stop = at + HEADER + size
+                    if stop > length:
+                        break  # past the window: the next batch starts with it
+                    if not hdr & DISCARD_BIT:
+                        cb(bytes(view[at + HEADER : stop]))
+                        n += 1
+                    at += (size + HEADER + 7) & ~7
+            finally:
+                view.release()
+                window.close()
+            if at > skew or busy:
+                return n, cons + at - skew, busy
+            span = min(prod - cons, ((size + HEADER + 7) & ~7))  # one longer record
 
     def wait(self, timeout_s: float) -> bool:
         """Sleep until data is there (epoll on the map) or `timeout_s` passed."""

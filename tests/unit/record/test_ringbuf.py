@@ -3,7 +3,8 @@ of one page filled by a tiny program: every record comes back byte for byte and 
 order, including one that wraps past the end of the data area (read through the
 kernel's second mapping of the data pages, in a window of their pages), odd lengths and
 discarded records are handled, the ring fills (the program counts its failed outputs
-and the reader gets exactly the others) and space is freed for the next records.
+and the reader gets exactly the others) and space is freed for the next records; with a small window (the
+most mapped at once) the same records come back, batch after batch.
 Root and bcc (skipped otherwise)."""
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Cfg(ctypes.Structure):
                 ("discard", ctypes.c_uint32)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def bpf() -> object:
     from gputrace.record import loader
 
@@ -75,7 +76,11 @@ def emit(b: object, length: int, fill: int, discard: bool = False) -> bytes:
     return payload
 
 
-def test_records_come_back_in_order_with_one_wrapping(bpf: object) -> None:
+@pytest.mark.parametrize("window", [ringbuf.WINDOW, 16])
+def test_records_come_back_in_order_with_one_wrapping(bpf: object, window: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # a 16-byte window: batches of one page, records across pages mapped one by one
+    monkeypatch.setattr(ringbuf, "WINDOW", window)
     got: list[bytes] = []
     reader = ringbuf.RingReader(bpf["events"].map_fd, got.append)  # type: ignore[index]
     try:
