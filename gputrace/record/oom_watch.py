@@ -3,8 +3,8 @@
 The probe stages ioctl events and the recorder drains them every 50 ms; a failure
 with NV_ERR_NO_MEMORY is also written alone to the `oom_events` ring buffer with a
 wakeup (probes/nv_ioctl.bpf.h). This thread sleeps in epoll on that buffer alone,
-through a ring buffer manager of its own (bcc's is shared by every buffer the poll
-thread drains), and fires the session's incident signal for each record, so the RM
+through a reader of its own (record/ring_watch.py; the poll thread drains the
+others), and fires the session's incident signal for each record, so the RM
 sampler queries the GPU within about a millisecond of the failed call's return.
 """
 
@@ -21,7 +21,7 @@ from gputrace.record.ring_watch import RingWatch
 
 
 class OomWatch(RingWatch):
-    """Own ring buffer manager and thread on the `oom_events` map of a loaded program."""
+    """Own ring buffer reader and thread on the `oom_events` map of a loaded program."""
 
     def __init__(self, bpf: Any, signal: incidents.IncidentSignal, table: str = "oom_events",
                  api_names: Mapping[int, str] | None = None) -> None:

@@ -21,7 +21,7 @@ from gputrace.record.ring_watch import RingWatch
 
 
 class PyPauseWatch(RingWatch):
-    """Own ring buffer manager and thread on `cuda_py_wake` of the loaded API
+    """Own ring buffer reader and thread on `cuda_py_wake` of the loaded API
     program `api` (a record.api.libcuda.LibcudaProbes), serving under its
     `pause_lock` the stops whose only kind is `pause_py` (GT_PAUSE_PY)."""
 

@@ -3,8 +3,9 @@ of one page filled by a tiny program: every record comes back byte for byte and 
 order, including one that wraps past the end of the data area (read through the
 kernel's second mapping of the data pages, in a window of their pages), odd lengths and
 discarded records are handled, the ring fills (the program counts its failed outputs
-and the reader gets exactly the others) and space is freed for the next records; with a small window (the
-most mapped at once) the same records come back, batch after batch.
+and the reader gets exactly the others) and space is freed for the next records;
+with a small window (the most mapped at once) the same records come back, batch after
+batch.
 Root and bcc (skipped otherwise)."""
 
 from __future__ import annotations
