@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gputrace.errors import GputraceError
-from gputrace.record import decode, hooks
+from gputrace.record import decode, hooks, ringbuf
 from gputrace.record.bpf_load import attach_tp_btf, keep_names, load_tp_btf
 from gputrace.record.bpf_load import check_headers as check_headers  # re-exported
 from gputrace.record.bpf_load import load_bpf as load_bpf
@@ -185,8 +185,9 @@ class Probes:
         # it: the recorder attaches the driver layer's tracker before decoding
         self.uvm_inits: list[tuple[int, int]] = []
         self._callbacks = [self._collector(name) for name in BUFFERS]
+        self.rings = ringbuf.RingSet()
         for name, cb in zip(BUFFERS, self._callbacks, strict=True):
-            self.bpf[name].open_ring_buffer(cb)
+            self.rings.open(self.bpf[name].map_fd, cb)
 
     def _load(self, bcc: Any, source: str, flags: list[str]) -> dict[str, str]:
         """Compile and attach; returns the manifest's `syscall_hooks`: which
@@ -242,14 +243,12 @@ class Probes:
     def _collector(self, name: str) -> Any:
         """A callback that only copies bytes (ioctl batches: without their header)."""
         sink = self.raw[name]
-        string_at = ctypes.string_at
         skip = decode.BATCH_HEADER if name in STAGED else 0
         seen = self._received[name]
 
-        def cb(_ctx: Any, data: int, size: int) -> int:
-            sink.append(string_at(data + skip, size - skip))
-            seen[0] += size
-            return 0
+        def cb(data: bytes) -> None:
+            sink.append(data[skip:] if skip else data)
+            seen[0] += len(data)
 
         if name != "proc_events":
             return cb
@@ -259,15 +258,13 @@ class Probes:
         size_ok = decode.PROC_DTYPE.itemsize
         kind_at, pid_at, fd_at = (fields[f][1] for f in ("kind", "pid", "exit_code"))
 
-        def proc_cb(_ctx: Any, data: int, size: int) -> int:
-            raw = string_at(data, size)
+        def proc_cb(raw: bytes) -> None:
             sink.append(raw)
-            if size == size_ok and (
+            if len(raw) == size_ok and (
                 int.from_bytes(raw[kind_at : kind_at + 4], "little") == decode.PROC_UVM_INIT
             ):
                 pid = int.from_bytes(raw[pid_at : pid_at + 4], "little")
                 inits.append((pid, int.from_bytes(raw[fd_at : fd_at + 4], "little", signed=True)))
-            return 0
 
         return proc_cb
 
@@ -349,7 +346,7 @@ class Probes:
 
     # -- data
     def consume(self) -> None:
-        self.bpf.ring_buffer_consume()
+        self.rings.consume()
 
     def flush_staging(self) -> None:
         """Make each CPU's probe submit its partial batch (our own trigger ioctl)."""
@@ -439,5 +436,6 @@ class Probes:
 
     def close(self) -> None:
         self._close_fds()
+        self.rings.close()
         detach_parallel(self.bpf)  # bcc's cleanup closes them one grace period at a time
         self.bpf.cleanup()

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from gputrace import schema
 from gputrace.errors import GputraceError, UsageError
-from gputrace.record import bpf_load, decode, elf, hooks, loader, procfs, python_stacks
+from gputrace.record import bpf_load, decode, elf, hooks, loader, procfs, python_stacks, ringbuf
 from gputrace.record.api import decode as decode_cuda
 from gputrace.record.api import watchdog
 from gputrace.record.api.discovery import from_ldconfig, from_maps
@@ -103,8 +103,8 @@ class LibcudaProbes:
         self.bpf, self.library_loads = load_program(bcc, probes, stack_depth, extensions)
         self._fds, self.comm_cache_note = bpf_load.keep_names(self.bpf, "cuda_task_rename")
         self.raw: list[bytes] = []
-        self._cb = self._collector()
-        self.bpf[BUFFER].open_ring_buffer(self._cb)
+        self.rings = ringbuf.RingSet()  # the torch layer's ring is consumed with it
+        self.rings.open(self.bpf[BUFFER].map_fd, self.raw.append)
         self.names = {v: k for k, v in hooks.cuda_symbols().items()}
         self.inodes: set[tuple[int, int]] = set()
         self.libraries: list[str] = []
@@ -127,15 +127,6 @@ class LibcudaProbes:
         # processes: one at a time, so neither continues a stop the other serves
         self.pause_lock = threading.Lock()
         self.py_watch: PyPauseWatch | None = None
-
-    def _collector(self) -> Any:
-        sink, string_at = self.raw, ctypes.string_at
-
-        def cb(_ctx: Any, data: int, size: int) -> int:
-            sink.append(string_at(data, size))
-            return 0
-
-        return cb
 
     # -- settings
     def configure(self, *, self_tgid: int, filter_targets: bool, pause: bool) -> None:
@@ -326,7 +317,7 @@ class LibcudaProbes:
                 self.changed = True  # the manifest lists the tables
             # after the paused map was read: the calls that stopped a process are in
             # the ring already (each is submitted before its stop)
-            self.bpf.ring_buffer_consume()
+            self.rings.consume()
             if self.raw:
                 data = b"".join(self.raw)
                 self.raw.clear()
@@ -440,4 +431,5 @@ class LibcudaProbes:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds = []
+        self.rings.close()
         self.bpf.cleanup()

@@ -27,7 +27,7 @@ STOP_WAIT_S = 1.0  # as libcuda.STOP_WAIT_S: the most a stop is waited for
 
 
 class PyPauseWatch(RingWatch):
-    """Own ring buffer manager and thread on `cuda_py_wake` of the loaded API
+    """Own ring buffer reader and thread on `cuda_py_wake` of the loaded API
     program `api` (a record.api.libcuda.LibcudaProbes), serving under its
     `pause_lock` the stops whose only kind is `pause_py` (GT_PAUSE_PY)."""
 
@@ -69,10 +69,9 @@ class PyPauseWatch(RingWatch):
         api.pauses += 1
         api._release(tbl, pid, v.stopped, v.stop_boot_ns)
 
-    def _on_record(self, _ctx: Any, data: int, size: int) -> int:
-        if size >= 8:
-            self._got.append(int.from_bytes(ctypes.string_at(data, 8), "little"))
-        return 0
+    def _on_record(self, data: bytes) -> None:
+        if len(data) >= 8:
+            self._got.append(int.from_bytes(data[:8], "little"))
 
     def _after_poll(self) -> None:
         while self._got:  # serving a process may take in records of others

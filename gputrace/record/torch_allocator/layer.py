@@ -108,14 +108,7 @@ class TorchAllocatorLayer(Layer):
     def attach(self, s: Session) -> None:
         """Before the API layer's attach: its start finds the libraries already mapped."""
         self.api = s.api
-        sink, string_at = self.raw, ctypes.string_at
-
-        def cb(_ctx: Any, data: int, size: int) -> int:
-            sink.append(string_at(data, size))
-            return 0
-
-        self._cb = cb
-        self.api.bpf[BUFFER].open_ring_buffer(cb)
+        self.api.rings.open(self.api.bpf[BUFFER].map_fd, self.raw.append)
         self.api.libraries_watch.subscribe(LIBRARY_RE, self.on_library)
 
     def on_library(self, path: str, shown: str, pid: int) -> None:
@@ -163,7 +156,7 @@ class TorchAllocatorLayer(Layer):
     def drain(self, s: Session, due: Due) -> list[tuple[str, Any]]:
         # the API layer drains after this one: its ring buffer and ours are consumed here
         # too, so the last events are taken at the final drain
-        self.api.bpf.ring_buffer_consume()
+        self.api.rings.consume()
         items: list[tuple[str, Any]] = []
         if self.raw:
             data = b"".join(self.raw)
