@@ -53,7 +53,8 @@ class PyPauseWatch(RingWatch):
         # reached it (one stop serves the whole process): once the process is
         # stopped, every such thread has named its stack here; read those too.
         watchdog.wait_stopped(pid, STOP_WAIT_S)
-        self._lib.bpf_consume_ringbuf(self._rb)
+        if self._reader is not None:  # this thread's own reader (serve runs in it)
+            self._reader.consume()
         late = [w & 0xFFFFFFFF for w in self._got if w >> 32 == pid]
         self._got = [w for w in self._got if w >> 32 != pid]
         self.records += len(late)
