@@ -7,10 +7,22 @@ in-process.
 
 from __future__ import annotations
 
+import pickle
 import re
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from gputrace import docblocks
 from gputrace.analyses import catalog, fail_on, registry
+from gputrace.analyses.allocator.pool import pool
+from gputrace.analyses.allocator.replay import entries, per_device
+from gputrace.analyses.allocator.tensors import tensors
+from gputrace.analyses.helpers.inputs import inputs_from_trace
+from gputrace.importers.torch_snapshot import read_snapshot, write_alone
+from gputrace.trace.builder import TraceBuilder
+from gputrace.trace.reader import open_trace
 
 DOCS = docblocks.ROOT / "docs"
 
@@ -80,3 +92,179 @@ def test_fail_on_oom_hit_counts_incidents_by_verdict() -> None:
     assert fail_on.oom_hit(rep, 0.0) == (
         "oom: 3 out-of-memory incident(s) (2 fragmentation, 1 exhausted)")
     assert fail_on.oom_hit({"count": 0, "by_verdict": []}, 0.0) is None
+
+
+# --------------------------------------------------- the PyTorch allocator reports
+# A synthetic snapshot (plain dicts, never from PyTorch) of two devices and three pools
+# of device 0. Its truth, by hand:
+#   device 0, pool 0,0 large: SEG_A 20 MiB = an 8 MiB tensor (train, asked 8 MiB - 100)
+#     + a 2 MiB tensor freed by the program, pending on another stream (evaluate)
+#     + 10 MiB free;
+#   device 0, pool 0,0 small: SEG_S 2 MiB = a 1 MiB tensor (train, asked 1 MiB - 1)
+#     + 1 MiB free;
+#   device 0, pool 1,2 (a private MemPool) large: SEG_P 64 MiB, one 64 MiB tensor (kv);
+#   device 1, pool 0,0 large: SEG_D 40 MiB = a 30 MiB tensor (train) + 10 MiB free.
+# Device 0 reserves 86 MiB, 73 MiB of it in tensors (8 + 1 + 64: the pending free is
+# active, not allocated); device 1 reserves 40 MiB, 30 MiB allocated.
+# History of device 0: SEG_A and its 8 MiB tensor at 1 s; SEG_B (2 MiB, past SEG_A's
+# end, in no pool at the end) allocated at 2 s and freed at 3 s.
+MiB = 1 << 20
+T_US = 1_767_225_600_000_000
+SEG_A, SEG_B = 0x7F00_0000_0000, 0x7F00_0400_0000
+SEG_S, SEG_P, SEG_D = 0x7F00_1000_0000, 0x7F00_2000_0000, 0x7F80_0000_0000
+F_TRAIN = [{"name": "train", "filename": "/home/u/t.py", "line": 10}]
+F_EVAL = [{"name": "evaluate", "filename": "/home/u/t.py", "line": 20}]
+F_KV = [{"name": "kv_cache", "filename": "/home/u/serve.py", "line": 5}]
+
+
+def _block(addr: int, size: int, state: str, req: int | None = None,
+           frames: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"address": addr, "size": size, "requested_size": size if req is None else req,
+            "state": state, "frames": frames or []}
+
+
+def _segment(device: int, addr: int, blocks: list[dict[str, Any]], pool: str = "large",
+             pool_id: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+    alloc = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
+    active = sum(b["size"] for b in blocks if b["state"] != "inactive")
+    return {"device": device, "address": addr, "total_size": sum(b["size"] for b in blocks),
+            "allocated_size": alloc, "active_size": active, "requested_size": alloc,
+            "stream": 0, "segment_type": pool, "segment_pool_id": pool_id,
+            "is_expandable": False, "frames": [], "blocks": blocks}
+
+
+def _entry(action: str, t_s: float, size: int, addr: int,
+           frames: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"action": action, "size": size, "stream": 0, "addr": addr,
+            "time_us": T_US + round(t_s * 1e6), "frames": frames or []}
+
+
+def _pools_snapshot() -> dict[str, Any]:
+    return {
+        "segments": [
+            _segment(0, SEG_A, [
+                _block(SEG_A, 8 * MiB, "active_allocated", 8 * MiB - 100, F_TRAIN),
+                _block(SEG_A + 8 * MiB, 2 * MiB, "active_pending_free", None, F_EVAL),
+                _block(SEG_A + 10 * MiB, 10 * MiB, "inactive", 0)]),
+            _segment(0, SEG_S, [
+                _block(SEG_S, 1 * MiB, "active_allocated", 1 * MiB - 1, F_TRAIN),
+                _block(SEG_S + 1 * MiB, 1 * MiB, "inactive", 0)], pool="small"),
+            _segment(0, SEG_P, [_block(SEG_P, 64 * MiB, "active_allocated", None, F_KV)],
+                     pool_id=(1, 2)),
+            _segment(1, SEG_D, [
+                _block(SEG_D, 30 * MiB, "active_allocated", None, F_TRAIN),
+                _block(SEG_D + 30 * MiB, 10 * MiB, "inactive", 0)]),
+        ],
+        "device_traces": [[
+            _entry("segment_alloc", 1.0, 20 * MiB, SEG_A, F_TRAIN),
+            _entry("alloc", 1.0, 8 * MiB, SEG_A, F_TRAIN),
+            _entry("segment_alloc", 2.0, 2 * MiB, SEG_B),
+            _entry("segment_free", 3.0, 2 * MiB, SEG_B),
+        ], []],
+        "allocator_settings": {}, "external_annotations": [],
+    }
+
+
+def _snapshot_trace(tmp: Path, snap: dict[str, Any]) -> Path:
+    f = tmp / "s.pickle"
+    f.write_bytes(pickle.dumps(snap))
+    return write_alone(read_snapshot(f), tmp / "t")
+
+
+@pytest.fixture(scope="module")
+def pools_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _snapshot_trace(tmp_path_factory.mktemp("pools"), _pools_snapshot())
+
+
+def test_pool_headline_is_the_device_reserving_most(pools_trace: Path) -> None:
+    """allocator/pool.py: the headline is device 0 (86 MiB reserved, before device 1's
+    40 MiB), its allocated bytes are its tensors' (73 MiB), and two devices are said."""
+    p = pool(inputs_from_trace(open_trace(pools_trace)))
+    d = p.data
+    assert [r["device"] for r in d["devices"]] == [0, 1]
+    assert [r["reserved_bytes"] for r in d["devices"]] == [86 * MiB, 40 * MiB]
+    assert (d["device"], d["reserved_bytes"], d["allocated_bytes"], d["active_bytes"]) == (
+        0, 86 * MiB, 73 * MiB, 75 * MiB)
+    assert d["segment_count"] == 3
+    assert [w for w in p.warnings if "devices" in w] == [
+        "allocator-pool: 2 devices; the headline is device 0's (most reserved), "
+        "`devices` lists each"]
+
+
+def test_pool_rows_by_device_pool_id_then_large_before_small(pools_trace: Path) -> None:
+    """allocator/pool.py: one row per device and pool, in device, pool id and
+    large/small order; a private pool is its own row."""
+    d = pool(inputs_from_trace(open_trace(pools_trace))).data
+    assert [(r["device"], r["pool_id"], r["pool"], r["reserved_bytes"]) for r in d["pools"]] == [
+        (0, "0,0", "large", 20 * MiB), (0, "0,0", "small", 2 * MiB),
+        (0, "1,2", "large", 64 * MiB), (1, "0,0", "large", 40 * MiB)]
+
+
+def test_pool_one_device_is_no_warning(tmp_path: Path) -> None:
+    """allocator/pool.py: a snapshot of one device says nothing about devices."""
+    snap = _pools_snapshot()
+    snap["segments"] = snap["segments"][:1]
+    snap["device_traces"] = snap["device_traces"][:1]
+    p = pool(inputs_from_trace(open_trace(_snapshot_trace(tmp_path, snap))))
+    assert p.data["reserved_bytes"] == 20 * MiB and p.data["allocated_bytes"] == 8 * MiB
+    assert not [w for w in p.warnings if "devices" in w]
+
+
+def test_tensors_pending_free_counted_per_stack(pools_trace: Path) -> None:
+    """allocator/tensors.py: per device and stack, largest first; the 2 MiB tensor
+    freed by evaluate() but pending on another stream is its stack's one pending free,
+    train's are not pending."""
+    t = tensors(inputs_from_trace(open_trace(pools_trace))).data
+    by = [(s["device"], s["top_frame"], s["count"], s["bytes"], s["pending_free"])
+          for s in t["by_stack"]]
+    assert by == [(0, "kv_cache (serve.py:5)", 1, 64 * MiB, 0),
+                  (1, "train (t.py:10)", 1, 30 * MiB, 0), (0, "train (t.py:10)", 2, 9 * MiB, 0),
+                  (0, "evaluate (t.py:20)", 1, 2 * MiB, 1)]
+    assert (t["pending_free_count"], t["pending_free_bytes"]) == (1, 2 * MiB)
+
+
+def test_replay_entries_past_a_segment_end_have_no_pool(pools_trace: Path) -> None:
+    """allocator/replay.entries: SEG_B lies past SEG_A's end and is gone at the end, so
+    its entries are in no snapshot segment and no pool; SEG_A's are in pool 0,0 large.
+    The cache's free bytes are reserved minus active after each entry."""
+    ev = entries(inputs_from_trace(open_trace(pools_trace))).collect().sort("i")
+    got = ev.select("action", "address", "pool_id", "pool", "in_snapshot_segment",
+                    "reserved_bytes", "active_bytes", "cache_free_bytes").rows()
+    # device 0 ends at 86 MiB reserved, 75 MiB active: backwards from there
+    assert got == [
+        ("segment_alloc", SEG_A, "0,0", "large", True, 86 * MiB, 67 * MiB, 19 * MiB),
+        ("alloc", SEG_A, "0,0", "large", True, 86 * MiB, 75 * MiB, 11 * MiB),
+        ("segment_alloc", SEG_B, None, None, False, 88 * MiB, 75 * MiB, 13 * MiB),
+        ("segment_free", SEG_B, None, None, False, 86 * MiB, 75 * MiB, 11 * MiB)]
+
+
+def test_per_device_end_is_the_last_entry(pools_trace: Path) -> None:
+    """allocator/replay.per_device: device 0's four entries start at 66 MiB reserved
+    (86 - 20 + 2 - 2) and end at 86; the peak is 88 MiB, SEG_B's moment."""
+    ev = entries(inputs_from_trace(open_trace(pools_trace))).collect()
+    (d0,) = per_device(ev)
+    assert (d0["device"], d0["entries"]) == (0, 4)
+    assert (d0["start_reserved_bytes"], d0["end_reserved_bytes"], d0["peak_reserved_bytes"]) == (
+        66 * MiB, 86 * MiB, 88 * MiB)
+    assert (d0["start_active_bytes"], d0["end_active_bytes"]) == (67 * MiB, 75 * MiB)
+
+
+def test_stack_frames_innermost_first_whatever_the_row_order(tmp_path: Path) -> None:
+    """allocator/frames.stack_labels: a stack's frames read innermost first (depth 0
+    first) even when the table holds them outermost first."""
+    b = TraceBuilder(("allocator",), duration_s=1.0)
+    b.process(7, "python")
+    for depth, (fn, line) in reversed(list(enumerate([("inner", 3), ("mid", 2),
+                                                      ("outer", 1)]))):
+        b.row("allocator_frames", stack_id=1, depth=depth, function=fn, filename="/u/m.py",
+              line=line)
+    b.row("allocator_segments", pid=7, device=0, address=SEG_A, total_size_bytes=2 * MiB,
+          allocated_size_bytes=2 * MiB, active_size_bytes=2 * MiB, pool="small",
+          pool_id="0,0", is_expandable=False)
+    b.row("allocator_blocks", pid=7, device=0, segment_address=SEG_A, address=SEG_A,
+          size_bytes=2 * MiB, requested_size_bytes=2 * MiB, state_code=1,
+          state="active_allocated", stack_id=1)
+    t = tensors(inputs_from_trace(open_trace(b.build(tmp_path / "t")))).data
+    (s,) = t["by_stack"]
+    assert s["frames"] == ["inner (/u/m.py:3)", "mid (/u/m.py:2)", "outer (/u/m.py:1)"]
+    assert s["top_frame"] == "inner (m.py:3)"
