@@ -16,13 +16,16 @@ import pytest
 
 from gputrace import docblocks
 from gputrace.analyses import catalog, fail_on, registry
+from gputrace.analyses.allocator.growth import growth
 from gputrace.analyses.allocator.pool import pool
 from gputrace.analyses.allocator.replay import entries, per_device
 from gputrace.analyses.allocator.tensors import tensors
 from gputrace.analyses.helpers.inputs import inputs_from_trace
+from gputrace.analyses.report_spec import ReportOptions
 from gputrace.importers.torch_snapshot import read_snapshot, write_alone
 from gputrace.trace.builder import TraceBuilder
 from gputrace.trace.reader import open_trace
+from tests.analyze_helpers import SCENARIO_DIR
 
 DOCS = docblocks.ROOT / "docs"
 
@@ -268,3 +271,143 @@ def test_stack_frames_innermost_first_whatever_the_row_order(tmp_path: Path) -> 
     (s,) = t["by_stack"]
     assert s["frames"] == ["inner (/u/m.py:3)", "mid (/u/m.py:2)", "outer (/u/m.py:1)"]
     assert s["top_frame"] == "inner (m.py:3)"
+
+
+def test_pool_report_tables_of_the_pools_snapshot(pools_trace: Path) -> None:
+    """allocator/pool.py: device 0's reserved-but-unallocated bytes are 86 - 73 MiB;
+    its largest free block is SEG_A's 10 MiB of 11 MiB free (10 + 1)."""
+    d = pool(inputs_from_trace(open_trace(pools_trace))).data
+    assert d["reserved_unallocated_bytes"] == 13 * MiB
+    assert d["largest_inactive_bytes"] == 10 * MiB
+    assert abs(d["fragmentation"] - (1 - 10 / 11)) < 1e-12
+
+
+def _empty_snapshot(tmp: Path) -> Path:
+    """A snapshot of one empty segment-less device: no blocks, no history."""
+    return _snapshot_trace(tmp, {"segments": [], "device_traces": [[]],
+                                 "allocator_settings": {}, "external_annotations": []})
+
+
+def test_allocator_reports_of_an_empty_snapshot(tmp_path: Path) -> None:
+    """allocator pool, tensors and growth on a snapshot that holds nothing: recorded,
+    every figure zero or null, each saying why in one warning."""
+    inp = inputs_from_trace(open_trace(_empty_snapshot(tmp_path)))
+    p = pool(inp)
+    assert p.recorded and (p.data["device"], p.data["reserved_bytes"]) == (None, 0)
+    assert (p.data["devices"], p.data["pools"], p.data["segments"]) == ([], [], [])
+    t = tensors(inp)
+    assert t.recorded is True and t.missing_layers == []
+    assert (t.data["total_count"], t.data["total_bytes"], t.data["by_stack"]) == (0, 0, [])
+    assert "tensors: the snapshot holds no active blocks" in t.warnings
+    g = growth(inp)
+    assert g.recorded is True and g.missing_layers == []
+    assert (g.data["entries"], g.data["device"], g.data["series"]) == (0, None, [])
+    assert [w for w in g.warnings if w.startswith("allocator-growth:")] == [
+        "allocator-growth: the snapshot holds no trace entries (history not recorded: "
+        "torch.cuda.memory._record_memory_history() before the run)"]
+
+
+def _long_history() -> dict[str, Any]:
+    """One expandable 1 GiB segment and 1002 entries: its map (entry 0); 500
+    allocations of 1 MiB by train(), k MiB into it (1..500); 498 of them freed
+    (501..998); a second 2 MiB map and its unmap (999, 1000); a 2 MiB allocation by
+    evaluate() (1001). Alive at the end: train's last two and evaluate's, 4 MiB."""
+    seg, e = SEG_A, []
+    e.append(_entry("segment_map", 0.0, 1024 * MiB, seg))
+    e += [_entry("alloc", 0.001 * k, 1 * MiB, seg + k * MiB, F_TRAIN) for k in range(500)]
+    e += [_entry("free_completed", 1.0 + 0.001 * k, 1 * MiB, seg + k * MiB, F_TRAIN)
+          for k in range(498)]
+    e.append(_entry("segment_map", 2.0, 2 * MiB, seg + 1024 * MiB))
+    e.append(_entry("segment_unmap", 2.1, 2 * MiB, seg + 1024 * MiB))
+    e.append(_entry("alloc", 2.2, 2 * MiB, seg + 500 * MiB, F_EVAL))
+    blocks = [_block(seg, 498 * MiB, "inactive", 0),
+              _block(seg + 498 * MiB, 1 * MiB, "active_allocated", None, F_TRAIN),
+              _block(seg + 499 * MiB, 1 * MiB, "active_allocated", None, F_TRAIN),
+              _block(seg + 500 * MiB, 2 * MiB, "active_allocated", None, F_EVAL),
+              _block(seg + 502 * MiB, 522 * MiB, "inactive", 0)]
+    s = _segment(0, seg, blocks)
+    s["is_expandable"] = True
+    return {"segments": [s], "device_traces": [e], "allocator_settings": {},
+            "external_annotations": []}
+
+
+def test_growth_long_history_thinned_keeping_peak_and_end(tmp_path: Path) -> None:
+    """allocator/growth.py on 1002 entries: the series keeps every 3rd entry (ceil(1002
+    / 400)), plus the peak (entry 500, 500 MiB active) and the last one (1001, 4 MiB);
+    by stack, train retains 2 of 500 (2 MiB) and comes before evaluate (1 of 1, 2 MiB,
+    fewer allocs); the expandable segment was mapped twice and unmapped once."""
+    g = growth(inputs_from_trace(open_trace(_snapshot_trace(tmp_path, _long_history())))).data
+    assert g["entries"] == 1002
+    kept = [p["entry"] for p in g["series"]]
+    assert kept == sorted({*range(0, 1002, 3), 500, 1001})
+    at = {p["entry"]: p["active_bytes"] for p in g["series"]}
+    assert (at[500], at[1001], at[0]) == (500 * MiB, 4 * MiB, 0)
+    assert (g["peak_active_bytes"], g["end_active_bytes"], g["start_active_bytes"]) == (
+        500 * MiB, 4 * MiB, 0)
+    assert [(s["top_frame"], s["allocs"], s["retained_count"], s["retained_bytes"])
+            for s in g["by_stack"]] == [("train (t.py:10)", 500, 2, 2 * MiB),
+                                        ("evaluate (t.py:20)", 1, 1, 2 * MiB)]
+    (d,) = g["devices"]
+    assert (d["segment_maps"], d["segment_unmaps"]) == (2, 1)
+    assert (d["start_reserved_bytes"], d["end_reserved_bytes"], d["peak_reserved_bytes"]) == (
+        0, 1024 * MiB, 1026 * MiB)
+
+
+def test_growth_by_stack_largest_retained_first(tmp_path: Path) -> None:
+    """allocator/growth.retained_by_stack: evaluate() retains 6 MiB in one alloc, train
+    1 MiB of 3: evaluate first, whatever the allocs."""
+    seg = SEG_A
+    e = [_entry("segment_alloc", 0.0, 20 * MiB, seg),
+         *[_entry("alloc", 0.1 * k, 1 * MiB, seg + k * MiB, F_TRAIN) for k in (1, 2, 3)],
+         *[_entry("free_completed", 1 + 0.1 * k, 1 * MiB, seg + k * MiB, F_TRAIN)
+           for k in (1, 2)],
+         _entry("alloc", 2.0, 6 * MiB, seg + 8 * MiB, F_EVAL)]
+    blocks = [_block(seg, 3 * MiB, "inactive", 0),
+              _block(seg + 3 * MiB, 1 * MiB, "active_allocated", None, F_TRAIN),
+              _block(seg + 4 * MiB, 4 * MiB, "inactive", 0),
+              _block(seg + 8 * MiB, 6 * MiB, "active_allocated", None, F_EVAL),
+              _block(seg + 14 * MiB, 6 * MiB, "inactive", 0)]
+    snap = {"segments": [_segment(0, seg, blocks)], "device_traces": [e],
+            "allocator_settings": {}, "external_annotations": []}
+    g = growth(inputs_from_trace(open_trace(_snapshot_trace(tmp_path, snap)))).data
+    assert [(s["top_frame"], s["allocs"], s["retained_bytes"]) for s in g["by_stack"]] == [
+        ("evaluate (t.py:20)", 1, 6 * MiB), ("train (t.py:10)", 3, 1 * MiB)]
+    assert g["by_stack"][1]["retained_bytes_per_alloc"] == MiB / 3
+
+
+def test_fail_on_fragmentation_without_any_gpu() -> None:
+    """fail_on.fragmentation_hit: a report with no GPU figures at all (neither PMM nor
+    RM samples) is index 0: it passes any threshold, it does not fail or crash."""
+    assert fail_on.fragmentation_hit({"gpus": [], "rm": None}, 0.0) is None
+    assert fail_on.fragmentation_hit({"gpus": None}, 0.5) is None
+    rep = {"gpus": [{"peak": {"fragmentation_index": 0.4}, "end": None}],
+           "rm": {"gpus": [{"worst": {"unusable_share": 0.7}}]}}
+    assert fail_on.fragmentation_hit(rep, 0.5) == "fragmentation: index 0.700 > 0.5"
+    assert fail_on.fragmentation_hit(rep, 0.7) is None
+
+
+# ------------------------------------------------------------------------ registry
+@pytest.mark.parametrize("scenario", ["fragmented_gpu", "uvm_storm", "fault_rates",
+                                      "oom_capacity_fragmentation"])
+def test_every_recorded_report_names_itself_as_registered(scenario: str) -> None:
+    """report.Report.name: each report a trace's layers allow is recorded and carries
+    its registry name (the name renderers and `--only` use), whatever module made it."""
+    inp = inputs_from_trace(open_trace(SCENARIO_DIR / scenario))
+    ctx = registry.Context(inp, ReportOptions(), registry.names())
+    ran = 0
+    for spec in registry.REPORTS:
+        if registry.unrecorded(spec, inp, []) is not None:
+            continue
+        rep = spec.run(ctx)
+        assert (rep.name, rep.recorded) == (spec.name, True)
+        ran += 1
+    assert ran >= 3
+
+
+def test_allocator_reports_name_themselves_as_registered(pools_trace: Path) -> None:
+    """report.Report.name for the allocator layer's reports on the pools snapshot."""
+    inp = inputs_from_trace(open_trace(pools_trace))
+    ctx = registry.Context(inp, ReportOptions(), registry.names())
+    names = [s.name for s in registry.REPORTS if registry.unrecorded(s, inp, []) is None
+             and (rep := s.run(ctx)).name == s.name and rep.recorded]
+    assert {"tensors", "allocator-growth", "allocator-pool"} <= set(names)
