@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import polars as pl
 import pytest
 
 from gputrace import docblocks
@@ -20,10 +22,15 @@ from gputrace.analyses.allocator.growth import growth
 from gputrace.analyses.allocator.pool import pool
 from gputrace.analyses.allocator.replay import entries, per_device
 from gputrace.analyses.allocator.tensors import tensors
+from gputrace.analyses.fragmentation import fragmentation
+from gputrace.analyses.fragmentation.free_space import snapshot
+from gputrace.analyses.helpers.gpus import gpu_memory
 from gputrace.analyses.helpers.inputs import inputs_from_trace
+from gputrace.analyses.leaks.growth import theil_sen, theil_sen_rows
+from gputrace.analyses.oom.gpu_state import allocator_at, driver_round, gpu_at
 from gputrace.analyses.report_spec import ReportOptions
 from gputrace.importers.torch_snapshot import read_snapshot, write_alone
-from gputrace.trace.builder import TraceBuilder
+from gputrace.trace.builder import TraceBuilder, ns
 from gputrace.trace.reader import open_trace
 from tests.analyze_helpers import SCENARIO_DIR
 
@@ -411,3 +418,127 @@ def test_allocator_reports_name_themselves_as_registered(pools_trace: Path) -> N
     names = [s.name for s in registry.REPORTS if registry.unrecorded(s, inp, []) is None
              and (rep := s.run(ctx)).name == s.name and rep.recorded]
     assert {"tensors", "allocator-growth", "allocator-pool"} <= set(names)
+
+
+# ------------------------------------------------------------------ leaks/growth
+def test_theil_sen_of_a_bent_series_by_hand() -> None:
+    """leaks/growth.theil_sen on (0,0) (1,1) (2,2) (3,4): pairwise slopes 1, 1, 1, 4/3,
+    3/2, 2 give the median 7/6; intercept median(y - 7/6 x) = -1/12; residuals 1/12,
+    -1/12, -1/4, 7/12 give r2 = 1 - (5/12) / (35/4) = 20/21 and MAD 1/6. Rows at once
+    (theil_sen_rows) give the same numbers."""
+    x, y = np.array([0.0, 1, 2, 3]), np.array([0.0, 1, 2, 4])
+    want = (7 / 6, -1 / 12, 20 / 21, 1 / 6)
+    assert theil_sen(x, y) == pytest.approx(want)
+    assert theil_sen_rows(x[None, :], y[None, :]) == [pytest.approx(want)]
+    assert theil_sen(x, 3 * x + 2) == pytest.approx((3.0, 2.0, 1.0, 0.0))
+
+
+# ------------------------------------------------------------ fragmentation/free_space
+def _space(iv: list[tuple[int, int, int, int | None]], hi: int, t: int) -> dict[str, Any]:
+    frame = pl.LazyFrame(iv, schema={"start": pl.Int64, "end": pl.Int64,
+                                     "alloc_ts_ns": pl.Int64, "free_ts_ns": pl.Int64},
+                         orient="row").with_columns(space=pl.lit(0, pl.Int64))
+    spaces = pl.DataFrame({"space": [0], "lo": [0], "hi": [hi]})
+    (row,) = snapshot(frame, spaces, pl.DataFrame({"space": [0], "t": [t]})).collect().to_dicts()
+    return row
+
+
+def test_free_space_measures_by_hand() -> None:
+    """fragmentation/free_space.snapshot of 8 MiB (4 root chunks) at t = 5 holding
+    [0, 1 MiB), [2, 4 MiB) (a whole root) and [5, 5.5 MiB); one interval freed at 4 and
+    one made at 6 do not count. Used 3.5 MiB, free 4.5 MiB, the largest free run the
+    last 2.5 MiB; 3 roots used, 2 of them partly: 1 root (2 MiB) is usable by a 2 MiB
+    chunk, so 2.5 MiB are unusable; index 1 - 2.5 / 4.5 = 4/9."""
+    r = _space([(0, MiB, 1, None), (2 * MiB, 4 * MiB, 2, None), (5 * MiB, 5 * MiB + MiB // 2, 3, 9),
+                (6 * MiB, 7 * MiB, 1, 4), (7 * MiB, 8 * MiB, 6, None)], 8 * MiB, 5)
+    assert (r["ts_ns"], r["used_bytes"], r["free_bytes"]) == (5, 7 * MiB // 2, 9 * MiB // 2)
+    assert r["largest_free_run_bytes"] == 5 * MiB // 2
+    assert r["unusable_2m_bytes"] == 5 * MiB // 2
+    assert r["partial_root_share"] == pytest.approx(2 / 3)
+    assert r["fragmentation_index"] == pytest.approx(4 / 9)
+
+
+def test_free_space_of_a_full_space_has_no_index() -> None:
+    """fragmentation/free_space.snapshot: a space used whole has no free bytes, so no
+    fragmentation index (null, not 0/0), and nothing unusable."""
+    r = _space([(0, 2 * MiB, 1, None)], 2 * MiB, 5)
+    assert (r["free_bytes"], r["unusable_2m_bytes"], r["largest_free_run_bytes"]) == (0, 0, 0)
+    assert r["fragmentation_index"] is None and r["partial_root_share"] == 0.0
+
+
+# -------------------------------------------------------- fragmentation/pmm_chunks
+def test_pmm_chunks_evicted_root_and_size_histogram(tmp_path: Path) -> None:
+    """fragmentation from PMM chunks on an 8 MiB GPU: at t = 1 a 2 MiB chunk at 0, a
+    64 KiB one at 2 MiB and a 4 KiB one at 4 MiB; the 64 KiB one freed at 2; root 0
+    evicted at 3 (its chunk ends without a free). At the end only the 4 KiB chunk is
+    used: 4 KiB used, root 2 partly used, 6 MiB usable by 2 MiB chunks, so 2 MiB - 4
+    KiB unusable. At the peak (t = 1): 3 roots used, 2 partly. One alloc per size."""
+    KiB = 1024
+    b = TraceBuilder(("syscall", "driver"), duration_s=10.0, gpu_memory_bytes=8 * MiB)
+    b.chunk(1.0, 0, "alloc", 0, 21)
+    b.chunk(1.0, 0, "alloc", 2 * MiB, 16)
+    b.chunk(1.0, 0, "alloc", 4 * MiB, 12)
+    b.chunk(2.0, 0, "free", 2 * MiB, 16)
+    b.chunk(3.0, 0, "evict", 0, 21)
+    rep = fragmentation(inputs_from_trace(open_trace(b.build(tmp_path / "t"))))
+    (g,) = rep.data["gpus"]
+    assert g["histogram"] == {"4KiB": 1, "64KiB": 1, "2MiB": 1, "other": 0}
+    end, peak = g["end"], g["peak"]
+    assert (end["used_bytes"], end["free_bytes"]) == (4 * KiB, 8 * MiB - 4 * KiB)
+    assert end["unusable_2m_bytes"] == 2 * MiB - 4 * KiB
+    assert end["largest_free_run_bytes"] == 4 * MiB
+    assert peak["used_bytes"] == 2 * MiB + 68 * KiB
+    assert peak["partial_root_share"] == pytest.approx(2 / 3)
+    assert peak["unusable_2m_bytes"] == 4 * MiB - 68 * KiB
+
+
+# ------------------------------------------------------------------- helpers/gpus
+def test_gpu_memory_replayed_in_time_order_whatever_the_row_order() -> None:
+    """helpers/gpus.gpu_memory: rows stored out of time order (a free at 3 before the
+    allocations at 1 and 2) replay in time order: 2 MiB, 4 MiB, 2 MiB: peak 4 MiB."""
+    chunks = pl.LazyFrame({"gpu_index": [0, 0, 0], "ts_ns": [3, 1, 2],
+                           "chunk_op": ["free", "alloc", "alloc"],
+                           "log2_size": [21, 21, 21]})
+    assert gpu_memory(chunks).collect().rows() == [(0, 4 * MiB, 2 * MiB)]
+
+
+# ------------------------------------------------------------------ oom/gpu_state
+def test_gpu_at_takes_the_incident_sample_after_the_failure() -> None:
+    """oom/gpu_state.gpu_at: failure at 900 ns; an incident sample at 1000 (100 ns
+    after) wins over a nearer periodic one at 880; its distance is +100."""
+    s = pl.DataFrame({"ts_ns": [880, 1000], "gpu_index": [0, 0], "heap_size_bytes": [80, 80],
+                      "heap_free_bytes": [5, 3], "largest_free_bytes": [4, 2],
+                      "trigger": ["tick", "incident"], "delay_ns": [None, 7]})
+    got = gpu_at(s, 0, 900)
+    assert got == {"total_bytes": 80, "free_bytes": 3, "largest_free_bytes": 2,
+                   "sample_ts_ns": 1000, "sample_trigger": "incident",
+                   "sample_distance_ns": 100, "sample_delay_ns": 7}
+    assert gpu_at(s, 0, 10_000_000_000)["sample_distance_ns"] == 1000 - 10_000_000_000
+    assert gpu_at(s, 1, 900) is None
+
+
+def test_driver_round_nearest_the_failure_every_pid(tmp_path: Path) -> None:
+    """oom/gpu_state.driver_round: a round at 1.0 s (pid 10: 1 GiB, pid 11 10 ms later:
+    2 GiB) and one at 5 s (pid 10: 3 GiB); a failure at 1.2 s reads the first round,
+    both pids, 0.2 s before it."""
+    GiB = 1 << 30
+    b = TraceBuilder(("syscall", "rm_query"), duration_s=6.0)
+    b.gpu_process_memory(1.0, 0, 10, 1 * GiB)
+    b.gpu_process_memory(1.01, 0, 11, 2 * GiB)
+    b.gpu_process_memory(5.0, 0, 10, 3 * GiB)
+    inp = inputs_from_trace(open_trace(b.build(tmp_path / "t")))
+    when, by_pid = driver_round(inp, 0, ns(1.2))
+    assert by_pid == {10: 1 * GiB, 11: 2 * GiB}
+    assert when == {"ts_ns": ns(1.0), "trigger": "tick", "distance_ns": ns(1.0) - ns(1.2)}
+    assert driver_round(inp, 0, ns(4.9))[1] == {10: 3 * GiB}
+
+
+def test_allocator_at_rolls_back_to_the_instant(pools_trace: Path) -> None:
+    """oom/gpu_state.allocator_at on the pools snapshot, device 0: at 2.5 s SEG_B (2 MiB)
+    is still reserved: 88 MiB reserved, 75 MiB active; at the end 86 and 75; before
+    any entry 66 and 67 (the replay's start)."""
+    inp = inputs_from_trace(open_trace(pools_trace))
+    at = {k: allocator_at(inp, 0, (T_US + round(s * 1e6)) * 1000) for k, s in (
+        ("mid", 2.5), ("end", 9.0), ("before", 0.5))}
+    assert [list(v.values()) for v in at.values()] == [  # type: ignore[union-attr]
+        [(88 * MiB, 75 * MiB)], [(86 * MiB, 75 * MiB)], [(66 * MiB, 67 * MiB)]]
