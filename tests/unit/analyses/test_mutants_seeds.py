@@ -7,6 +7,7 @@ in-process.
 
 from __future__ import annotations
 
+import math
 import pickle
 import re
 from pathlib import Path
@@ -29,6 +30,7 @@ from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.analyses.leaks.growth import theil_sen, theil_sen_rows
 from gputrace.analyses.oom.gpu_state import allocator_at, driver_round, gpu_at
 from gputrace.analyses.report_spec import ReportOptions
+from gputrace.analyses.run import not_recorded, run_reports
 from gputrace.importers.torch_snapshot import read_snapshot, write_alone
 from gputrace.trace.builder import TraceBuilder, ns
 from gputrace.trace.reader import open_trace
@@ -542,3 +544,28 @@ def test_allocator_at_rolls_back_to_the_instant(pools_trace: Path) -> None:
         ("mid", 2.5), ("end", 9.0), ("before", 0.5))}
     assert [list(v.values()) for v in at.values()] == [  # type: ignore[union-attr]
         [(88 * MiB, 75 * MiB)], [(86 * MiB, 75 * MiB)], [(66 * MiB, 67 * MiB)]]
+
+
+# --------------------------------------------------------------- registry and run
+def test_fault_rate_window_comes_from_the_options() -> None:
+    """registry: `analyze --window` reaches the fault-rate report: windows of 0.25 s
+    over the same trace are 4 times as many as of 1 s."""
+    inp = inputs_from_trace(open_trace(SCENARIO_DIR / "fault_rates"))
+    docs = {w: run_reports(inp, ["fault-rate"], ReportOptions(window_s=w))["fault_rate"]
+            for w in (1.0, 0.25)}
+    assert (docs[1.0]["window_s"], docs[0.25]["window_s"]) == (1.0, 0.25)
+    assert docs[1.0]["thrashing"]["window_s"] == 1.0
+    span = docs[1.0]["windows"]["span_s"]
+    assert docs[1.0]["windows"]["count"] == math.ceil(span)
+    assert docs[0.25]["windows"]["count"] == math.ceil(span / 0.25)
+
+
+def test_not_recorded_names_the_lacking_layers_only() -> None:
+    """run.not_recorded: of the layers a gate needs, those the trace lacks, in the
+    order asked; none lacking is None; a report not recorded names its own."""
+    doc = {"leaks": {"recorded": True}, "trace": {"layers": ["syscall", "api"]},
+           "fault_rate": {"recorded": False, "not_recorded_layers": ["driver", "uvm_tools"]}}
+    assert not_recorded(doc, "leaks", ("api", "driver", "rm_query")) == "driver, rm_query"
+    assert not_recorded(doc, "leaks", ("api", "syscall")) is None
+    assert not_recorded(doc, "leaks") is None
+    assert not_recorded(doc, "fault-rate", ("api",)) == "driver, uvm_tools"
