@@ -569,3 +569,22 @@ def test_not_recorded_names_the_lacking_layers_only() -> None:
     assert not_recorded(doc, "leaks", ("api", "syscall")) is None
     assert not_recorded(doc, "leaks") is None
     assert not_recorded(doc, "fault-rate", ("api",)) == "driver, uvm_tools"
+
+
+# ------------------------------------------------------------------------------ oom
+def test_nested_failures_carry_their_own_times(tmp_path: Path) -> None:
+    """oom: the two RM_ALLOC failures inside one failed cuMemAlloc (at 1.0011 s and
+    1.0032 s) are its evidence, each at its own time."""
+    GiB = 1 << 30
+    b = TraceBuilder(layers=("syscall", "api", "rm_query"), duration_s=2.0,
+                     gpu_memory_bytes=GiB)
+    b.process(7, "job")
+    b.gpu_memory(0.5, 0, heap=GiB, free=900 * MiB, largest=800 * MiB, trigger="tick")
+    b.row("cuda_calls", ts_ns=ns(1.0), pid=7, func="cuMemAlloc_v2", size_bytes=64 * MiB,
+          ptr=0, result=2, latency_ns=5_000_000)
+    for dt in (0.0011, 0.0032):
+        b.rm_alloc(1.0 + dt, 7, size=64 * MiB, status=0x51)
+    doc = run_reports(inputs_from_trace(open_trace(b.build(tmp_path / "t"))), ["oom"])
+    (one,) = doc["oom"]["incidents"]
+    assert [(n["layer"], n["call"], n["status"], n["ts_ns"]) for n in one["nested"]] == [
+        ("rm", "RM_ALLOC", 0x51, ns(1.0011)), ("rm", "RM_ALLOC", 0x51, ns(1.0032))]
