@@ -123,7 +123,8 @@ def test_fail_on_oom_hit_counts_incidents_by_verdict() -> None:
 MiB = 1 << 20
 T_US = 1_767_225_600_000_000
 SEG_A, SEG_B = 0x7F00_0000_0000, 0x7F00_0400_0000
-SEG_S, SEG_P, SEG_D = 0x7F00_1000_0000, 0x7F00_2000_0000, 0x7F80_0000_0000
+# SEG_S lies below SEG_A and is listed first: the pools' large/small order is the report's
+SEG_S, SEG_P, SEG_D = 0x7E00_0000_0000, 0x7F00_2000_0000, 0x7F80_0000_0000
 F_TRAIN = [{"name": "train", "filename": "/home/u/t.py", "line": 10}]
 F_EVAL = [{"name": "evaluate", "filename": "/home/u/t.py", "line": 20}]
 F_KV = [{"name": "kv_cache", "filename": "/home/u/serve.py", "line": 5}]
@@ -154,13 +155,13 @@ def _entry(action: str, t_s: float, size: int, addr: int,
 def _pools_snapshot() -> dict[str, Any]:
     return {
         "segments": [
+            _segment(0, SEG_S, [
+                _block(SEG_S, 1 * MiB, "active_allocated", 1 * MiB - 1, F_TRAIN),
+                _block(SEG_S + 1 * MiB, 1 * MiB, "inactive", 0)], pool="small"),
             _segment(0, SEG_A, [
                 _block(SEG_A, 8 * MiB, "active_allocated", 8 * MiB - 100, F_TRAIN),
                 _block(SEG_A + 8 * MiB, 2 * MiB, "active_pending_free", None, F_EVAL),
                 _block(SEG_A + 10 * MiB, 10 * MiB, "inactive", 0)]),
-            _segment(0, SEG_S, [
-                _block(SEG_S, 1 * MiB, "active_allocated", 1 * MiB - 1, F_TRAIN),
-                _block(SEG_S + 1 * MiB, 1 * MiB, "inactive", 0)], pool="small"),
             _segment(0, SEG_P, [_block(SEG_P, 64 * MiB, "active_allocated", None, F_KV)],
                      pool_id=(1, 2)),
             _segment(1, SEG_D, [
@@ -215,7 +216,7 @@ def test_pool_rows_by_device_pool_id_then_large_before_small(pools_trace: Path) 
 def test_pool_one_device_is_no_warning(tmp_path: Path) -> None:
     """allocator/pool.py: a snapshot of one device says nothing about devices."""
     snap = _pools_snapshot()
-    snap["segments"] = snap["segments"][:1]
+    snap["segments"] = snap["segments"][1:2]
     snap["device_traces"] = snap["device_traces"][:1]
     p = pool(inputs_from_trace(open_trace(_snapshot_trace(tmp_path, snap))))
     assert p.data["reserved_bytes"] == 20 * MiB and p.data["allocated_bytes"] == 8 * MiB
