@@ -7,6 +7,7 @@ in-process.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pickle
 import re
@@ -26,11 +27,13 @@ from gputrace.analyses.allocator.tensors import tensors
 from gputrace.analyses.fragmentation import fragmentation
 from gputrace.analyses.fragmentation.free_space import snapshot
 from gputrace.analyses.helpers.gpus import gpu_memory
+from gputrace.analyses.helpers.identity import with_identity
 from gputrace.analyses.helpers.inputs import inputs_from_trace
 from gputrace.analyses.leaks.growth import theil_sen, theil_sen_rows
 from gputrace.analyses.oom.gpu_state import allocator_at, driver_round, gpu_at
 from gputrace.analyses.report_spec import ReportOptions
 from gputrace.analyses.run import not_recorded, run_reports
+from gputrace.analyses.timeseries.allocator_state import allocator_state
 from gputrace.importers.torch_snapshot import read_snapshot, write_alone
 from gputrace.trace.builder import TraceBuilder, ns
 from gputrace.trace.reader import open_trace
@@ -589,3 +592,74 @@ def test_nested_failures_carry_their_own_times(tmp_path: Path) -> None:
     (one,) = doc["oom"]["incidents"]
     assert [(n["layer"], n["call"], n["status"], n["ts_ns"]) for n in one["nested"]] == [
         ("rm", "RM_ALLOC", 0x51, ns(1.0011)), ("rm", "RM_ALLOC", 0x51, ns(1.0032))]
+
+
+# ------------------------------------------------- allocator state at an OOM instant
+def test_oom_map_joins_expandable_pieces_and_marks_released_segments(tmp_path: Path) -> None:
+    """timeseries/allocator_state maps at an OOM (allocator/oom_state.CacheMemory): an
+    expandable segment mapped 4 MiB at 1.0 s, whose upper 2 MiB are unmapped at 2.1 s
+    (after the OOM at 1.5 s), is one 4 MiB run at the OOM (the rolled-back unmap is a
+    piece of its own, joined to the one below it): its 1 MiB tensor first, then 3 MiB
+    free. SEG_B (2 MiB, from 1.3 s, released at 2.0 s: not in the snapshot) is still
+    reserved then, pool `?`. At the end only 2 MiB of the expandable segment are left."""
+    seg_a, seg_b = SEG_A, SEG_A + 64 * MiB
+    s = _segment(0, seg_a, [_block(seg_a, 1 * MiB, "active_allocated", None, F_TRAIN),
+                            _block(seg_a + 1 * MiB, 1 * MiB, "inactive", 0)])
+    s["is_expandable"] = True
+    oom = _entry("oom", 1.5, 1 << 30, 0, F_EVAL)
+    del oom["addr"]
+    oom["device_free"] = 0
+    snap = {"segments": [s], "device_traces": [[
+        _entry("segment_map", 1.0, 4 * MiB, seg_a), _entry("alloc", 1.1, 1 * MiB, seg_a, F_TRAIN),
+        _entry("segment_alloc", 1.3, 2 * MiB, seg_b), oom,
+        _entry("segment_free", 2.0, 2 * MiB, seg_b),
+        _entry("segment_unmap", 2.1, 2 * MiB, seg_a + 2 * MiB)]],
+        "allocator_settings": {"expandable_segments": True}, "external_annotations": []}
+    a = allocator_state(inputs_from_trace(open_trace(_snapshot_trace(tmp_path, snap))))
+    end, at_oom = a["maps"]
+    assert at_oom["requested_bytes"] == 1 << 30
+    assert [(x["address"], x["total_bytes"], x["pool"], x["pool_id"])
+            for x in at_oom["segments"]] == [(seg_a, 4 * MiB, "large", "0,0"),
+                                             (seg_b, 2 * MiB, "?", None)]
+    assert at_oom["segments"][0]["pieces"] == [
+        {"offset": 0, "bytes": 1 * MiB, "kind": "allocated"},
+        {"offset": 1 * MiB, "bytes": 3 * MiB, "kind": "free"}]
+    assert [(x["address"], x["total_bytes"]) for x in end["segments"]] == [(seg_a, 2 * MiB)]
+
+
+def test_allocator_at_a_device_without_history_is_its_end_state(pools_trace: Path) -> None:
+    """oom/gpu_state.allocator_at (allocator/replay.state_by_pid) on device 1 of the
+    pools snapshot, which has no trace entries: the snapshot's own 40 MiB reserved and
+    30 MiB active, whatever the instant."""
+    inp = inputs_from_trace(open_trace(pools_trace))
+    got = allocator_at(inp, 1, 0)
+    assert got is not None and list(got.values()) == [(40 * MiB, 30 * MiB)]
+
+
+def test_reports_table_says_none_for_a_report_reading_no_layer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """catalog.reports_table: a report that reads no trace layer says `none`."""
+    toy = dataclasses.replace(registry.REPORTS[0], name="toy", key="toy", layers=())
+    monkeypatch.setattr(registry, "REPORTS", [*registry.REPORTS, toy])
+    last = _table(catalog.reports_table())[-1]
+    assert last[:2] == ["`toy`", "`toy`"] and last[3] == "none"
+
+
+# -------------------------------------------------------------- helpers/identity
+def test_a_reused_pid_is_named_by_its_instance_that_has_an_identity(tmp_path: Path) -> None:
+    """helpers/identity.process_identity: pid 40 ran in pod `train` (from 0 s) and was
+    reused by a host process (from 5 s, no identity): without a time, the pid's
+    identity is the pod's, not the later instance's nulls; with a time, each row gets
+    the instance running then."""
+    b = TraceBuilder(("syscall",), duration_s=10.0)
+    b.process(40, "python", start=0.0, exit=4.0, pod_namespace="ml", pod_name="train",
+              pod_uid="u-1", container_name="main", container_id="c1")
+    b.process(40, "bash", start=5.0)
+    inp = inputs_from_trace(open_trace(b.build(tmp_path / "t")))
+    rows = pl.LazyFrame({"pid": [40, 40], "ts_ns": [ns(1.0), ns(6.0)]},
+                        schema={"pid": pl.Int32, "ts_ns": pl.Int64})
+    plain = with_identity(rows, inp.scan("processes")).collect()
+    assert plain["pod_name"].to_list() == ["train", "train"]
+    timed = with_identity(rows, inp.scan("processes"), at="ts_ns").collect()
+    assert timed["pod_name"].to_list() == ["train", None]
+    assert timed["container_id"].to_list() == ["c1", None]
