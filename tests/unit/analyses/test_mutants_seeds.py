@@ -663,3 +663,18 @@ def test_a_reused_pid_is_named_by_its_instance_that_has_an_identity(tmp_path: Pa
     timed = with_identity(rows, inp.scan("processes"), at="ts_ns").collect()
     assert timed["pod_name"].to_list() == ["train", None]
     assert timed["container_id"].to_list() == ["c1", None]
+
+
+def test_oom_holders_sites_say_what_holds_the_bytes() -> None:
+    """oom/holders: at the capacity failure of scenario oom_capacity_fragmentation
+    (40 s), `train` holds 384 MiB from load_model (one cuMemAlloc) and 4 x 32 MiB from
+    grow_cache; `serve` 256 MiB of RM vidmem (class 0x40, no stack); `old` is
+    untraced (no sites)."""
+    doc = run_reports(inputs_from_trace(open_trace(SCENARIO_DIR / "oom_capacity_fragmentation")),
+                      ["oom"])
+    first = doc["oom"]["incidents"][0]
+    sites = {h["pid"]: [(s["site"], s["what"], s["layer"], s["count"], s["bytes"])
+                        for s in h["top_sites"]] for h in first["holders"]}
+    assert sites == {100: [("load_model", "cuMemAlloc", "api", 1, 384 * MiB),
+                           ("grow_cache", "cuMemAlloc", "api", 4, 128 * MiB)],
+                     200: [(None, "vidmem 0x40", "rm", 1, 256 * MiB)], 300: []}
