@@ -33,6 +33,7 @@ from gputrace.analyses.leaks.growth import theil_sen, theil_sen_rows
 from gputrace.analyses.oom.gpu_state import allocator_at, driver_round, gpu_at
 from gputrace.analyses.report_spec import ReportOptions
 from gputrace.analyses.run import not_recorded, run_reports
+from gputrace.analyses.timeseries.active_memory import active_memory
 from gputrace.analyses.timeseries.allocator_state import allocator_state
 from gputrace.importers.torch_snapshot import read_snapshot, write_alone
 from gputrace.trace.builder import TraceBuilder, ns
@@ -678,3 +679,22 @@ def test_oom_holders_sites_say_what_holds_the_bytes() -> None:
     assert sites == {100: [("load_model", "cuMemAlloc", "api", 1, 384 * MiB),
                            ("grow_cache", "cuMemAlloc", "api", 4, 128 * MiB)],
                      200: [(None, "vidmem 0x40", "rm", 1, 256 * MiB)], 300: []}
+
+
+def test_active_memory_counts_an_entry_without_size_as_nothing(tmp_path: Path) -> None:
+    """timeseries/active_memory from the allocator layer: train() allocates 1 MiB at
+    1 s; evaluate() allocates at 2 s an entry without a size (older formats may omit
+    it) and frees it at 3 s: evaluate's band never holds a byte, train's peaks at 1 MiB."""
+    no_size = _entry("alloc", 2.0, 0, SEG_A + MiB, F_EVAL)
+    freed = _entry("free_completed", 3.0, 0, SEG_A + MiB, F_EVAL)
+    del no_size["size"], freed["size"]
+    snap = {"segments": [_segment(0, SEG_A, [
+        _block(SEG_A, 1 * MiB, "active_allocated", None, F_TRAIN),
+        _block(SEG_A + MiB, 1 * MiB, "inactive", 0)])],
+        "device_traces": [[_entry("segment_alloc", 0.5, 2 * MiB, SEG_A),
+                           _entry("alloc", 1.0, 1 * MiB, SEG_A, F_TRAIN), no_size, freed]],
+        "allocator_settings": {}, "external_annotations": []}
+    a = active_memory(inputs_from_trace(open_trace(_snapshot_trace(tmp_path, snap))))
+    peaks = {b["site"]: b["peak"] for b in a["bands"]}
+    assert peaks.get("train (t.py:10)") == 1 * MiB
+    assert peaks.get("evaluate (t.py:20)", 0) == 0
