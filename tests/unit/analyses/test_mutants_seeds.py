@@ -24,8 +24,10 @@ from gputrace.analyses.allocator.growth import growth
 from gputrace.analyses.allocator.pool import pool
 from gputrace.analyses.allocator.replay import entries, per_device
 from gputrace.analyses.allocator.tensors import tensors
+from gputrace.analyses.fault_rate.oversubscription import oversubscription
 from gputrace.analyses.fragmentation import fragmentation
 from gputrace.analyses.fragmentation.free_space import snapshot
+from gputrace.analyses.helpers.common import quantiles
 from gputrace.analyses.helpers.gpus import gpu_memory
 from gputrace.analyses.helpers.identity import with_identity
 from gputrace.analyses.helpers.inputs import inputs_from_trace
@@ -698,3 +700,29 @@ def test_active_memory_counts_an_entry_without_size_as_nothing(tmp_path: Path) -
     peaks = {b["site"]: b["peak"] for b in a["bands"]}
     assert peaks.get("train (t.py:10)") == 1 * MiB
     assert peaks.get("evaluate (t.py:20)", 0) == 0
+
+
+# --------------------------------------------------------- fault_rate, helpers/common
+def test_managed_memory_past_the_gpu_is_oversubscribed(tmp_path: Path) -> None:
+    """fault_rate/oversubscription: 3 GiB of cuMemAllocManaged (two processes, 1 + 2
+    GiB, live together) on one 1 GiB GPU is 3x its memory: oversubscribed; 512 MiB
+    is not."""
+    GiB = 1 << 30
+    out = {}
+    for name, sizes in (("over", (1 * GiB, 2 * GiB)), ("under", (MiB * 256, MiB * 256))):
+        b = TraceBuilder(("api",), duration_s=5.0, gpu_memory_bytes=GiB)
+        for pid, size in zip((10, 11), sizes, strict=True):
+            b.process(pid, "job")
+            b.cuda_alloc(1.0 + pid / 100, pid, size, func="cuMemAllocManaged")
+        out[name] = oversubscription(inputs_from_trace(open_trace(b.build(tmp_path / name))), None)
+    assert out["over"] is not None and out["under"] is not None
+    assert (out["over"]["managed_peak_bytes"], out["over"]["ratio"], out["over"]["oversubscribed"],
+            out["over"]["source"]) == (3 * GiB, 3.0, True, "cuMemAllocManaged")
+    assert (out["under"]["ratio"], out["under"]["oversubscribed"]) == (0.5, False)
+
+
+def test_quantiles_are_exact_nearest_ranks() -> None:
+    """helpers/common.quantiles of 0..1000 (1001 values: ranks fall on whole values):
+    p50 500, p90 900, p99 990, max 1000."""
+    got = pl.DataFrame({"v": list(range(1001))}).select(quantiles("v", "x_")).row(0, named=True)
+    assert got == {"x_p50": 500, "x_p90": 900, "x_p99": 990, "x_max": 1000}
