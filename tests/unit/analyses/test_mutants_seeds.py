@@ -24,6 +24,8 @@ from gputrace.analyses.allocator.growth import growth
 from gputrace.analyses.allocator.pool import pool
 from gputrace.analyses.allocator.replay import entries, per_device
 from gputrace.analyses.allocator.tensors import tensors
+from gputrace.analyses.fault_rate import fault_rate
+from gputrace.analyses.fault_rate.fault_batches import batches
 from gputrace.analyses.fault_rate.oversubscription import oversubscription
 from gputrace.analyses.fragmentation import fragmentation
 from gputrace.analyses.fragmentation.free_space import snapshot
@@ -31,12 +33,15 @@ from gputrace.analyses.helpers.common import quantiles
 from gputrace.analyses.helpers.gpus import gpu_memory
 from gputrace.analyses.helpers.identity import with_identity
 from gputrace.analyses.helpers.inputs import inputs_from_trace
+from gputrace.analyses.holders import holders
 from gputrace.analyses.leaks.growth import theil_sen, theil_sen_rows
 from gputrace.analyses.oom.gpu_state import allocator_at, driver_round, gpu_at
 from gputrace.analyses.report_spec import ReportOptions
 from gputrace.analyses.run import not_recorded, run_reports
 from gputrace.analyses.timeseries.active_memory import active_memory
 from gputrace.analyses.timeseries.allocator_state import allocator_state
+from gputrace.analyses.timeseries.memory_over_time import live_bytes
+from gputrace.analyses.timeseries.rates_over_time import equal_cuts
 from gputrace.importers.torch_snapshot import read_snapshot, write_alone
 from gputrace.trace.builder import TraceBuilder, ns
 from gputrace.trace.reader import open_trace
@@ -726,3 +731,65 @@ def test_quantiles_are_exact_nearest_ranks() -> None:
     p50 500, p90 900, p99 990, max 1000."""
     got = pl.DataFrame({"v": list(range(1001))}).select(quantiles("v", "x_")).row(0, named=True)
     assert got == {"x_p50": 500, "x_p90": 900, "x_p99": 990, "x_max": 1000}
+
+
+def test_fault_rate_migrations_evictions_batches_and_cpu_processes(tmp_path: Path) -> None:
+    """fault_rate on the driver layer: migrations of 2 MiB (fault) and 64 KiB
+    (eviction, GPU 0 to the CPU) are 2 migrations of 2 MiB + 64 KiB, one eviction of
+    64 KiB by processor 0; batches of pid 5: 1 fault with 1 duplicate and 4 faults with
+    1 duplicate: 5 faults, 2 duplicates, share 0.4; CPU faults: pid 8 three, pid 7 one:
+    pid 8 first."""
+    b = TraceBuilder(("syscall", "driver", "cpu_faults"), duration_s=4.0)
+    for pid in (5, 7, 8):
+        b.process(pid, "job")
+    b.migration(1.0, -1, 0, 0x1000_0000, 2 * MiB, cause=1, pid=5)
+    b.migration(1.5, 0, -1, 0x2000_0000, 64 * 1024, cause=5, pid=5)
+    b.fault_batch(1.0, 0, 1, 1, 1, 0.001, pid=5)
+    b.fault_batch(2.0, 0, 2, 4, 1, 0.002, pid=5)
+    for t, pid in ((1.0, 7), (1.1, 8), (1.2, 8), (1.3, 8)):
+        b.cpu_fault(t, pid, 0x3000_0000 + int(t * 10) * 4096, write=True)
+    d = fault_rate(inputs_from_trace(open_trace(b.build(tmp_path / "t")))).data
+    assert (d["migrations"]["migrations"], d["migrations"]["bytes"]) == (2, 2 * MiB + 65536)
+    ev = d["evictions"]
+    assert (ev["migrations"], ev["bytes"]) == (1, 65536)
+    assert ev["by_processor"] == [{"processor": 0, "migrations": 1, "bytes": 65536}]
+    (bt,) = d["batches"]
+    assert (bt["pid"], bt["batches"], bt["faults"], bt["duplicates"]) == (5, 2, 5, 2)
+    assert bt["duplicate_share"] == pytest.approx(0.4)
+    assert [(p["pid"], p["faults"]) for p in d["cpu_faults"]["by_process"]] == [(8, 3), (7, 1)]
+
+
+def test_duplicate_share_of_single_fault_batches() -> None:
+    """fault_rate/fault_batches.batches: one batch of 1 fault, 1 of it a duplicate, is a
+    duplicate share of 1.0; no faults, no share."""
+    fb = pl.LazyFrame({"gpu_index": [0, 1], "pid": [5, 6], "faults": [1, 0],
+                       "duplicates": [1, 0], "duration_ns": [10, 10]})
+    got = {r["pid"]: r["duplicate_share"] for r in batches(fb).collect().to_dicts()}
+    assert got == {5: 1.0, 6: None}
+
+
+def test_holders_without_rm_query_says_so(tmp_path: Path) -> None:
+    """holders: a trace without the rm_query layer says the driver's per-process
+    accounting is unknown."""
+    b = TraceBuilder(("syscall", "api"), duration_s=2.0)
+    b.process(7, "job")
+    b.cuda_alloc(1.0, 7, MiB)
+    rep = holders(inputs_from_trace(open_trace(b.build(tmp_path / "t"))))
+    assert ("holders: layer rm_query not recorded: the driver's per-process accounting is "
+            "unknown (exited and unseen pids cannot be told)") in rep.warnings
+
+
+def test_live_bytes_of_a_syscall_only_trace() -> None:
+    """timeseries/memory_over_time.live_bytes: a trace of the syscall layer alone
+    (scenario ioctl_latencies) has its RM series: recorded."""
+    lb = live_bytes(inputs_from_trace(open_trace(SCENARIO_DIR / "ioctl_latencies")))
+    assert lb["recorded"] is not False
+
+
+def test_equal_cuts_split_the_trace_span(tmp_path: Path) -> None:
+    """timeseries/rates_over_time.equal_cuts: a 10 s trace in 4 buckets starts them
+    at 0, 2.5, 5 and 7.5 s (ns from the start), each 2.5 s wide."""
+    b = TraceBuilder(("syscall",), duration_s=10.0)
+    b.process(7, "job")
+    cuts = equal_cuts(inputs_from_trace(open_trace(b.build(tmp_path / "t"))), 4)
+    assert cuts.starts_ns == [0.0, 2.5e9, 5e9, 7.5e9] and cuts.lengths_ns == [2.5e9] * 4
