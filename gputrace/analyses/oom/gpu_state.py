@@ -91,9 +91,14 @@ def driver_round(inp: Inputs, gpu: int, at_ns: int) -> tuple[dict[str, Any] | No
     first = _pick(rows, at_ns)
     if first is None:
         return None, {}
-    t0, trig = first["ts_ns"], first["trigger"]
-    rnd = rows.filter((pl.col("trigger") == trig) & (pl.col("ts_ns") >= t0)
-                      & (pl.col("ts_ns") < t0 + ROUND_NS)).sort("ts_ns")
+    trig = first["trigger"]
+    same = rows.filter(pl.col("trigger") == trig)
+    # the nearest row may be a later one of its round (the recorder stamps each batch of
+    # pids it asks about): the round starts at its earliest row, at most ROUND_NS before
+    t1 = int(first["ts_ns"])
+    t0 = int(same.filter((pl.col("ts_ns") > t1 - ROUND_NS)
+                         & (pl.col("ts_ns") <= t1))["ts_ns"].min())  # type: ignore[arg-type]
+    rnd = same.filter((pl.col("ts_ns") >= t0) & (pl.col("ts_ns") < t0 + ROUND_NS)).sort("ts_ns")
     by_pid: dict[int, int | None] = {}
     for pid, b in zip(rnd["pid"], rnd["vidmem_bytes"], strict=True):
         by_pid.setdefault(int(pid), None if b is None else int(b))
