@@ -27,13 +27,19 @@ from typing import Any
 import polars as pl
 
 from gputrace.analyses.allocator.replay import (
-    ACTIVE, RESERVE, _alive_blocks, _rounded, _sign, end_state,
+    ACTIVE,
+    RESERVE,
+    _alive_blocks,
+    _rounded,
+    _sign,
+    end_state,
 )
 from gputrace.analyses.helpers.inputs import Inputs
 
 CHUNK_ROWS = 1_000_000
 """Entries per chunk: ~100 bytes of working state each."""
 
+_KINDS = ("reserved", "active", "requested")
 _COLS = ("device", "seq", "ts_ns", "action", "address", "size", "stack_id")
 
 
@@ -53,9 +59,6 @@ class _Device:
     first_ts: int | None = None
     last_ts: int | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
-
-
-_KINDS = ("reserved", "active", "requested")
 
 
 def _chunks(lf: pl.LazyFrame, rows: int) -> Iterator[pl.DataFrame]:
@@ -188,8 +191,10 @@ def replay_streamed(inp: Inputs, max_points: int, chunk_rows: int = CHUNK_ROWS) 
                 (pl.col(f"d_{k}").cum_sum() + (d.start[k] + d.run[k])).alias(f"{k}_bytes")
                 for k in _KINDS)
             for k in _KINDS:
-                d.run[k] += int(part[f"d_{k}"].sum())
-                d.peak[k] = max(d.peak[k], int(part[f"{k}_bytes"].max() or 0))
+                added: Any = part[f"d_{k}"].sum()
+                high: Any = part[f"{k}_bytes"].max()
+                d.run[k] += int(added)
+                d.peak[k] = max(d.peak[k], int(high or 0))
             cols = ("ts_ns", "i", "device", "seq", "action", "active_bytes",
                     "requested_bytes", "reserved_bytes")
             top = int(part["active_bytes"].arg_max() or 0)
