@@ -22,7 +22,7 @@ import polars as pl
 
 from gputrace.analyses.allocator import ONE_PROCESS
 from gputrace.analyses.allocator.frames import with_labels
-from gputrace.analyses.allocator.replay import entries, paired_allocs, per_device
+from gputrace.analyses.allocator.stream import CHUNK_ROWS, replay_streamed
 from gputrace.analyses.helpers.common import NS_PER_S
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.registry import unrecorded
@@ -53,50 +53,25 @@ MAX_POINTS = 400
 entry plus the entry at its peak and the last one."""
 
 
-def replay(inp: Inputs) -> pl.LazyFrame:
-    """Every trace entry in each device's order (`i`), with the state after it on its
-    device (every figure of this report is per device: no pool matching)."""
-    return entries(inp, pools=False)
-
-
-def retained_by_stack(inp: Inputs, events: pl.LazyFrame) -> pl.LazyFrame:
-    """Per allocating stack: allocs, and how many (bytes) were not freed by the end."""
-    paired = paired_allocs(events.select("i", "action", "device", "address", "size",
-                                         "stack_id"))
-    per = paired.group_by("stack_id").agg(
-        pl.len().alias("allocs"), pl.col("size").sum().alias("alloc_bytes"),
-        pl.col("free_i").is_null().sum().alias("retained_count"),
-        pl.col("size").filter(pl.col("free_i").is_null()).sum().alias("retained_bytes"))
+def retained_by_stack(inp: Inputs, per: pl.DataFrame) -> pl.DataFrame:
+    """Per allocating stack (`per`: allocs, alloc_bytes, retained_count and
+    retained_bytes, from the replay): the bytes retained per alloc and its labels."""
     per = per.with_columns(
         (pl.col("retained_bytes") / pl.col("allocs")).alias("retained_bytes_per_alloc"))
-    return with_labels(inp, per).sort(["retained_bytes", "allocs", "top_frame"],
-                                      descending=[True, True, False])
+    return with_labels(inp, per.lazy()).sort(["retained_bytes", "allocs", "top_frame"],
+                                             descending=[True, True, False]).collect()
 
 
-def _series(df: pl.DataFrame) -> pl.DataFrame:
-    """At most about MAX_POINTS rows of one device's replay, keeping the peak and the
-    last one."""
-    n = df.height
-    if n <= MAX_POINTS:
-        return df
-    step = -(-n // MAX_POINTS)
-    peak = int(df["active_bytes"].arg_max() or 0)
-    keep = pl.Series(sorted({*range(0, n, step), peak, n - 1}))
-    return df[keep]
-
-
-def growth(inp: Inputs, top: int | None = None) -> Report:
-    """The allocator growth report: active bytes over the history, retained by stack."""
+def growth(inp: Inputs, top: int | None = None, chunk_rows: int = CHUNK_ROWS) -> Report:
+    """The allocator growth report: active bytes over the history, retained by stack
+    (`chunk_rows`: entries replayed at a time)."""
     warnings = trace_warnings(inp)
     if (absent := unrecorded(SPEC, inp, warnings)) is not None:
         return absent
-    # the replay once: the pairing by stack reads its rows, not a second replay
-    rep = replay(inp).select(
-        "i", "ts_ns", "seq", "device", "action", "size", "reserved_bytes", "active_bytes",
-        "requested_bytes", "cache_free_bytes", "d_reserved", "d_active", "d_requested",
-        "address", "stack_id").collect()
-    stacks = retained_by_stack(inp, rep.lazy()).collect()
-    data: dict[str, Any] = {"entries": rep.height, "by_stack": [], "series": [],
+    # the replay once, in chunks of entries: the pairing by stack is part of it
+    rep = replay_streamed(inp, MAX_POINTS, chunk_rows)
+    stacks = retained_by_stack(inp, rep.by_stack)
+    data: dict[str, Any] = {"entries": rep.entries, "by_stack": [], "series": [],
                             "devices": [], "device": None,
                             "start_active_bytes": None, "end_active_bytes": None,
                             "peak_active_bytes": None, "growth_bytes": None,
@@ -104,11 +79,11 @@ def growth(inp: Inputs, top: int | None = None) -> Report:
                             "start_reserved_bytes": None, "end_reserved_bytes": None,
                             "peak_reserved_bytes": None, "start_requested_bytes": None,
                             "end_requested_bytes": None, "peak_requested_bytes": None}
-    if rep.height == 0:
+    if rep.entries == 0:
         warnings.append("allocator-growth: the snapshot holds no trace entries (history not "
                         "recorded: torch.cuda.memory._record_memory_history() before the run)")
         return Report("allocator-growth", QUESTION, True, data, [], warnings)
-    devices = per_device(rep)
+    devices = rep.devices
     for d in devices:
         if min(d["start_active_bytes"], d["start_reserved_bytes"],
                d["start_requested_bytes"]) < 0:
@@ -124,7 +99,6 @@ def growth(inp: Inputs, top: int | None = None) -> Report:
     span_s = (last_ts - first_ts) / NS_PER_S if first_ts is not None else None
     grown = int(head["end_active_bytes"]) - int(head["start_active_bytes"])
     rows: list[dict[str, Any]] = stacks.to_dicts()
-    pts = pl.concat([_series(d) for _, d in rep.group_by(["device"], maintain_order=True)])
     data.update(
         {k: head[k] for k in head if k.endswith("_bytes")},
         device=head["device"], devices=devices, growth_bytes=grown, span_s=span_s,
@@ -134,5 +108,5 @@ def growth(inp: Inputs, top: int | None = None) -> Report:
                  "entry": r["i"], "device": r["device"], "seq": r["seq"],
                  "action": r["action"], "active_bytes": r["active_bytes"],
                  "requested_bytes": r["requested_bytes"],
-                 "reserved_bytes": r["reserved_bytes"]} for r in pts.iter_rows(named=True)])
+                 "reserved_bytes": r["reserved_bytes"]} for r in rep.series])
     return Report("allocator-growth", QUESTION, True, data, [], warnings)
