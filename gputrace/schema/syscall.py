@@ -64,11 +64,11 @@ PROCESSES = Table(
                "process start: its fork (null when it predates the trace)"),
         Column("exit_ts_ns", I64, "ns", "process exit (null when it outlived the trace)"),
         Column("exit_code", I32, "", "exit status as wait(2) reports it"),
-        *IDENTITY_COLUMNS,
         Column("zombie_threads", I32, "",
                "threads still running when the recorder read the process at its main "
                "thread's exit: more than 0 is a zombie (`ps` shows it <defunct>) whose "
                "threads keep its files and GPU memory; null when not read", since=6),
+        *IDENTITY_COLUMNS,  # last: identity.Identity mirrors them
     ),
 )
 

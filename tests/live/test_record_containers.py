@@ -183,8 +183,12 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         # class NV50_MEMORY_VIRTUAL, nor the dup, which moves no bytes)
         mem = [a for a in expected()["memory_allocations"] if a["status"] == 0
                and a["ioctl"] != "RM_DUP_OBJECT" and a["class"] != 0x50A0]
+        # and the GPU memory of a run, each piece once (the summary's held figure):
+        # video memory (host memory left out) and the UVM semaphore pool it maps
+        gpu = [a["size"] for a in mem if a["class"] == 0x40]
+        gpu.append(expected()["semaphore_pool"]["length"])
         yield {"trace": out, "pids": pids, "peak": sum(a["size"] for a in mem),
-               "allocations": len(mem)}
+               "allocations": len(mem), "gpu_peak": sum(gpu), "gpu_pieces": len(gpu)}
     finally:
         os.environ.pop(identity.KUBE_ROOTS_ENV, None)
         _rmdirs(made)
@@ -201,18 +205,21 @@ def test_each_process_has_its_exact_container_and_pod(recorded: dict[str, Any]) 
 
 
 def test_by_pod_totals_are_the_workloads_known_bytes(recorded: dict[str, Any]) -> None:
-    """Each run's RM memory peaks at every successful memory allocation of its section
-    (all are live before the section's frees; expected.json): a pod's sum is that many
-    runs' worth, and the allocations too."""
+    """Each run's GPU memory peaks at every successful video-memory allocation of its
+    section plus the UVM semaphore pool (all live before the section's frees;
+    expected.json): a pod's sum of peaks is that many runs' worth, its pieces that many
+    runs' pieces, nothing held at the end."""
     doc = run_reports(inputs_from_trace(open_trace(recorded["trace"])), ["summary"],
                       ReportOptions(by="pod"))
-    pods = {(r["pod_namespace"], r["pod_name"]): r for r in doc["summary"]["by_pod"]
-            if r["layer"] == "rm"}
+    pods = {(r["pod_namespace"], r["pod_name"]): r for r in doc["summary"]["by_pod"]}
     peak, allocs = recorded["peak"], recorded["allocations"]
     assert (peak, allocs) == (103 * (1 << 20) + (192 << 10), 7)  # stand-in truth, as read
     want = {("ml", "trainer-0"): 2, ("ml", "eval-0"): 1, ("batch", "oneshot-0"): 1,
             ("ml", "v1-0"): 1, (None, None): 3}  # Docker's, Podman's and the delegated one:
     # in no pod
-    assert {k: (r["sum_of_peaks_bytes"], r["allocations"], r["processes"], r["live_end_bytes"])
-            for k, r in pods.items()} == {k: (n * peak, n * allocs, n, 0)
+    gpu, pieces = recorded["gpu_peak"], recorded["gpu_pieces"]
+    assert (gpu, pieces) == (104 << 20, 5)  # 2 + 64 + 4 + 32 MiB video memory, 2 MiB pool
+    assert {k: (r["sum_of_peaks_bytes"], r["pieces"], r["processes"], r["live_end_bytes"],
+                r["rm_layer_live_end_bytes"])
+            for k, r in pods.items()} == {k: (n * gpu, n * pieces, n, 0, 0)
                                           for k, n in want.items()}
