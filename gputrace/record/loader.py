@@ -132,14 +132,7 @@ def tgid_words(pid_max_file: Path = Path("/proc/sys/kernel/pid_max")) -> int:
 
 def map_id(fd: int) -> int | None:
     """The kernel's id of the BPF map behind `fd` (two fds, one map: same id)."""
-    try:
-        with open(f"/proc/self/fdinfo/{fd}") as f:
-            for line in f:
-                if line.startswith("map_id:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return ringbuf.fdinfo_field(fd, "map_id")
 
 
 def import_bcc() -> Any:

@@ -36,16 +36,24 @@ _U64 = struct.Struct("<Q")
 WINDOW = 4 << 20
 
 
-def max_entries(fd: int) -> int:
-    """The data area's size of the map behind `fd` (its `max_entries`)."""
+def fdinfo_field(fd: int, key: str) -> int | None:
+    """The integer field `key` of the BPF object behind `fd` in /proc/self/fdinfo
+    (`max_entries`, `map_id`, ...); None when it cannot be read."""
     try:
         with open(f"/proc/self/fdinfo/{fd}") as f:
             for line in f:
-                if line.startswith("max_entries:"):
+                if line.startswith(f"{key}:"):
                     return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         pass
-    raise GputraceError(f"cannot read the size of the ring buffer map (fd {fd})")
+    return None
+
+
+def max_entries(fd: int) -> int:
+    """The data area's size of the map behind `fd` (its `max_entries`)."""
+    if (n := fdinfo_field(fd, "max_entries")) is None:
+        raise GputraceError(f"cannot read the size of the ring buffer map (fd {fd})")
+    return n
 
 
 class RingReader:

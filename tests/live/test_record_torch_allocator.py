@@ -6,7 +6,6 @@ state is known, in the allocator tables and reports (root, bcc)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -28,20 +27,6 @@ if _SKIP is not None:
 
 KIB, MIB = 1 << 10, 1 << 20
 CAP = "64M"  # the stand-in libcuda's largest allocation: the 96 MiB request fails
-
-
-def _round(n: int) -> int:
-    """PyTorch's block rounding (computed here, not imported from the layer)."""
-    return max(512, (n + 511) // 512 * 512)
-
-
-def _analyze(trace: Path, only: str) -> dict[str, Any]:
-    r = subprocess.run([sys.executable, "-m", "gputrace.cli", "analyze", str(trace), "--only",
-                        only, "--format", "json"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    out: dict[str, Any] = json.loads(r.stdout)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +60,7 @@ def test_every_tensor_and_free(recorded: tuple[Path, st.Run]) -> None:
     want_line = {w: st.plant_line(w) for w in ("weight", "activation", "leak")}
     got = [(a, s, frames[sid][0]) for a, s, sid in
            allocs.select("address", "size_bytes", "stack_id").rows()]
-    assert [(a, s) for a, s, _ in got] == [(p, _round(n)) for p, n, _ in run.tensors]
+    assert [(a, s) for a, s, _ in got] == [(p, st.block_round(n)) for p, n, _ in run.tensors]
     for (_a, _s, top), (_p, _n, where) in zip(got, run.tensors, strict=True):
         fn = {"weight": "weights", "activation": "step", "leak": "step"}[where]
         assert top == (fn, str(st.WORKLOAD), want_line[where])
@@ -91,13 +76,13 @@ def test_reports_leak_growth_pool(recorded: tuple[Path, st.Run]) -> None:
     trace, run = recorded
     leak = f"step ({st.WORKLOAD}:{st.plant_line('leak')})"
     # tensors alive at the end: the weights and the four planted 256 KiB tensors
-    tens = _analyze(trace, "tensors")["tensors"]
+    tens = st.analyze_json(trace, "tensors")["tensors"]
     assert tens["total_count"] == 3 + 4
     by_top = {s["site"]: s for s in tens["by_stack"]}  # the site with its full path
     assert by_top[leak]["count"] == 4 and by_top[leak]["bytes"] == 4 * 256 * KIB
     assert by_top[leak]["requested_bytes"] == 4 * 256 * KIB
     # growth: the leak's line retains 256 KiB per iteration, the activation nothing
-    growth = _analyze(trace, "allocator-growth")["allocator_growth"]
+    growth = st.analyze_json(trace, "allocator-growth")["allocator_growth"]
     rows = {s["site"]: s for s in growth["by_stack"]}
     assert rows[leak]["retained_bytes_per_alloc"] == 256 * KIB
     act = f"step ({st.WORKLOAD}:{st.plant_line('activation')})"
@@ -105,7 +90,7 @@ def test_reports_leak_growth_pool(recorded: tuple[Path, st.Run]) -> None:
     assert growth["start_active_bytes"] == 0
     assert growth["end_active_bytes"] == run.allocated
     # the pool at the end is what the allocator itself counts
-    pool = _analyze(trace, "allocator-pool")["allocator_pool"]
+    pool = st.analyze_json(trace, "allocator-pool")["allocator_pool"]
     assert pool["reserved_bytes"] == run.reserved
     assert pool["allocated_bytes"] == run.allocated
 
@@ -168,7 +153,7 @@ def test_release_shapes_and_unknown_skipped(tmp_path: Path) -> None:
         mine = ev.filter(pl.col("pid") == run.pid).sort("seq")
         allocs = mine.filter(pl.col("action") == "alloc")
         assert allocs.select("address", "size_bytes", "device").rows() == [
-            (p, _round(n), 0) for p, n, _ in run.tensors]
+            (p, st.block_round(n), 0) for p, n, _ in run.tensors]
         frees = mine.filter(pl.col("action") == "free_completed")
         assert frees["address"].to_list() == run.freed
 
@@ -194,9 +179,9 @@ def test_flight_recorder_incident_holds_the_allocator(tmp_path: Path) -> None:
     assert _frames(inc)[oom["stack_id"][0]][0][2] == st.plant_line("oom")
     act_ptr = next(p for p, _n, w in run.tensors if w == "activation")
     assert ev.filter(pl.col("action") == "segment_free")["address"].to_list() == [act_ptr]
-    tens = _analyze(inc_dir, "tensors")["tensors"]
+    tens = st.analyze_json(inc_dir, "tensors")["tensors"]
     assert tens["total_count"] == 3 + 2
-    report = _analyze(inc_dir, "oom")["oom"]
+    report = st.analyze_json(inc_dir, "oom")["oom"]
     owned = [i for i in report["incidents"] if i["allocator_entry"] is not None]
     assert len(owned) == 1 and owned[0]["gpu_index"] == 0
     # after its cache was released: the segments still holding tensors, less the tensors
@@ -256,7 +241,7 @@ def test_launched_program(tmp_path: Path) -> None:
     assert ev["pid"].n_unique() == 1
     allocs = ev.filter(pl.col("action") == "alloc")
     assert allocs.select("address", "size_bytes").rows() == [
-        (p, _round(n)) for p, n, _ in run.tensors]
+        (p, st.block_round(n)) for p, n, _ in run.tensors]
     assert allocs["stack_id"].null_count() == 0
     assert ev.filter(pl.col("action") == "free_completed")["address"].to_list() == run.freed
     assert t.manifest["torch_allocator"]["stacks"] == "full"

@@ -11,18 +11,14 @@ against what each program says it did (root, bcc)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 import pytest
 
 from gputrace.trace.reader import open_trace
-from tests.record_helpers import ROOT, live_skip_reason
+from tests.record_helpers import live_skip_reason
 from tests.standin_torch import standin_torch as st
 
 pytestmark = [pytest.mark.live, pytest.mark.xdist_group("torch_backends_live")]
@@ -33,19 +29,6 @@ if _SKIP is not None:
 KIB, MIB = 1 << 10, 1 << 20
 CAP = "64M"  # the stand-in libcuda's largest allocation: the 96 MiB request fails
 SMALL_PAGE, LARGE_PAGE = 2 * MIB, 20 * MIB  # PyTorch's expandable segments' page sizes
-
-
-def _round(n: int) -> int:
-    return max(512, (n + 511) // 512 * 512)
-
-
-def _analyze(trace: Path, only: str) -> dict[str, Any]:
-    r = subprocess.run([sys.executable, "-m", "gputrace.cli", "analyze", str(trace), "--only",
-                        only, "--format", "json"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    out: dict[str, Any] = json.loads(r.stdout)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +76,7 @@ def test_expandable_segments_pages_and_runs(recorded: tuple[Path, st.Run, st.Run
     assert ev.filter(pl.col("action").is_in(["segment_alloc", "segment_free"])).height == 0
     allocs = ev.filter(pl.col("action") == "alloc")
     assert allocs.select("address", "size_bytes").rows() == [
-        (p, _round(n)) for p, n, _ in run.tensors]
+        (p, st.block_round(n)) for p, n, _ in run.tensors]
     assert ev.filter(pl.col("action") == "free_completed")["address"].to_list() == run.freed
     t = open_trace(trace)
     segs = t.scan("allocator_segments").collect().filter(pl.col("pid") == run.pid)
@@ -112,10 +95,10 @@ def test_reports_read_both(recorded: tuple[Path, st.Run, st.Run, st.Run]) -> Non
     their line in each (three iterations each)."""
     trace, expandable, async_, streams = recorded
     runs = (expandable, async_, streams)
-    pool = _analyze(trace, "allocator-pool")["allocator_pool"]
+    pool = st.analyze_json(trace, "allocator-pool")["allocator_pool"]
     assert pool["reserved_bytes"] == sum(r.reserved for r in runs)
     assert pool["allocated_bytes"] == sum(r.allocated for r in runs)
-    tens = _analyze(trace, "tensors")["tensors"]
+    tens = st.analyze_json(trace, "tensors")["tensors"]
     leak = f"step ({st.WORKLOAD}:{st.plant_line('leak')})"
     rows = {s["pid"]: s for s in tens["by_stack"] if s["site"] == leak}  # one per process
     assert {p: (r["count"], r["bytes"]) for p, r in rows.items()} == {
@@ -173,7 +156,7 @@ def test_native_free_deferred_by_another_stream(
     ev = _events(trace, run.pid)
     allocs = ev.filter(pl.col("action") == "alloc")
     assert allocs.select("address", "size_bytes").rows() == [
-        (p, _round(n)) for p, n, _ in run.tensors]
+        (p, st.block_round(n)) for p, n, _ in run.tensors]
     where = [w for _p, _n, w in run.tensors]
     shared, held = (run.tensors[where.index(w)][0] for w in ("shared", "held"))
     req = ev.filter(pl.col("action") == "free_requested")

@@ -12,6 +12,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.standin.standin import locked_make
 
@@ -134,3 +135,23 @@ def _said(run: Run, line: str) -> None:
         run.pages = (int(rest[0]), int(rest[1]))
     elif word == "PENDING":
         run.pending = int(rest[0])
+
+
+def block_round(n: int) -> int:
+    """PyTorch's block rounding (computed here, not imported from the layer)."""
+    return max(512, (n + 511) // 512 * 512)
+
+
+def analyze_json(trace: Path, only: str) -> dict[str, Any]:
+    """`gputrace analyze TRACE --only ONLY --format json`, run as a user runs it."""
+    import json
+    import sys
+
+    from tests.record_helpers import ROOT
+
+    r = subprocess.run([sys.executable, "-m", "gputrace.cli", "analyze", str(trace), "--only",
+                        only, "--format", "json"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
