@@ -7,12 +7,13 @@ the metrics endpoint, the alert evaluator) and returns a consistent copy. Only
 vectorized work runs per row; Python loops run over allocation and free rows
 (rare next to the ioctl flood) and over processes and GPUs.
 
-Live bytes per layer (`api`, `rm`) are kept by `live_bytes.LiveBytes`; the views a
+Live bytes per layer (`api`, `rm`, `uvm`) and each process's one figure (the joined
+model over its live allocations) are kept by `live_bytes.LiveBytes`; the views a
 snapshot returns are in `snapshot`.
 
 A process's memory ends with it: when its exit is seen, its series go away.
-`growth` (leak rate) is the live bytes gained over the trailing window divided
-by the window: (live now - live at now-W) / W, with 0 before the process was
+`growth` (leak rate) is the held bytes gained over the trailing window divided
+by the window: (held now - held at now-W) / W, with 0 before the process was
 first seen, so a process that grows 24 MiB in a 60 s window shows 0.4 MiB/s.
 """
 
@@ -31,7 +32,7 @@ import pyarrow.compute as pc
 
 from gputrace.analyses.helpers.rm_objects import ALLOCS, VID_HEAP
 from gputrace.identity import Identity
-from gputrace.live.live_bytes import LiveBytes, Proc
+from gputrace.live.live_bytes import UVM_NAMES, LiveBytes, Proc
 from gputrace.live.snapshot import GpuView, ProcView, Snapshot
 from gputrace.record import incidents
 
@@ -43,6 +44,14 @@ RATE_WINDOW_NS = 10 * NS
 """Window of the event rates (allocations, frees, faults, migrations per second)."""
 SAMPLE_NS = NS // 4
 """At most one rate sample per process per quarter second."""
+HELD_NS = NS
+"""A process's held bytes (the join over its live allocations) are recomputed at most
+once a second while tables arrive, and whenever a snapshot is read."""
+HELD_SHARE = 10
+HELD_CHEAP_NS = 20_000_000
+"""A recompute that took longer than this (~0.3 s for 150,000 live allocations) waits
+HELD_SHARE times its cost before the next, so the join takes at most a tenth of the
+recorder's CPU; the view and metrics show the figure of that last recompute."""
 LATENCY_BUCKETS_S: tuple[float, ...] = (1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3, 4e-3,
                                         16e-3, 64e-3, 0.256, 1.0)
 """Upper bounds of the ioctl latency histogram (seconds); +Inf is implied."""
@@ -102,6 +111,8 @@ class Aggregates:
         self.ooms: Counter[tuple[int | None, str]] = Counter()  # (gpu, verdict)
         # the driver's latest per-process accounting: gpu -> (round ts, {pid: bytes})
         self.driver: dict[int, tuple[int, dict[int, int]]] = {}
+        self._held_ns: int | None = None  # when held bytes were last recomputed
+        self._held_wall: tuple[int, int] = (0, 0)  # (perf_counter_ns at its end, its cost)
 
     # ------------------------------------------------------------ feeding
     def observe(self, name: str, table: pa.Table | pa.RecordBatch) -> None:
@@ -153,17 +164,20 @@ class Aggregates:
                 h += hist[i * nb:(i + 1) * nb]
                 self._lat_sum[n] = self._lat_sum.get(n, 0.0) + float(sums[i]) / NS
         # memory objects: only the RM alloc/free rows go through Python
-        wanted = [i for i, n in enumerate(names) if n in (*ALLOCS, VID_HEAP, "RM_FREE")]
-        if not wanted:
-            return
-        sel = np.isin(idx, wanted)
+        rm = {i for i, n in enumerate(names) if n in (*ALLOCS, VID_HEAP, "RM_FREE")}
+        uvm = {i for i, n in enumerate(names) if n in UVM_NAMES}
+        sel = np.isin(idx, [*rm, *uvm])
         if not sel.any():
             return
         rows = t.filter(pa.array(sel)).select(
-            ["pid", "comm", "name", "gpu_index", "ret", "status", "h_client", "h_parent",
-             "h_object", "h_class", "size_bytes"]).to_pylist()
+            ["ts_ns", "pid", "tid", "comm", "name", "gpu_index", "ret", "status", "latency_ns",
+             "h_client", "h_parent", "h_object", "h_class", "size_bytes", "flags", "va_base",
+             "va_length"]).to_pylist()
         for r in rows:
-            self.live_bytes.rm_row(r, now)
+            if r["name"] in UVM_NAMES:
+                self.live_bytes.uvm_row(r, now)
+            else:
+                self.live_bytes.rm_row(r, now)
 
     def _cuda_calls(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
         self.live_bytes.cuda_calls(t, now)
@@ -180,6 +194,9 @@ class Aggregates:
             sample = None if gv is None else {"heap_free_bytes": gv.free_bytes,
                                               "largest_free_bytes": gv.largest_free_bytes}
             self.ooms[(g, incidents.verdict(o.size_bytes, sample))] += 1
+
+    def _mappings(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
+        self.live_bytes.mappings(t, now)
 
     def _processes(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
         cols = t.select(["pid", "comm", "exit_ts_ns"]).to_pydict()
@@ -246,11 +263,30 @@ class Aggregates:
         return {g: sum(b for pid, b in by_pid.items() if pid not in self.procs)
                 for g, (_ts, by_pid) in sorted(self.driver.items())}
 
-    def _sample(self, now: int) -> None:
+    def _refresh_held(self, now: int, force: bool) -> None:
+        """Recompute the held bytes of the processes whose allocations changed."""
+        if not force and self._held_ns is not None and now - self._held_ns < HELD_NS:
+            return
+        ended, cost = self._held_wall
+        if cost > HELD_CHEAP_NS and time.perf_counter_ns() - ended < HELD_SHARE * cost:
+            return
+        self._held_ns = now
+        stale = [p for p in self.procs.values() if p.stale]
+        if not stale:
+            return
+        t0 = time.perf_counter_ns()
+        held = self.live_bytes.held(p.pid for p in stale)
+        for p in stale:
+            p.held_bytes, p.stale = held[p.pid], False
+        ended = time.perf_counter_ns()
+        self._held_wall = (ended, ended - t0)
+
+    def _sample(self, now: int, force: bool = False) -> None:
         """Record each process's change points and rate samples; prune old ones."""
+        self._refresh_held(now, force)
         horizon = now - self.growth_window_ns
         for p in self.procs.values():
-            total = p.live_total
+            total = p.held_bytes
             if p.history[-1][1] != total:
                 p.history.append((now, total))
             while len(p.history) > 1 and p.history[1][0] <= horizon:
@@ -277,7 +313,7 @@ class Aggregates:
             if ts > start:
                 break
             before = total
-        return (p.live_total - before) / (self.growth_window_ns / NS)
+        return (p.held_bytes - before) / (self.growth_window_ns / NS)
 
     @staticmethod
     def _rates(p: Proc, now: int) -> tuple[float, float, float, float]:
@@ -295,12 +331,12 @@ class Aggregates:
         own = _own_stats()
         with self.lock:
             now = self.clock()
-            self._sample(now)
+            self._sample(now, force=True)
             procs = []
             for p in self.procs.values():
                 a, f, gf, m = self._rates(p, now)
                 procs.append(ProcView(
-                    p.pid, p.comm, dict(p.live), p.live_total, dict(p.allocations),
+                    p.pid, p.comm, dict(p.live), p.held_bytes, dict(p.allocations),
                     dict(p.frees), p.gpu_faults, p.cpu_faults, p.migrations,
                     self.growth(p, now), a, f, gf, m, p.who))  # fmt: skip
             lat = {n: (h.tolist(), self._lat_sum.get(n, 0.0)) for n, h in self._lat.items()}
@@ -323,6 +359,7 @@ class Aggregates:
 _HANDLERS: dict[str, Callable[[Aggregates, Any, int], None]] = {
     "ioctls": Aggregates._ioctls,
     "cuda_calls": Aggregates._cuda_calls,
+    "mappings": Aggregates._mappings,
     "processes": Aggregates._processes,
     "faults": Aggregates._faults,
     "fault_batches": Aggregates._fault_batches,

@@ -8,8 +8,8 @@ An expression is `METRIC OP VALUE` (OP one of > >= < <=), in the spirit of
   second; VALUE a size per time: `100MiB/min`, `1G/h`, `4096/s` (bare: per second)
 - `alloc_rate`, `gpu_fault_rate`, `migration_rate` (each process): events per
   second; VALUE a count per time: `1e6/s`, `500/min`
-- `live_bytes` (each process: the live bytes of its largest layer, the layers never
-  added): VALUE a size: `8GiB`
+- `live_bytes` (each process: its held bytes, each piece of memory once, the layers
+  never added): VALUE a size: `8GiB`
 - `orphaned` (each GPU): video memory the driver charges to pids with no live
   traced process (docs/analyses/holders.md); VALUE a size: `1GiB`
 - `gpu_free`, `gpu_largest_free` (each GPU, RM samples): VALUE a size: `1GiB`
@@ -185,7 +185,7 @@ def format_value(metric: str, value: float) -> str:
 def measure(rule: Rule, snap: Snapshot) -> list[tuple[tuple[Any, ...], float, dict[str, Any]]]:
     """(subject key, value, who) for every subject the rule's metric is about."""
     if rule.metric in PROCESS_RATES or rule.metric == "live_bytes":
-        attr = PROCESS_RATES.get(rule.metric, "live_total")
+        attr = PROCESS_RATES.get(rule.metric, "held_bytes")
         return [(("pid", p.pid), float(getattr(p, attr)), {"pid": p.pid, "comm": p.comm})
                 for p in snap.procs]
     if rule.metric == "drops":

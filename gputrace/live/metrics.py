@@ -85,8 +85,8 @@ def _gpu(g: int | None) -> str:
 
 
 def bounded(procs: list[ProcView], top: int) -> tuple[list[ProcView], list[ProcView]]:
-    """(the `top` processes with the most live bytes, the rest): ties by pid."""
-    order = sorted(procs, key=lambda p: (-p.live_total, p.pid))
+    """(the `top` processes holding the most, the rest): ties by pid."""
+    order = sorted(procs, key=lambda p: (-p.held_bytes, p.pid))
     return order[:top], order[top:]
 
 
@@ -159,13 +159,13 @@ class LiveCollector:
             gfaults.add_metric(others, sums["gfaults"][""])
             cfaults.add_metric(others, sums["cfaults"][""])
         held = GaugeMetricFamily(
-            "gputrace_held_bytes", "GPU memory a process holds, one figure: the live bytes "
-            "of its largest layer (gputrace_live_bytes is the per-layer breakdown, never "
-            "to be added across layers).", labels=WHO)
+            "gputrace_held_bytes", "GPU memory a process holds, one figure: each piece of "
+            "memory once, whatever layers saw it (gputrace_live_bytes is the per-layer "
+            "breakdown, never to be added across layers).", labels=WHO)
         for who, p in rows:
-            held.add_metric(who, p.live_total)
+            held.add_metric(who, p.held_bytes)
         if rest:
-            held.add_metric([OTHER] * len(WHO), sum(p.live_total for p in rest))
+            held.add_metric([OTHER] * len(WHO), sum(p.held_bytes for p in rest))
         orphaned = GaugeMetricFamily(
             "gputrace_orphaned_bytes", "Video memory the driver's per-process accounting "
             "charges to pids with no live traced process (exited with a child holding "

@@ -15,7 +15,7 @@ class ProcView:
     pid: int
     comm: str
     live: dict[tuple[str, int | None], int]
-    live_total: int
+    held_bytes: int
     allocations: dict[str, int]
     frees: dict[str, int]
     gpu_faults: int

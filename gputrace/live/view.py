@@ -31,7 +31,7 @@ from gputrace.units import format_bytes
 
 REFRESH_S = 1.0
 SORTS: dict[str, tuple[str, Callable[[ProcView], Any]]] = {
-    "b": ("live bytes", lambda p: (-p.live_total, p.pid)),
+    "b": ("held", lambda p: (-p.held_bytes, p.pid)),
     "g": ("growth", lambda p: (-p.growth_bytes_per_s, p.pid)),
     "a": ("allocs/s", lambda p: (-p.alloc_rate, p.pid)),
     "f": ("GPU faults/s", lambda p: (-p.gpu_fault_rate, p.pid)),
@@ -69,8 +69,10 @@ def render(snap: Snapshot, sort: str = "b", started_ns: int | None = None) -> Gr
                                                 g.heap_bytes)),
                      "-" if frag is None else f"{frag:.3f}")  # fmt: skip
     procs = Table(title="Processes", title_justify="left", expand=False)
-    # held: the one figure (largest layer); the api/rm layer columns are its breakdown
-    for c in ("PID", "COMM", "held", "api layer", "rm layer", "allocs", "frees", "allocs/s",
+    # held: the one figure (the joined model: each piece once); the layer columns are a
+    # breakdown beside it, each at most the figure's pieces it saw, never added to it
+    for c in ("PID", "COMM", "held", "api layer", "rm layer", "uvm layer", "allocs", "frees",
+              "allocs/s",
               "frees/s", "GPU faults/s", "migr/s", "growth/min"):
         # numbers are never cut: narrow terminals lose the name's tail first
         procs.add_column(c, justify="left" if c == "COMM" else "right", no_wrap=True,
@@ -78,8 +80,8 @@ def render(snap: Snapshot, sort: str = "b", started_ns: int | None = None) -> Gr
     rows = sorted(snap.procs, key=key)
     for p in rows[:MAX_ROWS]:
         procs.add_row(
-            str(p.pid), printable(p.comm)[:16], format_bytes(p.live_total), _layer(p, "api"),
-            _layer(p, "rm"),
+            str(p.pid), printable(p.comm)[:16], format_bytes(p.held_bytes), _layer(p, "api"),
+            _layer(p, "rm"), _layer(p, "uvm"),
             str(sum(p.allocations.values())), str(sum(p.frees.values())), _rate(p.alloc_rate),
             _rate(p.free_rate), _rate(p.gpu_fault_rate), _rate(p.migration_rate),
             format_bytes(p.growth_bytes_per_s * 60),

@@ -35,11 +35,11 @@ import polars as pl
 
 from gputrace.analyses.helpers.allocators import CACHED, stack_allocators
 from gputrace.analyses.helpers.partition import Slice
-from gputrace.nvabi import MEMORY_CLASSES, NV01_MEMORY_SYSTEM, NV01_MEMORY_SYSTEM_OS_DESCRIPTOR
+from gputrace.analyses.helpers.rm_objects import LABELS
+from gputrace.nvabi import NV01_MEMORY_SYSTEM, NV01_MEMORY_SYSTEM_OS_DESCRIPTOR
 
 HOST_MEMORY = ("cuMemAllocHost", "cuMemHostAlloc",
-               *(f"{MEMORY_CLASSES[c]} 0x{c:X}"
-                 for c in (NV01_MEMORY_SYSTEM, NV01_MEMORY_SYSTEM_OS_DESCRIPTOR)))
+               *(LABELS[c] for c in (NV01_MEMORY_SYSTEM, NV01_MEMORY_SYSTEM_OS_DESCRIPTOR)))
 """`what` of the lifetime rows that are host memory (labels as rm_objects writes them)."""
 
 CLASSES = ("program", "allocator pool", "CUDA context", "driver-only")
@@ -56,30 +56,35 @@ def _layers() -> pl.Expr:
     return pl.concat_str(parts, separator="+", ignore_nulls=True)
 
 
+def of_size_layer(rm: str | pl.Expr, uvm: str | pl.Expr, api: str | pl.Expr) -> pl.Expr:
+    """The column of the layer a piece's one size is taken from: `rm` when an RM object
+    backs it, else `uvm` when an UVM mapping does, else `api` (reads `rm_count` and
+    `uvm_count`). The live aggregates use the same rule (gputrace.live.live_bytes)."""
+    return (pl.when(pl.col("rm_count") > 0).then(rm)
+            .when(pl.col("uvm_count") > 0).then(uvm).otherwise(api))
+
+
+def is_host_memory(*cols: str) -> pl.Expr:
+    """Any of the `what` columns names host memory (holds none of a GPU's)."""
+    return pl.any_horizontal([pl.col(c).is_in(list(HOST_MEMORY)).fill_null(False)
+                              for c in cols])
+
+
 def held_from(pieces: pl.DataFrame, allocators: pl.DataFrame) -> pl.DataFrame:
     """`HELD` columns of each GPU-memory piece of `pieces` (the joined model's frame),
     `allocators` the (pid, stack_id, allocator) of the stacks that matched one."""
-    has_rm, has_uvm = pl.col("rm_count") > 0, pl.col("uvm_count") > 0
-    size_layer = (pl.when(has_rm).then(pl.lit("rm")).when(has_uvm).then(pl.lit("uvm"))
-                  .otherwise(pl.lit("api")))
-    pick = {"rm": has_rm, "uvm": has_uvm}
-
-    def of(rm: str, uvm: str, api: str) -> pl.Expr:
-        return (pl.when(pick["rm"]).then(pl.col(rm)).when(pick["uvm"]).then(pl.col(uvm))
-                .otherwise(pl.col(api)))
-
+    size_layer = of_size_layer(*(pl.lit(k) for k in ("rm", "uvm", "api")))
     cls = (pl.when(pl.col("class") == "driver").then(pl.lit("CUDA context"))
            .when(pl.col("class") == "unattributed").then(pl.lit("driver-only"))
            .when(pl.col("allocator").is_in(CACHED)).then(pl.lit("allocator pool"))
            .otherwise(pl.lit("program")))
-    host = pl.col("what").is_in(list(HOST_MEMORY)) | pl.col("rm_what").is_in(list(HOST_MEMORY))
-    return (pieces.filter(~host.fill_null(False))
+    return (pieces.filter(~is_host_memory("what", "rm_what"))
             .join(allocators, on=["pid", "stack_id"], how="left")
             .with_columns(size_layer.alias("size_layer"), _layers().alias("layers"),
-                          of("rm_bytes", "uvm_bytes", "api_bytes").alias("held_bytes"),
-                          of("rm_alloc_ts_ns", "uvm_alloc_ts_ns", "alloc_ts_ns")
+                          of_size_layer("rm_bytes", "uvm_bytes", "api_bytes").alias("held_bytes"),
+                          of_size_layer("rm_alloc_ts_ns", "uvm_alloc_ts_ns", "alloc_ts_ns")
                           .alias("from_ns"),
-                          of("rm_free_ts_ns", "uvm_free_ts_ns", "api_free_ts_ns")
+                          of_size_layer("rm_free_ts_ns", "uvm_free_ts_ns", "api_free_ts_ns")
                           .alias("until_ns"))
             .with_columns(cls.alias("class"),
                           pl.coalesce("from_ns", "alloc_ts_ns").alias("from_ns"))

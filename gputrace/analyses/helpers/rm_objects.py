@@ -126,14 +126,18 @@ def _is_virtual() -> pl.Expr:
         (pl.col("name") == VID_HEAP) & virt_flag)
 
 
+LABELS = {c: f"{n} 0x{c:X}" for c, n in {**MEMORY_CLASSES, **VIRTUAL_CLASSES}.items()}
+"""The `what` of an RM object of a memory or virtual class, e.g. `sysmem 0x3E` (an
+object made by RM_VID_HEAP_CONTROL is `vid heap`)."""
+
+
 def rm_lifetimes(ioctls: pl.LazyFrame, files: pl.LazyFrame) -> pl.LazyFrame:
     """Lifetime rows of RM memory objects (layer `rm`) and of virtual reservations
     (layer `rm-virtual`, which leaks and summaries report apart)."""
     objs = rm_objects(ioctls, files)
     is_mem = pl.col("cls").is_in(list(MEMORY_CLASSES)) | (pl.col("name") == VID_HEAP)
-    labels = {c: f"{n} 0x{c:X}" for c, n in {**MEMORY_CLASSES, **VIRTUAL_CLASSES}.items()}
     what = (pl.when(pl.col("name") == VID_HEAP).then(pl.lit("vid heap"))
-            .otherwise(pl.col("cls").replace_strict(labels, default="other class",
+            .otherwise(pl.col("cls").replace_strict(LABELS, default="other class",
                                                     return_dtype=pl.String)))
     rows = objs.select(
         pl.when(_is_virtual()).then(pl.lit(VIRTUAL_LAYER)).otherwise(pl.lit("rm"))

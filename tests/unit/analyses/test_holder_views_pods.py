@@ -102,7 +102,7 @@ def test_the_out_of_memory_holders(world: dict[str, Any]) -> None:
 
 def test_the_live_view_and_metrics(world: dict[str, Any]) -> None:
     agg: Aggregates = world["agg"]
-    assert {p.pid: p.live_total for p in agg.snapshot().procs} == TRUTH
+    assert {p.pid: p.held_bytes for p in agg.snapshot().procs} == TRUTH
     held = {int(s.labels["pid"]): s.value for m in LiveCollector(agg.snapshot).collect()
             for s in m.samples if m.name == "gputrace_held_bytes"}
     assert held == TRUTH

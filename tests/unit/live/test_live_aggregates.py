@@ -85,7 +85,7 @@ def test_exit_removes_process_and_its_memory() -> None:
     b.cuda_alloc(0.1, 5, MiB)
     agg = Aggregates(clock=Clock())
     feed(agg, b, "cuda_calls")
-    assert agg.snapshot().procs[0].live_total == MiB
+    assert agg.snapshot().procs[0].held_bytes == MiB
     feed(agg, b, "processes")
     s = agg.snapshot()
     assert s.procs == [] and s.exited == 1

@@ -1,9 +1,12 @@
-"""Who holds what, live: one figure per process (its largest layer, the layers never
-added), and the memory the driver charges to pids no live traced process has
-(`gputrace_orphaned_bytes`, `--alert orphaned>...`). Synthetic tables
-(gputrace.trace.builder), truth written beside each scenario."""
+"""Who holds what, live: one figure per process (the joined model over its live
+allocations: each piece of memory once, the layers never added), and the memory the
+driver charges to pids no live traced process has (`gputrace_orphaned_bytes`, `--alert
+orphaned>...`). Synthetic tables (gputrace.trace.builder), truth written beside each
+scenario."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from gputrace.live.aggregates import Aggregates
 from gputrace.live.alerts import Alerts, parse_alert
@@ -11,28 +14,77 @@ from gputrace.live.metrics import LiveCollector
 from gputrace.trace.builder import CLASS_DEVICE, MiB, TraceBuilder
 from tests.unit.live.test_live_aggregates import Clock, feed
 
+BASE = 0x7F0000000000
+
+
+def _sub_allocating_process(b: TraceBuilder, pid: int) -> None:
+    """As the stand-in driver (and the real one) does: each 2 MiB RM video-memory object
+    is made inside a 1 MiB cuMemAlloc and mapped by UVM at its pointer; the next 1 MiB
+    pointer lies in the same 2 MiB page. 12 objects, 23 pointers; a 6 MiB object made
+    outside any call (the CUDA context); an 8 MiB managed allocation (its mmap made in
+    the call, no RM object)."""
+    dev = b.rm_alloc(0.0, pid, h_class=CLASS_DEVICE, gpu=0)
+    b.rm_alloc(0.05, pid, size=6 * MiB, parent=dev)
+    for i in range(12):
+        t, base = 0.1 + i / 100, BASE + i * 2 * MiB
+        b.cuda_alloc(t, pid, MiB, ptr=base)
+        h = b.rm_alloc(t + 1e-6, pid, size=2 * MiB, parent=dev)
+        b.uvm(t + 2e-6, pid, "UVM_CREATE_EXTERNAL_RANGE", base=base, length=2 * MiB)
+        b.uvm(t + 3e-6, pid, "UVM_MAP_EXTERNAL_ALLOCATION", base=base, length=2 * MiB,
+              h_object=h)
+        if i < 11:
+            b.cuda_alloc(t + 0.005, pid, MiB, ptr=base + MiB)
+    managed = BASE + 64 * MiB
+    b.cuda_alloc(0.3, pid, 8 * MiB, func="cuMemAllocManaged", ptr=managed)
+    b.mmap_managed(0.3 + 1e-6, pid, managed, 8 * MiB)
+
 
 def test_one_figure_per_process_never_the_layers_added() -> None:
-    """24 MiB of RM video memory, 23 MiB of API allocations inside it: the process holds
-    24 MiB (not 47); growth and the live_bytes alert read the same figure."""
+    """Per layer: API 31 MiB (23 x 1 + 8 managed), RM 30 MiB (12 x 2 + 6), UVM 32 MiB
+    (12 x 2 mapped + 8 managed). Each piece once: 24 (the RM objects the API pointers
+    lie in) + 6 (context) + 8 (managed) = 38 MiB; the largest layer would say 32, the
+    layers added 93. Growth and the live_bytes alert read the same figure; freeing the
+    managed allocation (munmap) takes it down to 30 MiB."""
     b = TraceBuilder()  # synthetic
     b.process(100, "train")
-    dev = b.rm_alloc(0.0, 100, h_class=CLASS_DEVICE, gpu=0)
-    for i in range(12):
-        b.rm_alloc(0.1 + i / 100, 100, size=2 * MiB, parent=dev)
-    for i in range(23):
-        b.cuda_alloc(0.2 + i / 100, 100, MiB)
+    _sub_allocating_process(b, 100)
     agg = Aggregates(clock=Clock())
-    feed(agg, b, "ioctls", "cuda_calls")
+    feed(agg, b, "ioctls", "cuda_calls", "mappings")
     (p,) = agg.snapshot().procs
-    assert p.live == {("rm", 0): 24 * MiB, ("api", None): 23 * MiB}
-    assert p.live_total == 24 * MiB
+    assert p.live == {("rm", 0): 30 * MiB, ("api", None): 31 * MiB, ("uvm", None): 32 * MiB}
+    assert p.held_bytes == 38 * MiB
     held = [(s.labels["pid"], s.value) for m in LiveCollector(agg.snapshot).collect()
             for s in m.samples if m.name == "gputrace_held_bytes"]
-    assert held == [("100", 24 * MiB)]
-    fired = Alerts([parse_alert("live_bytes>30MiB")], err=lambda _s: None).evaluate(
+    assert held == [("100", 38 * MiB)]
+    fired = Alerts([parse_alert("live_bytes>40MiB")], err=lambda _s: None).evaluate(
         agg.snapshot())
-    assert fired == []  # 47 MiB added would have fired
+    assert fired == []  # 93 MiB added would have fired
+    assert Alerts([parse_alert("live_bytes>35MiB")], err=lambda _s: None).evaluate(
+        agg.snapshot())  # 32 MiB, the largest layer, would not
+    b2 = TraceBuilder()
+    b2.cuda_free(0.4, 100, BASE + 64 * MiB)
+    b2.munmap(0.4 + 1e-6, 100, BASE + 64 * MiB, 8 * MiB)
+    feed(agg, b2, "cuda_calls", "mappings")
+    (p,) = agg.snapshot().procs
+    assert p.held_bytes == 30 * MiB
+
+
+def test_live_figure_is_the_offline_figure(tmp_path: Path) -> None:
+    """The same scenario written as a trace: the holders the offline model gives at its
+    end (`oom`/`summary`'s joined model) equal the live figure."""
+    from gputrace.analyses.allocations.held import by_holder, held_pieces
+    from gputrace.analyses.helpers.inputs import inputs_from_trace
+    from gputrace.analyses.helpers.partition import per_slice
+    from gputrace.trace.reader import open_trace
+
+    b = TraceBuilder()  # synthetic
+    b.process(100, "train")
+    _sub_allocating_process(b, 100)
+    t = open_trace(b.build(tmp_path / "t"))
+    (held,) = per_slice(inputs_from_trace(t), {"h": held_pieces})["h"]
+    (row,) = by_holder(held, t.manifest["end_ts_ns"]).to_dicts()
+    assert row["held_bytes"] == 38 * MiB
+    assert (row["program_bytes"], row["cuda_context_bytes"]) == (32 * MiB, 6 * MiB)
 
 
 def test_orphaned_bytes_from_the_drivers_accounting() -> None:
