@@ -42,6 +42,7 @@ def _peak_pss(pid: int, stop: threading.Event, out: list[float]) -> None:
 
 def one(tree: Path, env: dict[str, str], extra: list[str], out: Path) -> tuple[float, ...]:
     e = {**os.environ, **env, "PYTHONPATH": str(tree)}
+    shutil.rmtree(out, ignore_errors=True)  # an older tree cannot replace a newer trace
     t = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-m", "gputrace.cli", "record", "-o", str(out),
                           "--force", *extra, "--", "true"], cwd=tree, env=e,
