@@ -83,7 +83,9 @@ class Allocations:
     rm_parent: dict[tuple[int, int], int] = field(default_factory=dict)
     rm_gpu: dict[tuple[int, int], int | None] = field(default_factory=dict)  # devices
     rm_kids: dict[tuple[int, int], set[int]] = field(default_factory=dict)  # (client, parent)
-    uvm: dict[int, Item] = field(default_factory=dict)  # base
+    # (what, base): a managed mmap and an external mapping may take the same address at
+    # different times, and the tables that make and end them arrive in any order
+    uvm: dict[tuple[str, int], Item] = field(default_factory=dict)
     ranges: dict[int, int] = field(default_factory=dict)  # external range base -> length
 
 
@@ -227,8 +229,9 @@ class LiveBytes:
             self._uvm_close(pid, base, _EXTERNAL)
             length = a.ranges.pop(base, None) if name == "UVM_FREE" else None
             if length:  # the range's mappings end with it
-                for b in [b for b in a.uvm if base <= b < base + length]:
-                    self._uvm_close(pid, b, _EXTERNAL)
+                for what, b in [k for k in a.uvm
+                                if k[0] == _EXTERNAL and base <= k[1] < base + length]:
+                    self._uvm_close(pid, b, what)
 
     def mappings(self, t: pa.Table | pa.RecordBatch, now: int) -> None:
         """Fold appended `mappings` rows in: managed mmaps and the munmaps that end them."""
@@ -244,9 +247,10 @@ class LiveBytes:
 
     def _uvm_open(self, pid: int, comm: str | None, now: int, item: Item) -> None:
         a = self._allocs(pid)
-        if item.ident in a.uvm:  # consecutive opens of one base are one allocation
+        key = (item.what, item.ident)
+        if key in a.uvm:  # consecutive opens of one base are one allocation
             return
-        a.uvm[item.ident] = item
+        a.uvm[key] = item
         p = self._proc(pid, comm, now)
         p.add_live("uvm", None, item.size)
         p.allocations["uvm"] += 1
@@ -255,9 +259,8 @@ class LiveBytes:
         """End the mapping of kind `what` at `base`: a munmap ends a managed mmap only, an
         UVM_FREE or UVM_UNMAP_EXTERNAL an external mapping only (as uvm_ranges pairs)."""
         a = self._of.get(pid)
-        if a is None or (item := a.uvm.get(base)) is None or item.what != what:
+        if a is None or (item := a.uvm.pop((what, base), None)) is None:
             return
-        del a.uvm[base]
         p = self._procs.get(pid)
         if p is not None:
             p.add_live("uvm", None, -item.size)

@@ -87,13 +87,15 @@ def test_live_view_in_tmux(tmp_path: Path) -> None:
             w.proc.stdin.write("go\n")
             w.proc.stdin.flush()
             assert any(x.strip() == "DONE" for x in w.proc.stdout)
-            # API 23 MiB leaked (23 x 1 MiB), RM 24 MiB (12 blocks of 2 MiB); allocations
-            # 42 API + 22 RM = 64, frees 19 API + 10 RM = 29 (expected.json); held: the
-            # one figure (the largest layer, RM's 24 MiB), then the per-layer breakdown
-            text = tmux.until(lambda t: row_of(t, w.pid)[5:7] == ["64", "29"])
+            # API 23 MiB leaked (23 x 1 MiB), RM 24 MiB (12 blocks of 2 MiB), UVM 24 MiB
+            # (their mappings); allocations 42 API + 22 RM + 21 UVM (20 external mappings,
+            # 1 managed mmap) = 85, frees 19 API + 10 RM + 9 UVM (8 UVM_FREE, 1 munmap) =
+            # 38 (expected.json); held: the one figure (the 12 RM objects every pointer
+            # and mapping lies in: 24 MiB), then the per-layer breakdown
+            text = tmux.until(lambda t: row_of(t, w.pid)[6:8] == ["85", "38"])
             row = row_of(text, w.pid)
-            assert row[1:7] == ["cuda_workload", "24.0 MiB", "23.0 MiB", "24.0 MiB", "64",
-                                "29"], row
+            assert row[1:8] == ["cuda_workload", "24.0 MiB", "23.0 MiB", "24.0 MiB",
+                                "24.0 MiB", "85", "38"], row
             assert f"top growing: {w.pid} cuda_workload" in text
             tmux.keys("g")  # sort by growth: the header says so
             tmux.until(lambda t: "sort: growth" in t)

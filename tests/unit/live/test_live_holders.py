@@ -69,6 +69,25 @@ def test_one_figure_per_process_never_the_layers_added() -> None:
     assert p.held_bytes == 30 * MiB
 
 
+def test_tables_in_any_order() -> None:
+    """A managed mmap at an address (made and unmapped first) and an external mapping
+    later at the same address arrive in two tables, the later one first, as a writer
+    flushing per table may hand them over: each is its own allocation (2 made, the
+    managed one ended; the stand-in libcuda's workload does this at one address)."""
+    b = TraceBuilder()  # synthetic
+    b.process(100, "train")
+    b.mmap_managed(0.1, 100, BASE, 8 * MiB)
+    b.munmap(0.2, 100, BASE, 8 * MiB)
+    b.uvm(0.3, 100, "UVM_CREATE_EXTERNAL_RANGE", base=BASE, length=2 * MiB)
+    b.uvm(0.3 + 1e-6, 100, "UVM_MAP_EXTERNAL_ALLOCATION", base=BASE, length=2 * MiB,
+          h_object=7)
+    agg = Aggregates(clock=Clock())
+    feed(agg, b, "ioctls", "mappings")  # the external mapping first
+    (p,) = agg.snapshot().procs
+    assert (p.allocations["uvm"], p.frees["uvm"]) == (2, 1)
+    assert p.live == {("uvm", None): 2 * MiB} and p.held_bytes == 2 * MiB
+
+
 def test_live_figure_is_the_offline_figure(tmp_path: Path) -> None:
     """The same scenario written as a trace: the holders the offline model gives at its
     end (`oom`/`summary`'s joined model) equal the live figure."""
