@@ -793,3 +793,217 @@ def test_equal_cuts_split_the_trace_span(tmp_path: Path) -> None:
     b.process(7, "job")
     cuts = equal_cuts(inputs_from_trace(open_trace(b.build(tmp_path / "t"))), 4)
     assert cuts.starts_ns == [0.0, 2.5e9, 5e9, 7.5e9] and cuts.lengths_ns == [2.5e9] * 4
+
+
+# ------------------------------------------------------- seed 90210 at HEAD f2b38ed
+# The survivors of a fresh seed-90210 sample (380 mutants of gputrace.analyses.*), each
+# killed by the test named in docs/testing.md or listed there as equivalent.
+def test_join_a_mapping_unmapped_as_the_call_begins_is_not_its_backing() -> None:
+    """allocations/join._api_to_uvm: an UVM mapping unmapped at the very instant an API
+    allocation call begins no longer backs the pointer it covered (unmapped at or
+    before the call: the API row stays its own piece); 1 ns later it still does."""
+    from gputrace.analyses.allocations.join import link
+    from gputrace.analyses.helpers.lifetimes import COLUMNS
+
+    def pieces(unmapped_at: int) -> list[int]:
+        rows = {"layer": ["uvm", "api"], "pid": [1, 1], "id": [SEG_A, SEG_A + MiB],
+                "what": ["external range", "cuMemAlloc"], "size_bytes": [2 * MiB, MiB],
+                "alloc_ts_ns": [100, 200], "free_ts_ns": [unmapped_at, None],
+                "tid": [1, 1], "call_end_ns": [110, 210], "client": [None, None],
+                "handle": [None, None]}
+        lt = pl.DataFrame(rows, schema={k: COLUMNS[k] for k in rows})
+        return link(lt).sort("_row")["piece"].to_list()
+
+    assert pieces(200) == [0, 1]  # freed as the call began: two pieces
+    assert pieces(201) == [0, 0]  # still mapped when the call began: one piece
+
+
+def test_growth_names_itself_and_each_series_point_its_action(tmp_path: Path) -> None:
+    """allocator/growth.py: the report is `allocator-growth` whether or not the snapshot
+    holds a history, and each series point says which entry action it follows (the
+    long history's entry 0 is the segment map, 1001 evaluate's alloc)."""
+    (tmp_path / "e").mkdir()
+    assert growth(inputs_from_trace(open_trace(_empty_snapshot(tmp_path / "e")))).name == (
+        "allocator-growth")
+    g = growth(inputs_from_trace(open_trace(_snapshot_trace(tmp_path, _long_history()))))
+    assert g.name == "allocator-growth"
+    action = {p["entry"]: p["action"] for p in g.data["series"]}
+    assert (action[0], action[500], action[1001]) == ("segment_map", "alloc", "alloc")
+
+
+def test_tensors_top_keeps_the_largest_stacks(pools_trace: Path) -> None:
+    """allocator/tensors.py: `top=1` keeps the one largest stack (device 0's kv_cache,
+    64 MiB); the totals still count every tensor (5 alive, 105 MiB)."""
+    t = tensors(inputs_from_trace(open_trace(pools_trace)), top=1).data
+    assert [s["top_frame"] for s in t["by_stack"]] == ["kv_cache (serve.py:5)"]
+    assert (t["total_count"], t["total_bytes"]) == (5, 105 * MiB)
+
+
+def test_gate_hits_go_on_past_an_unrecorded_report() -> None:
+    """run.gate_hits: a `--fail-on` condition whose report was not recorded (or left
+    out) is skipped, and the conditions after it are still judged."""
+    from gputrace.analyses.run import gate_hits
+
+    frag = {"recorded": True, "gpus": [], "rm": {"gpus": [{"worst": {"unusable_share": 0.9}}]}}
+    doc = {"leaks": None, "oom": {"recorded": False}, "fragmentation": frag}
+    assert gate_hits(doc, [("leaks", 0.0), ("oom", 0.0), ("fragmentation", 0.5)]) == [
+        "fragmentation: index 0.900 > 0.5"]
+
+
+@pytest.fixture(scope="module")
+def frag_doc() -> dict[str, Any]:
+    from tests.analyze_helpers import analyze
+
+    return analyze(SCENARIO_DIR / "oom_capacity_fragmentation", ["fragmentation"])
+
+
+def test_rm_fragmentation_without_pmm_chunks(frag_doc: dict[str, Any]) -> None:
+    """fragmentation: a trace with RM samples and no driver layer has `gpus` and
+    `reservations` null (not absent); no sample failed (0, not 1); each GPU says when
+    its unusable share peaked (`max_at_s`, within the trace)."""
+    f = frag_doc["fragmentation"]
+    assert "reservations" in f and f["reservations"] is None and f["gpus"] is None
+    assert f["rm"]["failed_samples"] == 0
+    (g,) = f["rm"]["gpus"]
+    dur = frag_doc["trace"]["duration_s"]
+    assert set(g["max_at_s"]) and all(0 <= v <= dur for v in g["max_at_s"].values())
+
+
+def test_fault_rate_of_a_driver_trace_without_migrations_or_tools() -> None:
+    """fault_rate: the fragmented_gpu scenario records the driver layer, no migration
+    and no UVM tools events: migrations and evictions are 0 bytes (not 1), and the
+    driver-events section is null (not recorded), not empty."""
+    from tests.analyze_helpers import analyze
+
+    fr = analyze(SCENARIO_DIR / "fragmented_gpu", ["fault-rate"])["fault_rate"]
+    assert (fr["migrations"]["migrations"], fr["migrations"]["bytes"]) == (0, 0)
+    assert (fr["evictions"]["migrations"], fr["evictions"]["bytes"]) == (0, 0)
+    assert fr["driver_events"] is None and fr["uvm_counters"] is None
+
+
+def test_oversubscription_ratio_per_gpu_and_uvm_events_processes(tmp_path: Path) -> None:
+    """fault_rate/oversubscription.py: each GPU's `ratio` is its resident peak over its
+    memory (6 decimals); uvm_events.event_counts: `processes` is the distinct pids of
+    each kind and reason (synthetic events, counted by hand)."""
+    from tests.analyze_helpers import analyze
+
+    path = SCENARIO_DIR / "uvm_storm"
+    fr = analyze(path, ["fault-rate"])["fault_rate"]
+    rows = fr["oversubscription"]["resident_by_gpu"]
+    assert rows
+    for r in rows:
+        assert r["ratio"] == round(r["resident_peak_bytes"] / r["gpu_memory_bytes"], 6)
+    b = TraceBuilder(layers=("uvm_tools",), duration_s=1.0)  # synthetic
+    for k, pid in enumerate((9, 10, 9)):
+        b.uvm_event(0.1 + 0.1 * k, pid, "thrashing", SEG_A, size=2 * MiB, processors=(-1, 0))
+    b.uvm_event(0.6, 9, "map_remote", SEG_A, size=2 * MiB, processor=0, residency=-1,
+                reason="thrashing")
+    fr = fault_rate(inputs_from_trace(open_trace(b.build(tmp_path / "t")))).data
+    got = {(r["kind"], r["reason"]): (r["events"], r["processes"])
+           for r in fr["driver_events"]["by_kind"]}
+    # thrashing: 3 events of pids 9, 10, 9; map_remote: 1 of pid 9
+    assert got == {("thrashing", None): (3, 2), ("map_remote", "thrashing"): (1, 1)}
+
+
+def test_leaks_layers_say_recorded_or_not() -> None:
+    """leaks: `layers` says, per leak layer, whether the trace recorded it (the
+    exit_holding scenario: API and syscall, no driver layer: api, rm and uvm all
+    recorded, as their trace layers are)."""
+    from tests.analyze_helpers import analyze
+
+    lk = analyze(SCENARIO_DIR / "exit_holding", ["leaks"])["leaks"]
+    assert lk["layers"] == {"api": "recorded", "rm": "recorded", "uvm": "recorded"}
+    only_api = analyze(SCENARIO_DIR / "ioctl_latencies", ["leaks"])["leaks"]
+    assert only_api["layers"] == {"api": "not recorded", "rm": "recorded",
+                                  "uvm": "recorded"}
+
+
+def _bare_inputs(end_ns: int = 1) -> Any:
+    from gputrace.analyses.helpers.inputs import Inputs
+
+    return Inputs(tables={}, layers=(), start_ns=0, end_ns=end_ns)
+
+
+def test_gpu_imbalance_rounded_to_six_decimals() -> None:
+    """helpers/gpus.gpu_table: imbalance is max / mean rounded to 6 decimals (peaks of
+    1 and 2 MiB: 2 / 1.5 = 1.333333), as every other ratio of the document."""
+    from gputrace.analyses.helpers.gpus import gpu_table
+
+    df = pl.DataFrame({"gpu_index": [0, 1], "peak_bytes": [MiB, 2 * MiB],
+                       "end_bytes": [MiB, MiB]})
+    t = gpu_table(_bare_inputs(), df, "rm")
+    assert (t["imbalance_peak"], t["imbalance_end"]) == (1.333333, 1.0)
+
+
+def test_gpu_memory_sample_of_a_full_gpu_has_no_unusable_share() -> None:
+    """fragmentation/gpu_memory.samples: a sample with no free memory has no unusable
+    share (null: nothing free to be unusable), not 1 - 0/0; base addresses are Int64
+    whatever the table's type."""
+    from gputrace.analyses.fragmentation.gpu_memory import samples
+
+    gm = pl.LazyFrame({"gpu_index": [0, 0], "ts_ns": [10, 20], "status": [0, 0],
+                       "heap_size_bytes": [8 * MiB, 8 * MiB], "heap_free_bytes": [0, 4 * MiB],
+                       "largest_free_bytes": [0, 2 * MiB],
+                       "largest_free_base_bytes": [0, 6 * MiB]},
+                      schema_overrides={"largest_free_base_bytes": pl.UInt64})
+    out = samples(gm, 0).collect()
+    assert out["unusable_share"].to_list() == [None, 0.5]
+    assert out.schema["largest_free_base_bytes"] == pl.Int64
+
+
+def test_pmm_histogram_counts_sizes_it_has_no_name_for_as_other(tmp_path: Path) -> None:
+    """fragmentation/pmm_chunks: chunk allocations of 4 KiB, 2 MiB and an 8 KiB one
+    (log2 13, no named size): the histogram says 1, 1 and `other` 1."""
+    b = TraceBuilder(layers=("driver",), duration_s=1.0, gpus=1, gpu_memory_bytes=64 * MiB)
+    b.chunk(0.1, 0, "alloc", 0, 12)
+    b.chunk(0.2, 0, "alloc", 2 * MiB, 21)
+    b.chunk(0.3, 0, "alloc", 8 * MiB, 13)
+    f = fragmentation(inputs_from_trace(open_trace(b.build(tmp_path / "t")))).data
+    (g,) = f["gpus"]
+    assert g["histogram"] == {"4KiB": 1, "64KiB": 0, "2MiB": 1, "other": 1}
+
+
+def test_theil_sen_rows_with_repeated_x_falls_back_row_by_row() -> None:
+    """leaks/growth.theil_sen_rows: rows whose x repeat (a pair with dx 0) are fitted one
+    by one with theil_sen, the same numbers as fitting each row alone."""
+    x = np.array([[0.0, 0.0, 1.0, 2.0], [0.0, 1.0, 2.0, 3.0]])
+    y = np.array([[1.0, 1.0, 3.0, 5.0], [0.0, 2.0, 4.0, 6.0]])
+    assert theil_sen_rows(x, y) == [theil_sen(x[0], y[0]), theil_sen(x[1], y[1])]
+    assert theil_sen_rows(x, y)[1][0] == 2.0  # the second row's slope
+
+
+def test_oom_pick_takes_the_incident_sample_at_the_window_edge() -> None:
+    """oom/gpu_state._pick: an incident sample exactly INCIDENT_MAX_NS after the failure
+    is still the failure's (the nearest periodic sample, 10 ns before, is not)."""
+    from gputrace.analyses.oom.gpu_state import INCIDENT_MAX_NS, _pick
+
+    at = 5_000_000_000
+    rows = pl.DataFrame({"trigger": ["periodic", "incident"],
+                         "ts_ns": [at - 10, at + INCIDENT_MAX_NS]})
+    got = _pick(rows, at)
+    assert got is not None and got["trigger"] == "incident"
+
+
+def test_rate_cuts_use_the_reports_windows_up_to_the_limit() -> None:
+    """timeseries/rates_over_time.rate_cuts: 10.4 s cut in 1 s windows is 10 windows
+    (the 0.4 s remainder joins the last); with at most 10 allowed they are the report's
+    own (last 1.4 s long), not 10 equal buckets of 1.04 s; with 9 allowed, 9 equal."""
+    from gputrace.analyses.timeseries.rates_over_time import rate_cuts
+
+    cuts = rate_cuts(_bare_inputs(10_400_000_000), 1.0, most=10)
+    assert cuts.lengths_ns == [1e9] * 9 + [1.4e9]
+    assert rate_cuts(_bare_inputs(10_400_000_000), 1.0, most=9).lengths_ns == pytest.approx(
+        [10.4e9 / 9] * 9)  # more windows than allowed: equal buckets
+
+
+def test_holders_driver_bytes_unknown_count_as_zero(tmp_path: Path) -> None:
+    """holders.Facts.driver_at: a pid the driver lists without a byte figure counts 0
+    bytes (listed, nothing known), not 1; a figure adds up over the GPUs."""
+    from gputrace.analyses.holders import Facts
+
+    b = TraceBuilder(layers=("rm_query", "syscall"), duration_s=1.0, gpus=2)  # synthetic
+    b.gpu_process_memory(0.5, 0, 4242, None)
+    b.gpu_process_memory(0.5, 0, 7, 3 * MiB)
+    b.gpu_process_memory(0.5, 1, 7, 5 * MiB)
+    f = Facts(inputs_from_trace(open_trace(b.build(tmp_path / "t"))))
+    assert f.driver_at(ns(0.5), None) == {4242: 0, 7: 8 * MiB}
