@@ -1007,3 +1007,67 @@ def test_holders_driver_bytes_unknown_count_as_zero(tmp_path: Path) -> None:
     b.gpu_process_memory(0.5, 1, 7, 5 * MiB)
     f = Facts(inputs_from_trace(open_trace(b.build(tmp_path / "t"))))
     assert f.driver_at(ns(0.5), None) == {4242: 0, 7: 8 * MiB}
+
+
+def test_time_series_of_a_trace_without_their_layers() -> None:
+    """timeseries latency and memory_over_time on a trace with none of their layers: the
+    exact not-recorded documents (`recorded` false, the latency edges still given, so a
+    renderer draws empty axes)."""
+    from gputrace.analyses.timeseries.latency import LATENCY_EDGES_US, latency_histograms
+
+    inp = _bare_inputs()
+    lat = latency_histograms(inp)
+    assert lat["recorded"] is False and lat["edges_us"] == LATENCY_EDGES_US
+    assert lat["commands"] == []
+    assert live_bytes(inp) == {"recorded": False, "series": [], "omitted": 0, "fits": []}
+
+
+def test_allocator_oom_state_evidence_says_what_was_requested() -> None:
+    """allocator/oom_state._state: the evidence names the allocator's reserved bytes, the
+    bytes in blocks and what those blocks' tensors requested (2 MiB asked, 3 MiB in
+    blocks, 10 MiB reserved), its free cache and largest free block."""
+    from gputrace.analyses.allocator.oom_state import _state
+
+    o = {"device_free_bytes": MiB, "size": 8 * MiB, "cache_free_bytes": 7 * MiB,
+         "reserved_bytes": 10 * MiB, "active_bytes": 3 * MiB, "requested_bytes": 2 * MiB,
+         "device": 0, "seq": 5, "ts_ns": 1, "pid": 7, "stream": 0, "stack_id": None,
+         "pool_id": "0,0"}
+    s = _state(o, 4 * MiB, {"bytes": 0, "segment_frees": 0, "segment_unmaps": 0})
+    assert ("the allocator held 10.0 MiB reserved, 3.0 MiB in blocks (2.0 MiB requested), "
+            "7.0 MiB free in its cache, largest free block 4.0 MiB") in s["evidence"]
+    assert (s["requested_bytes"], s["requested_active_bytes"]) == (8 * MiB, 2 * MiB)
+
+
+def test_va_reservation_freed_is_not_measured() -> None:
+    """fragmentation/va_reservations: of two cuMemAddressReserve ranges, the one given
+    back with cuMemAddressFree is not alive at the end: one range is measured."""
+    from gputrace.analyses.fragmentation.va_reservations import reservations
+
+    calls = pl.LazyFrame({
+        "ts_ns": [1, 2, 3], "pid": [7, 7, 7], "result": [0, 0, 0],
+        "func": ["cuMemAddressReserve", "cuMemAddressReserve", "cuMemAddressFree"],
+        "ptr": [SEG_A, SEG_B, SEG_B], "size_bytes": [64 * MiB, 64 * MiB, 0]},
+        schema_overrides={"ptr": pl.UInt64})
+    got = reservations(calls, 10).collect()
+    assert got.height == 1 and got["base"].to_list() == [SEG_A]
+
+
+def test_thrashing_blocks_name_their_process() -> None:
+    """fault_rate/thrashing: a block migrated CPU -> GPU -> CPU -> GPU by pid 9 in one
+    window reverses twice and is named with pid 9."""
+    from gputrace.analyses.fault_rate.thrashing import thrashing
+
+    mig = pl.LazyFrame({"ts_ns": [1, 2, 3], "address": [SEG_A] * 3, "src": [-1, 0, -1],
+                        "dst": [0, -1, 0], "pid": [9, 9, None]})
+    (row,) = thrashing(mig, 0, 10, 1.0, 2).collect().to_dicts()
+    assert (row["pid"], row["migrations"], row["reversals"]) == (9, 3, 2)
+
+
+def test_cpu_fault_blocks_ties_by_pid_then_block() -> None:
+    """fault_rate/cpu_faults.cpu_blocks: blocks with as many faults are listed by pid,
+    then by block (pid 5's block at 4 MiB before pid 9's at 2 MiB)."""
+    from gputrace.analyses.fault_rate.cpu_faults import cpu_blocks
+
+    f = pl.LazyFrame({"source": ["cpu"] * 2, "pid": [9, 5], "block_2m": [2 * MiB, 4 * MiB],
+                      "access_type": ["read", "write"]})
+    assert cpu_blocks(f).collect()["pid"].to_list() == [5, 9]
