@@ -1071,3 +1071,65 @@ def test_cpu_fault_blocks_ties_by_pid_then_block() -> None:
     f = pl.LazyFrame({"source": ["cpu"] * 2, "pid": [9, 5], "block_2m": [2 * MiB, 4 * MiB],
                       "access_type": ["read", "write"]})
     assert cpu_blocks(f).collect()["pid"].to_list() == [5, 9]
+
+
+def test_growth_replay_the_same_in_small_chunks(tmp_path: Path) -> None:
+    """allocator/stream.replay_streamed: the long history replayed 100 entries at a time
+    gives each device the same figures as in one chunk, its last entry's time too
+    (carried from chunk to chunk)."""
+    from gputrace.analyses.allocator.stream import replay_streamed
+
+    inp = inputs_from_trace(open_trace(_snapshot_trace(tmp_path, _long_history())))
+    (small,), (whole,) = (replay_streamed(inp, 400, chunk_rows=n).devices for n in (100, 10**6))
+    assert small == whole and small["last_ts_ns"] is not None
+    assert small["last_ts_ns"] > small["first_ts_ns"]
+
+
+def test_pid_slices_cut_per_process_tables_by_pid(tmp_path: Path) -> None:
+    """helpers/partition.pid_slices: two slices by pid mod 2: pids 2 and 4 in the first,
+    3 in the second; a table of no process (gpu_memory) is whole in each."""
+    from gputrace.analyses.helpers.partition import pid_slices
+
+    b = TraceBuilder(layers=("syscall", "rm_query"), duration_s=1.0)  # synthetic
+    for pid in (2, 3, 4):
+        b.process(pid, f"p{pid}")
+    b.gpu_memory(0.5, 0, heap=8 * MiB, free=4 * MiB, largest=4 * MiB)
+    inp = inputs_from_trace(open_trace(b.build(tmp_path / "t")))
+    got = [sorted(s.scan("processes").collect()["pid"].to_list()) for s in pid_slices(inp, 2)]
+    assert got == [[2, 4], [3]]
+    assert [s.scan("gpu_memory").collect().height for s in pid_slices(inp, 2)] == [1, 1]
+
+
+def test_uvm_mapping_ends_with_its_range_freed_at_the_same_instant(tmp_path: Path) -> None:
+    """helpers/uvm_ranges: a mapping at 2 MiB into a 4 MiB external range, made at the
+    very instant the range is freed (the same ns), ends then with it."""
+    from gputrace.analyses.helpers.uvm_ranges import uvm_lifetimes
+
+    b = TraceBuilder(layers=("syscall",), duration_s=1.0)  # synthetic
+    b.uvm(0.1, 7, "UVM_CREATE_EXTERNAL_RANGE", base=SEG_A, length=4 * MiB)
+    b.uvm(0.2, 7, "UVM_MAP_EXTERNAL_ALLOCATION", base=SEG_A + 2 * MiB, length=2 * MiB,
+          h_object=5)
+    b.uvm(0.2, 7, "UVM_FREE", base=SEG_A, length=4 * MiB)
+    inp = inputs_from_trace(open_trace(b.build(tmp_path / "t")))
+    lt = uvm_lifetimes(inp.scan("ioctls"), inp.scan("mappings")).collect()
+    (m,) = lt.filter(pl.col("layer") == "uvm").to_dicts()
+    assert (m["id"], m["free_ts_ns"]) == (SEG_A + 2 * MiB, ns(0.2))
+
+
+def test_gpu_memory_size_of_any_positive_bytes_counts() -> None:
+    """helpers/gpus.memory_sizes: a manifest size is a size when positive (even 1 byte);
+    0 means unknown, left out."""
+    from gputrace.analyses.helpers.gpus import MANIFEST, memory_sizes
+    from gputrace.analyses.helpers.inputs import Inputs
+
+    inp = Inputs(tables={}, layers=(), start_ns=0, end_ns=1, gpu_memory_bytes=(1, 0))
+    assert memory_sizes(inp) == {0: (1, MANIFEST)}
+
+
+def test_records_round_every_float_column() -> None:
+    """helpers/common.records: Float32 columns are rounded to 6 decimals too."""
+    from gputrace.analyses.helpers.common import records
+
+    df = pl.DataFrame({"a": [1.2345678]}, schema={"a": pl.Float32})
+    (row,) = records(df)
+    assert row["a"] == float(np.float32(1.234568)) != float(np.float32(1.2345678))
