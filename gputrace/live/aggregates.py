@@ -47,11 +47,12 @@ SAMPLE_NS = NS // 4
 HELD_NS = NS
 """A process's held bytes (the join over its live allocations) are recomputed at most
 once a second while tables arrive, and whenever a snapshot is read."""
-HELD_SHARE = 10
-HELD_CHEAP_NS = 20_000_000
-"""A recompute that took longer than this (~0.3 s for 150,000 live allocations) waits
-HELD_SHARE times its cost before the next, so the join takes at most a tenth of the
-recorder's CPU; the view and metrics show the figure of that last recompute."""
+HELD_ITEMS = 50_000
+"""The join costs ~2 µs a live allocation (0.3 s for 150,000 on the 2-core VM): with
+more live allocations than this in the processes to recompute, a recompute waits
+HELD_NS per HELD_ITEMS since the last (3 s at 150,000), snapshots included, so it takes
+about a tenth of a core at most; the view and metrics show the last figure meanwhile.
+Counted, not timed, so the same input gives the same figures on a loaded machine."""
 LATENCY_BUCKETS_S: tuple[float, ...] = (1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3, 4e-3,
                                         16e-3, 64e-3, 0.256, 1.0)
 """Upper bounds of the ioctl latency histogram (seconds); +Inf is implied."""
@@ -112,7 +113,6 @@ class Aggregates:
         # the driver's latest per-process accounting: gpu -> (round ts, {pid: bytes})
         self.driver: dict[int, tuple[int, dict[int, int]]] = {}
         self._held_ns: int | None = None  # when held bytes were last recomputed
-        self._held_wall: tuple[int, int] = (0, 0)  # (perf_counter_ns at its end, its cost)
 
     # ------------------------------------------------------------ feeding
     def observe(self, name: str, table: pa.Table | pa.RecordBatch) -> None:
@@ -265,21 +265,17 @@ class Aggregates:
 
     def _refresh_held(self, now: int, force: bool) -> None:
         """Recompute the held bytes of the processes whose allocations changed."""
-        if not force and self._held_ns is not None and now - self._held_ns < HELD_NS:
-            return
-        ended, cost = self._held_wall
-        if cost > HELD_CHEAP_NS and time.perf_counter_ns() - ended < HELD_SHARE * cost:
-            return
-        self._held_ns = now
         stale = [p for p in self.procs.values() if p.stale]
         if not stale:
             return
-        t0 = time.perf_counter_ns()
+        items = self.live_bytes.count(p.pid for p in stale)
+        wait = HELD_NS * max(1, items // HELD_ITEMS) if (items > HELD_ITEMS or not force) else 0
+        if self._held_ns is not None and now - self._held_ns < wait:
+            return
+        self._held_ns = now
         held = self.live_bytes.held(p.pid for p in stale)
         for p in stale:
             p.held_bytes, p.stale = held[p.pid], False
-        ended = time.perf_counter_ns()
-        self._held_wall = (ended, ended - t0)
 
     def _sample(self, now: int, force: bool = False) -> None:
         """Record each process's change points and rate samples; prune old ones."""

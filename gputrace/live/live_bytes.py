@@ -296,6 +296,11 @@ class LiveBytes:
                 p.frees["api"] += 1
 
     # ------------------------------------------------------------ one figure
+    def count(self, pids: Iterable[int]) -> int:
+        """Live allocations of `pids`, every layer: what a `held` of them walks."""
+        return sum(len(a.api) + len(a.rm) + len(a.uvm)
+                   for a in (self._of.get(p) for p in pids) if a is not None)
+
     def held(self, pids: Iterable[int]) -> dict[int, int]:
         """Per pid, the GPU memory it holds now: the offline join rules over its live
         allocations, each piece sized by one layer, host memory left out."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gputrace.live.aggregates import Aggregates
 from gputrace.live.alerts import Alerts, parse_alert
 from gputrace.live.metrics import LiveCollector
@@ -133,3 +135,28 @@ def test_orphaned_bytes_from_the_drivers_accounting() -> None:
     feed(agg, b, "gpu_process_memory")
     assert agg.snapshot().orphaned == {0: 256 * MiB}
     assert alerts.evaluate(agg.snapshot()) == []
+
+
+def test_large_live_sets_are_recomputed_at_most_once_per_their_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With more live allocations than HELD_ITEMS (4 here, 50,000 in the recorder), the
+    figure is recomputed at most every HELD_NS per HELD_ITEMS, snapshots included: 9
+    allocations of 1 MiB wait 2 s (9 // 4); with few, every snapshot is fresh."""
+    from gputrace.live import aggregates
+
+    monkeypatch.setattr(aggregates, "HELD_ITEMS", 4)
+    clock = Clock()
+    agg = Aggregates(clock=clock)
+    b = TraceBuilder()  # synthetic
+    b.process(100, "train")
+    for i in range(3):
+        b.cuda_alloc(0.1 + i / 100, 100, MiB)
+    feed(agg, b, "cuda_calls")
+    assert agg.snapshot().procs[0].held_bytes == 3 * MiB  # 3 items: fresh at once
+    for i in range(6):
+        b.cuda_alloc(0.2 + i / 100, 100, MiB)
+    feed(agg, b, "cuda_calls")
+    clock.t += aggregates.HELD_NS  # 9 items: 2 s since the last recompute is needed
+    assert agg.snapshot().procs[0].held_bytes == 3 * MiB
+    clock.t += aggregates.HELD_NS
+    assert agg.snapshot().procs[0].held_bytes == 9 * MiB
