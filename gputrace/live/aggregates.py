@@ -163,7 +163,7 @@ class Aggregates:
                 h = self._lat.setdefault(n, np.zeros(nb, dtype=np.int64))
                 h += hist[i * nb:(i + 1) * nb]
                 self._lat_sum[n] = self._lat_sum.get(n, 0.0) + float(sums[i]) / NS
-        # memory objects: only the RM alloc/free rows go through Python
+        # memory: only the RM object and UVM mapping rows go through Python
         rm = {i for i, n in enumerate(names) if n in (*ALLOCS, VID_HEAP, "RM_FREE")}
         uvm = {i for i, n in enumerate(names) if n in UVM_NAMES}
         sel = np.isin(idx, [*rm, *uvm])

@@ -37,6 +37,8 @@ from gputrace.analyses.allocations.held import is_host_memory, of_size_layer
 from gputrace.analyses.allocations.join import link
 from gputrace.analyses.helpers.lifetimes import API_ALLOCS, API_FREES, COLUMNS
 from gputrace.analyses.helpers.rm_objects import ALLOCS, LABELS, VID_HEAP
+from gputrace.analyses.helpers.uvm_ranges import EXTERNAL as _EXTERNAL
+from gputrace.analyses.helpers.uvm_ranges import MANAGED as _MANAGED
 from gputrace.analyses.helpers.uvm_ranges import UVM_CLOSES, UVM_MAP, UVM_RESERVE
 from gputrace.nvabi import MEMORY_CLASSES, NVOS32_ALLOC_FLAGS_VIRTUAL
 from gputrace.nvabi import NV01_DEVICE_0 as DEVICE_CLASS
@@ -48,7 +50,6 @@ UVM_NAMES = (UVM_RESERVE, UVM_MAP, *UVM_CLOSES)
 _API_KIND = {**{f: ("alloc", k) for f, k in API_ALLOCS.items()},
              **{f: ("free", k) for f, k in API_FREES.items()}}
 _MMAP, _MUNMAP = 1, 2  # mappings.op_code
-_MANAGED, _EXTERNAL = "managed mmap", "external range"  # the `what` of UVM mappings
 
 
 def _base(func: str) -> str:

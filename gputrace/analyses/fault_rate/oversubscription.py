@@ -16,7 +16,7 @@ from gputrace.analyses.helpers.common import NS_PER_S
 from gputrace.analyses.helpers.gpus import memory_sizes
 from gputrace.analyses.helpers.inputs import Inputs
 from gputrace.analyses.helpers.lifetimes import api_lifetimes
-from gputrace.analyses.helpers.uvm_ranges import uvm_lifetimes
+from gputrace.analyses.helpers.uvm_ranges import MANAGED, uvm_lifetimes
 from gputrace.analyses.leaks.growth import live_series
 
 
@@ -24,7 +24,7 @@ def managed_peak(inp: Inputs) -> tuple[int, str] | None:
     """Peak live managed bytes across processes, and where it was read from."""
     if inp.has("syscall"):
         lt = uvm_lifetimes(inp.scan("ioctls"), inp.scan("mappings")).filter(
-            pl.col("what") == "managed mmap")
+            pl.col("what") == MANAGED)
         source = "managed mmaps"
     elif inp.has("api"):
         lt = api_lifetimes(inp.scan("cuda_calls")).filter(pl.col("what") == "cuMemAllocManaged")

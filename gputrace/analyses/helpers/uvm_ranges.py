@@ -22,6 +22,10 @@ UVM_CLOSES = ("UVM_FREE", "UVM_UNMAP_EXTERNAL")
 UVM_VIRTUAL_LAYER = "uvm-virtual"
 
 
+MANAGED, EXTERNAL = "managed mmap", "external range"
+"""The `what` of the two kinds of UVM mapping (memory, layer `uvm`)."""
+
+
 def _external(ioctls: pl.LazyFrame) -> pl.LazyFrame:
     """External mappings (memory) and external ranges (reservations, layer uvm-virtual).
 
@@ -59,7 +63,7 @@ def _external(ioctls: pl.LazyFrame) -> pl.LazyFrame:
                     "ts_ns")) & (pl.col("_rf") >= pl.col("ts_ns"))).then("_rf")))
             .select(cols))
     return pl.concat([
-        maps.with_columns(layer=pl.lit("uvm"), what=pl.lit("external range")),
+        maps.with_columns(layer=pl.lit("uvm"), what=pl.lit(EXTERNAL)),
         res.with_columns(layer=pl.lit(UVM_VIRTUAL_LAYER), h_client=pl.lit(None, pl.UInt32),
                          h_object=pl.lit(None, pl.UInt32),
                          what=pl.lit("external range reservation"))])
@@ -77,7 +81,7 @@ def uvm_lifetimes(ioctls: pl.LazyFrame, mappings: pl.LazyFrame) -> pl.LazyFrame:
         "pid", "tid", "comm", "ts_ns", "latency_ns", "free_ts_ns",
         pl.col("addr").alias("va_base"), pl.col("length").alias("va_length"),
         pl.lit(None, pl.UInt32).alias("h_client"), pl.lit(None, pl.UInt32).alias("h_object"),
-        layer=pl.lit("uvm"), what=pl.lit("managed mmap"))
+        layer=pl.lit("uvm"), what=pl.lit(MANAGED))
     both = pl.concat([managed, _external(ioctls)], how="vertical_relaxed")
     return both.select(
         "layer", "pid", "comm", pl.col("va_base").alias("id"), "what",
