@@ -76,10 +76,8 @@ class _Hashing(io.RawIOBase):
 
     def readinto(self, b: Any) -> int:
         view = memoryview(b).cast("B")
-        data = self._f.read(len(view))
-        n = len(data)
-        view[:n] = data
-        self.sha256.update(data)
+        n = self._f.readinto(view) or 0  # type: ignore[attr-defined]  # no copy
+        self.sha256.update(view[:n])
         self.bytes += n
         return n
 

@@ -94,6 +94,31 @@ def by_key(col: tuple[bytes, ...] | list[bytes], value: dict[bytes, Any],
     return taken
 
 
+def objects(values: list[Any]) -> np.ndarray[Any, Any]:
+    """`values` as a numpy array of those objects (lists stay items, never rows)."""
+    out = np.empty(len(values), object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
+
+
+def memo_slots_indexed(memo: list[Any], entry: Any, n: int,
+                       cols: list[tuple[np.ndarray[Any, Any], list[Any]]]) -> None:
+    """memo_slots of a run read as columns: each column is (the index of each of the n
+    entries' value, what each value stores or None)."""
+    cols = [(index, stored) for index, stored in cols if any(v is not None for v in stored)]
+    if not cols:
+        memo.extend([entry] * n)
+        return
+    out = np.empty((n, 1 + len(cols)), object)
+    keep = np.ones((n, 1 + len(cols)), bool)
+    out[:, 0] = objects([entry])
+    for j, (index, stored) in enumerate(cols, 1):
+        out[:, j] = objects(stored)[index]
+        keep[:, j] = np.array([v is not None for v in stored], bool)[index]
+    memo.extend(out[keep].tolist())
+
+
 def memo_slots(memo: list[Any], entry: Any, n: int, cols: list[tuple[bytes, ...]],
                stored: list[dict[bytes, Any]]) -> None:
     """Append to `memo` what each of n entries of a run stores, in its order: `entry`
@@ -108,10 +133,62 @@ def memo_slots(memo: list[Any], entry: Any, n: int, cols: list[tuple[bytes, ...]
                 for x in tup if x is not None)
 
 
+class Interned:
+    """Values (strings, None) numbered in order of first use: a column of many rows
+    and few values is kept as numbers, and made strings once, a chunk at a time."""
+
+    def __init__(self) -> None:
+        self.ids: dict[Any, int] = {}
+        self.values: list[Any] = []
+
+    def id(self, value: Any) -> int:
+        got = self.ids.get(value)
+        if got is None:
+            got = self.ids[value] = len(self.values)
+            self.values.append(value)
+        return got
+
+    def lut(self, values: list[Any]) -> np.ndarray[Any, Any]:
+        """The id of each of `values` (a run's distinct values), as an index table."""
+        return np.array([self.id(v) for v in values], np.int32)
+
+    def column(self, ids: np.ndarray[Any, Any], kind: pa.DataType) -> pa.Array[Any]:
+        taken: pa.Array[Any] = pc.take(pa.array(self.values, kind), pa.array(ids, pa.int32()))
+        return taken
+
+
 def first_false(ok: np.ndarray[Any, Any]) -> int:
     """Index of the first False in `ok`, or its length."""
     bad = np.flatnonzero(~ok)
     return int(bad[0]) if bad.size else len(ok)
+
+
+def columns_table(cols: dict[str, np.ndarray[Any, Any]], names: Interned,
+                  texts: Interned) -> pa.Table:
+    """The allocator_events rows of runs of entries kept as numpy columns (ts_ns and
+    pid unset, as AllocatorRows.flush_events leaves them): `action_id`, `ctx_id` and
+    `meta_id` number values of `names` and `texts`; `stack_id` -1 is null."""
+    n = len(cols["seq"])
+    f = _EVENTS.field
+    stack = cols["stack_id"]
+    out = {
+        "ts_ns": pa.nulls(n, f("ts_ns").type),
+        "time_us": pa.array(cols["time_us"], f("time_us").type),
+        "seq": pa.array(cols["seq"].astype(np.uint32), f("seq").type),
+        "pid": pa.nulls(n, f("pid").type),
+        "device": pa.array(cols["device"], f("device").type),
+        "action_code": pa.array(cols["action_code"], f("action_code").type),
+        "action": names.column(cols["action_id"], f("action").type),
+        "address": pa.array(cols["address"].astype(np.uint64), f("address").type),
+        "size_bytes": pa.array(cols["size"].astype(np.uint64), f("size_bytes").type),
+        "device_free_bytes": pa.nulls(n, f("device_free_bytes").type),
+        # as the per-entry path stores it: the stream & (2^64 - 1)
+        "stream": pa.array(cols["stream"].view(np.uint64), f("stream").type),
+        "stack_id": pa.array(stack, f("stack_id").type, mask=stack < 0),
+        "compile_context": texts.column(cols["ctx_id"], f("compile_context").type),
+        "user_metadata": texts.column(cols["meta_id"], f("user_metadata").type),
+    }
+    return pa.Table.from_pydict(out, schema=_EVENTS)
 
 
 def run_table(*, time_us: np.ndarray[Any, Any], seq0: int, device: int,

@@ -66,6 +66,17 @@ def _entry_pattern(keys: tuple[str, ...], slots: dict[str, int], frame: bytes,
     return frame + rb"\}" + frame + rb"\x94" + frame + rb"\(" + body + frame + b"u()"
 
 
+def entry_spec(keys: tuple[str, ...], slots: dict[str, int]) -> bytes:
+    """What the compiled reader (torch_scan) reads an entry of these keys by: per key,
+    in order, its field (its FAST_KEYS index), the length of the reference to its memo
+    slot, the reference's bytes."""
+    out = bytearray()
+    for k in keys:
+        ref = _ref_bytes(slots[k])
+        out += bytes([FAST_KEYS.index(k), len(ref)]) + ref
+    return bytes(out)
+
+
 class Shape:
     """The patterns of an entry with these keys, in this order: `slow` takes FRAME
     opcodes anywhere and any frames list of references; `fast` (a run of entries in
@@ -81,6 +92,7 @@ class Shape:
             key=lambda i: keys.index(FAST_KEYS[i])))
         """FAST_KEYS positions whose value may store a memo slot, in the entry's order."""
         self.slow = re.compile(_entry_pattern(keys, slots, _F, _LISTS), re.S)
+        self.spec = entry_spec(keys, slots)
         self.lengths: set[bytes] = set()
         """the opcodes (h or j) of each frames list unrolled"""
         self.fast = self.run = self.slow

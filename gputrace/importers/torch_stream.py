@@ -28,16 +28,20 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
-from gputrace.importers import pickle_stream
+from gputrace.importers import pickle_stream, torch_scan
 from gputrace.importers.pickle_stream import Fallback, Sink, StreamReader
 from gputrace.importers.torch_columns import (
     TYPES,
+    Interned,
     by_key,
+    columns_table,
     decode_ints,
     first_false,
     memo_slots,
+    memo_slots_indexed,
     run_table,
 )
 from gputrace.importers.torch_entries import (
@@ -108,6 +112,10 @@ class SnapshotSink(Sink):
         self.pending: list[pa.Table] = []
         """Tables of runs of entries not yet made one chunk."""
         self.pending_rows = 0
+        self.columns: list[dict[str, Any]] = []
+        """Runs read by the compiled reader, as numpy columns, not yet a table."""
+        self.names = Interned()
+        self.texts_of = Interned()
 
     # ---------------------------------------------------------------- where lists go
 
@@ -211,6 +219,8 @@ class SnapshotSink(Sink):
         if not self.order:
             return pos, 0
         self._release(reader.memo)
+        if torch_scan.compiled is not None:
+            return self._skip_compiled(reader, target, pos, pending)
         taken = target.seq
         runs: list[tuple[Shape, re.Pattern[bytes], int, int]] = []
         while True:
@@ -249,6 +259,95 @@ class SnapshotSink(Sink):
             if entry is shape.slow and "frames" in shape.keys:
                 shape.learn(m.group(shape.keys.index("frames") + 1))
             pos = m.end()
+
+    def _skip_compiled(self, reader: StreamReader, target: _Trace, pos: int,
+                       pending: list[Any]) -> tuple[int, int]:
+        """skip, each run of entries read by the compiled reader (torch_scan)."""
+        taken = target.seq
+        while True:
+            reader.pos = pos
+            reader.ahead()
+            buf, pos = reader.buf, reader.pos
+            for shape in self.order:
+                run = torch_scan.scan(buf, pos, shape.spec)
+                if run.n:
+                    break
+            else:
+                return pos, target.seq - taken
+            if pending:  # the items before these entries first, in order
+                self._convert(reader, target, pending)
+                self._release(reader.memo)
+                taken -= len(pending)
+                pending = []
+                if self.error is not None:
+                    return pos, target.seq - taken
+            done = self._scanned_rows(reader.memo, target, shape, run)
+            if done < run.n:
+                return int(run.starts[done]), target.seq - taken
+            pos = run.stop
+
+    def _scanned_rows(self, memo: list[Any], t: _Trace, shape: Shape,
+                      run: torch_scan.Run) -> int:
+        """_rows of a run read by the compiled reader: the same checks and rows, each
+        distinct value of a keyed field named once."""
+        act, cx, mt, fr = (run.keyed[k] for k in torch_scan.KEYED)
+        stop = min(self._known_first(self.actions, act, lambda r: self._action(memo, r)),
+                   self._known_first(self.texts, cx, lambda r: self._text(memo, r), _CTX),
+                   self._known_first(self.texts, mt, lambda r: self._text(memo, r), _META))
+        addr, size, t_us = run.addr, run.size, run.time_us
+        stop = min(stop, first_false((addr >= 0) & (size >= 0) & (size <= SIZE_LIMIT)
+                                     & (t_us >= 0) & (t_us <= _FAST_TIME_MAX)))
+        stops = self.stacks
+        for key, first in zip(fr.values, fr.first.tolist(), strict=True):
+            if first >= stop:  # numbered in order of first use, up to stop
+                break
+            if key not in stops and self._stack(memo, key) is None:
+                stop = first
+                break
+        n = stop
+        if not n:
+            return 0
+        stored: list[tuple[Any, list[Any]]] = []
+        for k in shape.memo_order:
+            col = run.keyed[FAST_KEYS[k]]
+            stored.append((col.index[:n], [
+                None if first >= n else self.texts[key] if key[:1] == b"\x8c"
+                else self.stacks[key][1] if key[:1] == b"]" else None
+                for key, first in zip(col.values, col.first.tolist(), strict=True)]))
+        memo_slots_indexed(memo, self.gone, n, stored)
+        self.memo_done = len(memo)
+        t_us = t_us[:n]
+        action = [self.actions.get(k, (0, None)) for k in act.values]
+        cols = {
+            "time_us": t_us, "seq": np.arange(t.seq, t.seq + n, dtype=np.int64),
+            "device": np.full(n, t.dev, np.int16),
+            "action_code": np.array([a[0] for a in action], np.uint8)[act.index[:n]],
+            "action_id": self.names.lut([a[1] for a in action])[act.index[:n]],
+            "address": addr[:n], "size": size[:n], "stream": run.stream[:n],
+            "stack_id": np.array([-1 if k not in stops or stops[k][0] is None
+                                  else stops[k][0] for k in fr.values],
+                                 np.int64)[fr.index[:n]],
+            "ctx_id": self.texts_of.lut([self.texts.get(k) for k in cx.values])[cx.index[:n]],
+            "meta_id": self.texts_of.lut([self.texts.get(k) for k in mt.values])[mt.index[:n]],
+        }
+        rows = self.rows
+        if rows.events["seq"]:
+            rows.flush_events()  # rows read opcode by opcode before these go first
+        self.columns.append(cols)
+        self._counted(t, n, int(t_us.min()), int(t_us.max()))
+        return n
+
+    def _known_first(self, table: dict[bytes, Any], col: torch_scan.Keyed,
+                     resolve: Callable[[bytes], Any],
+                     allowed: tuple[Any, ...] | None = None) -> int:
+        """_known of a keyed column: the first entry whose value cannot be named."""
+        stop = len(col.index)
+        for key, first in zip(col.values, col.first.tolist(), strict=True):
+            if key not in table:
+                resolve(key)
+            if key not in table or (allowed is not None and table[key] not in allowed):
+                stop = min(stop, first)
+        return stop
 
     def _take(self, reader: StreamReader, target: _Trace,
               runs: list[tuple[Shape, re.Pattern[bytes], int, int]]) -> int | None:
@@ -314,12 +413,22 @@ class SnapshotSink(Sink):
                              TYPES["stack_id"]),
             ctx=by_key(cx[:n], self.texts, TYPES["compile_context"]),
             meta=by_key(mt[:n], self.texts, TYPES["user_metadata"]))
+        self._add_table(t, table, int(t_us[:n].min()), int(t_us[:n].max()))
+        return n
+
+    def _add_table(self, t: _Trace, table: pa.Table, lo: int, hi: int) -> None:
+        """The rows of a run (times from lo to hi) after those read before."""
         rows = self.rows
         if rows.events["seq"]:
             rows.flush_events()  # rows read opcode by opcode before these go first
+        self._tabled()
         self.pending.append(table)
+        self._counted(t, table.num_rows, lo, hi)
+
+    def _counted(self, t: _Trace, n: int, lo: int, hi: int) -> None:
+        """n rows of `t` (times from lo to hi) pending."""
+        rows = self.rows
         self.pending_rows += n
-        lo, hi = int(t_us[:n].min()), int(t_us[:n].max())
         span = rows.time_us_span
         rows.time_us_span = (lo, hi) if span is None else (min(span[0], lo), max(span[1], hi))
         t.seq += n
@@ -327,10 +436,17 @@ class SnapshotSink(Sink):
         if self.pending_rows >= EVENT_CHUNK:
             self.flush_runs()
         check_rows(rows)
-        return n
+
+    def _tabled(self) -> None:
+        """The runs kept as columns, as one table after the pending ones."""
+        if self.columns:
+            cols = {k: np.concatenate([c[k] for c in self.columns]) for k in self.columns[0]}
+            self.columns = []
+            self.pending.append(columns_table(cols, self.names, self.texts_of))
 
     def flush_runs(self) -> None:
         """The runs' tables read so far, as one chunk of the events."""
+        self._tabled()
         if self.pending:
             self.rows.event_chunks.append(pa.concat_tables(self.pending).combine_chunks())
             self.pending, self.pending_rows = [], 0

@@ -385,14 +385,21 @@ def _part_options(schema_: pa.Schema, level: int) -> dict[str, Any]:
             **_encodings(schema_.names)}
 
 
+DELTA_COLUMNS = ("ts_ns", "seq", "time_us")
+"""Columns rising within a part, nearly every value new: delta-encoded, which a
+dictionary cannot shrink."""
+
+
 def _encodings(columns: list[str]) -> dict[str, Any]:
-    """Parquet encodings of a part: `ts_ns` (rising within a part, every value new) as
-    deltas, which a dictionary cannot shrink (30 % smaller parts, and polars reads the
-    column 3x faster); every other column dictionary-encoded."""
-    if "ts_ns" not in columns:
+    """Parquet encodings of a part: the DELTA_COLUMNS as deltas (`ts_ns`: 30 % smaller
+    parts, and polars reads the column 3x faster; a 10^7-entry snapshot's `seq` and
+    `time_us`: 4x less encoding CPU, 13 MB of `seq` a part become 15 kB); every other
+    column dictionary-encoded."""
+    delta = [c for c in DELTA_COLUMNS if c in columns]
+    if not delta:
         return {"use_dictionary": True}
-    return {"use_dictionary": [c for c in columns if c != "ts_ns"],
-            "column_encoding": {"ts_ns": "DELTA_BINARY_PACKED"}}
+    return {"use_dictionary": [c for c in columns if c not in delta],
+            "column_encoding": dict.fromkeys(delta, "DELTA_BINARY_PACKED")}
 
 
 def write_tables(

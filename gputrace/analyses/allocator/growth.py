@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from gputrace.analyses.allocator import ONE_PROCESS
+from gputrace.analyses.allocator.device_replay import replay_devices
 from gputrace.analyses.allocator.frames import with_labels
-from gputrace.analyses.allocator.stream import CHUNK_ROWS, replay_streamed
 from gputrace.analyses.helpers.common import NS_PER_S
 from gputrace.analyses.helpers.inputs import Inputs, trace_warnings
 from gputrace.analyses.registry import unrecorded
@@ -62,14 +62,13 @@ def retained_by_stack(inp: Inputs, per: pl.DataFrame) -> pl.DataFrame:
                                              descending=[True, True, False]).collect()
 
 
-def growth(inp: Inputs, top: int | None = None, chunk_rows: int = CHUNK_ROWS) -> Report:
-    """The allocator growth report: active bytes over the history, retained by stack
-    (`chunk_rows`: entries replayed at a time)."""
+def growth(inp: Inputs, top: int | None = None) -> Report:
+    """The allocator growth report: active bytes over the history, retained by stack."""
     warnings = trace_warnings(inp)
     if (absent := unrecorded(SPEC, inp, warnings)) is not None:
         return absent
-    # the replay once, in chunks of entries: the pairing by stack is part of it
-    rep = replay_streamed(inp, MAX_POINTS, chunk_rows)
+    # the replay once, over whole columns: the pairing by stack is part of it
+    rep = replay_devices(inp, MAX_POINTS)
     stacks = retained_by_stack(inp, rep.by_stack)
     data: dict[str, Any] = {"entries": rep.entries, "by_stack": [], "series": [],
                             "devices": [], "device": None,

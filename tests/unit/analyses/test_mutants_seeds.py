@@ -1073,16 +1073,16 @@ def test_cpu_fault_blocks_ties_by_pid_then_block() -> None:
     assert cpu_blocks(f).collect()["pid"].to_list() == [5, 9]
 
 
-def test_growth_replay_the_same_in_small_chunks(tmp_path: Path) -> None:
-    """allocator/stream.replay_streamed: the long history replayed 100 entries at a time
-    gives each device the same figures as in one chunk, its last entry's time too
-    (carried from chunk to chunk)."""
-    from gputrace.analyses.allocator.stream import replay_streamed
+def test_growth_replay_first_and_last_times(tmp_path: Path) -> None:
+    """allocator/device_replay.replay_devices: the long history's device figures are
+    the whole replay's (replay.per_device), its first and last entry's times too."""
+    from gputrace.analyses.allocator.device_replay import replay_devices
+    from gputrace.analyses.allocator.replay import entries, per_device
 
     inp = inputs_from_trace(open_trace(_snapshot_trace(tmp_path, _long_history())))
-    (small,), (whole,) = (replay_streamed(inp, 400, chunk_rows=n).devices for n in (100, 10**6))
-    assert small == whole and small["last_ts_ns"] is not None
-    assert small["last_ts_ns"] > small["first_ts_ns"]
+    (got,) = replay_devices(inp, 400).devices
+    assert [got] == per_device(entries(inp, pools=False).collect())
+    assert got["last_ts_ns"] is not None and got["last_ts_ns"] > got["first_ts_ns"]
 
 
 def test_pid_slices_cut_per_process_tables_by_pid(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gputrace.importers import torch_scan
 from gputrace.importers.torch_snapshot import SnapshotError, read_snapshot
 from gputrace.importers.torch_stream import SnapshotSink
 from tests.conftest import ROOT
@@ -51,16 +52,34 @@ def assert_same(path: Path) -> tuple[Any, ...]:
     return got
 
 
+@pytest.fixture(autouse=True, params=["compiled", "patterns"])
+def runs_read_by(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: runs of entries read by the compiled reader (torch_scan) and
+    by the byte patterns alone (as where no compiler built it)."""
+    if request.param == "patterns":
+        monkeypatch.setattr(torch_scan, "compiled", None)
+    elif torch_scan.compiled is None:
+        pytest.skip("the compiled reader is not built here (test_the_compiled_reader_is_built)")
+    return str(request.param)
+
+
+def test_the_compiled_reader_is_built() -> None:
+    """The install builds it on this platform (setup.py, an optional extension)."""
+    from gputrace.importers import _entry_scan  # type: ignore[attr-defined]
+    assert _entry_scan.scan.__doc__
+
+
 def _count_fast(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     fast = [0]
-    rows = SnapshotSink._rows
+    for name in ("_rows", "_scanned_rows"):
+        rows = getattr(SnapshotSink, name)
 
-    def counted(self: SnapshotSink, *a: Any) -> int:
-        n = rows(self, *a)
-        fast[0] += n
-        return n
+        def counted(self: SnapshotSink, *a: Any, rows: Any = rows) -> int:
+            n: int = rows(self, *a)
+            fast[0] += n
+            return n
 
-    monkeypatch.setattr(SnapshotSink, "_rows", counted)
+        monkeypatch.setattr(SnapshotSink, name, counted)
     return fast
 
 

@@ -1,11 +1,10 @@
-"""The allocator replay in chunks of entries (allocator/stream.py) against the whole
-replay (allocator/replay.py `entries`, every entry at once), on a SYNTHETIC snapshot
+"""The allocator replay over whole columns (allocator/device_replay.py) against the whole
+replay (allocator/replay.py `entries`, every column of every entry), on a SYNTHETIC snapshot
 built here: two devices, each with two 8 MiB segments made at the start and a third
 made and released mid-way, allocations of sizes that are not multiples of 512 bytes
 at reused addresses, most freed, some kept to the end (their blocks in the snapshot,
-rounded up). Chunks of 1, 7 and 50 entries put boundaries inside each device's
-history; the reference is computed by the whole replay and the sampling rule of the
-series written out here."""
+rounded up). The reference is computed by the whole replay and the sampling rule of
+the series written out here."""
 
 from __future__ import annotations
 
@@ -19,9 +18,9 @@ from typing import Any
 import polars as pl
 import pytest
 
+from gputrace.analyses.allocator.device_replay import replay_devices
 from gputrace.analyses.allocator.growth import growth
 from gputrace.analyses.allocator.replay import entries, paired_allocs, per_device
-from gputrace.analyses.allocator.stream import replay_streamed
 from gputrace.analyses.helpers.inputs import Inputs, inputs_from_trace
 from gputrace.importers.torch_snapshot import read_snapshot, write_alone
 from gputrace.trace.reader import open_trace
@@ -125,10 +124,9 @@ def _stacks(df: pl.DataFrame) -> dict[Any, tuple[int, ...]]:
                             r["retained_bytes"]) for r in df.iter_rows(named=True)}
 
 
-@pytest.mark.parametrize("rows", [1, 7, 50, 1_000_000])
-def test_chunked_replay_equals_the_whole_one(inp: Inputs, rows: int) -> None:
+def test_column_replay_equals_the_whole_one(inp: Inputs) -> None:
     n, devices, series, stacks = _reference(inp)
-    got = replay_streamed(inp, MAX_POINTS, chunk_rows=rows)
+    got = replay_devices(inp, MAX_POINTS)
     assert n > 3 * 50 and len(devices) == 2
     assert got.entries == n
     assert got.devices == devices
@@ -139,22 +137,28 @@ def test_chunked_replay_equals_the_whole_one(inp: Inputs, rows: int) -> None:
     assert all(d["peak_reserved_bytes"] == 3 * SEG for d in devices)
 
 
-def test_growth_report_same_for_any_chunk(inp: Inputs) -> None:
-    whole = growth(inp, chunk_rows=1_000_000)
-    for rows in (3, 64):
-        assert json.dumps(growth(inp, chunk_rows=rows).data) == json.dumps(whole.data)
+def test_growth_report_reads_the_replay(inp: Inputs) -> None:
+    """growth's headline is the device whose reserved bytes peaked highest, its
+    figures the replay's."""
+    _, devices, _, _ = _reference(inp)
+    data = growth(inp).data
+    head = max(devices, key=lambda d: (d["peak_reserved_bytes"], d["peak_active_bytes"]))
+    assert data["device"] == head["device"]
+    assert data["peak_active_bytes"] == head["peak_active_bytes"]
+    assert data["growth_bytes"] == head["end_active_bytes"] - head["start_active_bytes"]
+    assert json.dumps(data) == json.dumps(growth(inp).data)
 
 
 def test_rows_out_of_order_are_sorted_first(inp: Inputs) -> None:
     """A table not in (device, seq) order (not as the importer writes it) is sorted
-    before the chunks are read: the figures stay the whole replay's."""
+    first: the figures stay the whole replay's, the series rows their own."""
     ev = inp.scan("allocator_events").collect()
     shuffled = ev.sample(fraction=1.0, shuffle=True, seed=3)
     assert not shuffled.equals(ev)
     other = dataclasses.replace(inp, tables={**inp.tables,
                                              "allocator_events": shuffled.lazy()})
     n, devices, series, stacks = _reference(inp)
-    got = replay_streamed(other, MAX_POINTS, chunk_rows=5)
+    got = replay_devices(other, MAX_POINTS)
     assert (got.entries, got.devices, got.series) == (n, devices, series)
     assert _stacks(got.by_stack) == stacks
 
@@ -166,5 +170,5 @@ def test_empty_history(tmp_path: Path) -> None:
     data["device_traces"] = [[], []]
     snap.write_bytes(pickle.dumps(data))
     empty = inputs_from_trace(open_trace(write_alone(read_snapshot(snap), tmp_path / "t")))
-    got = replay_streamed(empty, MAX_POINTS, chunk_rows=4)
+    got = replay_devices(empty, MAX_POINTS)
     assert (got.entries, got.devices, got.series, got.by_stack.height) == (0, [], [], 0)
