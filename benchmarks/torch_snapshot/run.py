@@ -12,6 +12,10 @@ library); it is not part of this repository. The snapshot: one device, 64 segmen
 to 4095 bytes) from 10 stacks of 20 frames (a frames list per entry, its frame dicts
 shared, as PyTorch writes them), each freed (free_requested, free_completed) except
 every 1000th, kept to the end; `time_us` increasing.
+
+Every tool runs with its bytecode cached, as an installed package's is (one unmeasured
+warm-up run of each first). `gputrace-python` is gputrace without its compiled entry
+reader (GPUTRACE_NO_COMPILED_SCAN=1: an install where no C compiler was).
 """
 
 from __future__ import annotations
@@ -107,9 +111,16 @@ sys.stderr.write(p.stderr.decode()[-2000:])
 """
 
 
-def measure(cmd: list[str]) -> tuple[float, float, int, float]:
+def child_env(cache: Path, **more: str) -> dict[str, str]:
+    """The tools' environment: bytecode cached (in `cache`), as an installed package's
+    is, even where PYTHONDONTWRITEBYTECODE is set (this VM sets it: every run would
+    compile gputrace again, ~0.5 s)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPATH": str(ROOT), "PYTHONPYCACHEPREFIX": str(cache), **more}
+
+
+def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, float]:
     """(wall s, peak MiB, exit status, CPU s) of `cmd` in a fresh process."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], capture_output=True,
                          text=True, env=env, check=False)
     wall, rss, rc, cpu = out.stdout.split()
@@ -119,9 +130,10 @@ def measure(cmd: list[str]) -> tuple[float, float, int, float]:
 
 
 GPUTRACE = """
-import sys
+import shutil, sys
 from gputrace import cli
 out = sys.argv[2]
+shutil.rmtree(out, ignore_errors=True)
 rc = cli.main(["import", "torch-snapshot", sys.argv[1], "-o", out])
 rc = rc or cli.main(["analyze", out, "--only", "tensors,allocator-pool,allocator-growth,oom",
                      "--format", "json"])
@@ -136,9 +148,17 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="a folder to keep (and reuse) the snapshots "
                     "in: snapshot-N.pickle")
     ap.add_argument("--tools", default="gputrace,trace,stats",
-                    help="which of gputrace, trace, stats to run (default: all)")
+                    help="which of gputrace, gputrace-python (the importer without its "
+                    "compiled reader), trace, stats to run (default: gputrace,trace,stats)")
     args = ap.parse_args()
     rows = []
+    cache = Path(tempfile.mkdtemp(prefix="pycache-"))
+    with tempfile.TemporaryDirectory() as tmp:  # warm-up, not measured: bytecode cached
+        f = Path(tmp) / "small.pickle"
+        f.write_bytes(pickle.dumps(snapshot(2000), protocol=4))
+        for cmd in ([sys.executable, "-c", GPUTRACE, str(f), str(Path(tmp) / "t")],
+                    [sys.executable, args.memory_viz, "trace", str(f)]):
+            measure(cmd, child_env(cache))
     for n in args.entries:
         with tempfile.TemporaryDirectory() as tmp:
             f = (args.keep or Path(tmp)) / f"snapshot-{n}.pickle"
@@ -151,17 +171,19 @@ def main() -> None:
             entries = _entries(n)
             made = time.monotonic() - t
             size = f.stat().st_size
-            for key, tool, cmd in (
-                ("gputrace", "gputrace import + allocator reports",
-                 [sys.executable, "-c", GPUTRACE, str(f), str(Path(tmp) / "t")]),
+            gputrace = [sys.executable, "-c", GPUTRACE, str(f), str(Path(tmp) / "t")]
+            for key, tool, cmd, more in (
+                ("gputrace", "gputrace import + allocator reports", gputrace, {}),
+                ("gputrace-python", "the same, no compiled reader", gputrace,
+                 {"GPUTRACE_NO_COMPILED_SCAN": "1"}),
                 ("trace", "_memory_viz.py trace",
-                 [sys.executable, args.memory_viz, "trace", str(f)]),
+                 [sys.executable, args.memory_viz, "trace", str(f)], {}),
                 ("stats", "_memory_viz.py stats (segsum)",
-                 [sys.executable, args.memory_viz, "stats", str(f)]),
+                 [sys.executable, args.memory_viz, "stats", str(f)], {}),
             ):
                 if key not in args.tools.split(","):
                     continue
-                wall, rss, rc, cpu = measure(cmd)
+                wall, rss, rc, cpu = measure(cmd, child_env(cache, **more))
                 rows.append({"entries": entries, "pickle_bytes": size, "tool": tool,
                              "wall_s": wall, "cpu_s": cpu, "peak_mib": rss, "rc": rc})
                 print(json.dumps(rows[-1]), flush=True)
