@@ -13,7 +13,7 @@ columns (~40 bytes an entry), and:
   state, so its start is the snapshot's bytes minus what the entries added; its running
   state is that start plus the running sum (numpy's cumsum over the device's rows).
 
-The figures equal `replay.entries` (tests/unit/analyses/test_allocator_stream.py).
+The figures equal `replay.entries` (tests/unit/analyses/test_allocator_device_replay.py).
 """
 
 from __future__ import annotations
