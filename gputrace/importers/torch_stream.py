@@ -249,9 +249,7 @@ class SnapshotSink(Sink):
                 stopped = self._take(reader, target, runs)
                 return (pos if stopped is None else stopped), target.seq - taken
             if pending:  # the items before these entries first, in order
-                self._convert(reader, target, pending)
-                self._release(reader.memo)
-                taken -= len(pending)
+                taken -= self._pending_first(reader, target, pending)
                 pending = []
                 if self.error is not None:
                     return pos, target.seq - taken
@@ -259,6 +257,13 @@ class SnapshotSink(Sink):
             if entry is shape.slow and "frames" in shape.keys:
                 shape.learn(m.group(shape.keys.index("frames") + 1))
             pos = m.end()
+
+    def _pending_first(self, reader: StreamReader, target: _Trace, pending: list[Any]) -> int:
+        """Rows of `pending` (the complete items above the MARK, read opcode by opcode
+        before a run) first; how many."""
+        self._convert(reader, target, pending)
+        self._release(reader.memo)
+        return len(pending)
 
     def _skip_compiled(self, reader: StreamReader, target: _Trace, pos: int,
                        pending: list[Any]) -> tuple[int, int]:
@@ -275,9 +280,7 @@ class SnapshotSink(Sink):
             else:
                 return pos, target.seq - taken
             if pending:  # the items before these entries first, in order
-                self._convert(reader, target, pending)
-                self._release(reader.memo)
-                taken -= len(pending)
+                taken -= self._pending_first(reader, target, pending)
                 pending = []
                 if self.error is not None:
                     return pos, target.seq - taken
