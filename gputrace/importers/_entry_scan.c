@@ -174,27 +174,18 @@ static int list_items(const Buf *s, Py_ssize_t *p) {
             if (t >= end)
                 return TRUNC;
             uint8_t op = b[t];
-            if (op == OP_LONG_BINGET) {
-                if (count == MAX_LIST_REFS)
-                    break;
-                if (t + 5 > end)
-                    return TRUNC;
-                t += 5;
-                count++;
-            } else if (op == OP_BINGET) {
-                if (count == MAX_LIST_REFS)
-                    break;
-                if (t + 2 > end)
-                    return TRUNC;
-                t += 2;
-                count++;
-            } else if (op == OP_FRAME) {
-                if (t + 9 > end)
-                    return TRUNC;
-                t += 9;
-            } else {
+            Py_ssize_t width = op == OP_LONG_BINGET ? 5 : op == OP_BINGET ? 2 : 0;
+            if (width && count == MAX_LIST_REFS)
                 break;
-            }
+            if (op == OP_FRAME)
+                width = 9;
+            else if (!width)
+                break;
+            else
+                count++;
+            if (t + width > end)
+                return TRUNC;
+            t += width;
         }
         if (count >= 2 && b[t] == 'e') {
             *p = t + 1;
@@ -266,24 +257,21 @@ static uint64_t hash_of(const uint8_t *b, Py_ssize_t n) {
     return h ^ (h >> 29);
 }
 
+/* *p resized to cap items of `size` bytes; -1, *p unchanged, when out of memory. */
+static int resize(void **p, Py_ssize_t cap, size_t size) {
+    void *v = realloc(*p, (size_t)cap * size);
+    if (!v)
+        return -1;
+    *p = v;
+    return 0;
+}
+#define RESIZE(p, cap) resize((void **)&(p), (cap), sizeof *(p))
+
 static int distinct_grow(Distinct *d) {
     Py_ssize_t cap = d->cap ? d->cap * 2 : 16;
-    Py_ssize_t *off = realloc(d->off, cap * sizeof *off);
-    if (!off)
+    if (RESIZE(d->off, cap) || RESIZE(d->len, cap) || RESIZE(d->first, cap) ||
+        RESIZE(d->hashes, cap))
         return -1;
-    d->off = off;
-    Py_ssize_t *len = realloc(d->len, cap * sizeof *len);
-    if (!len)
-        return -1;
-    d->len = len;
-    Py_ssize_t *first = realloc(d->first, cap * sizeof *first);
-    if (!first)
-        return -1;
-    d->first = first;
-    uint64_t *hashes = realloc(d->hashes, cap * sizeof *hashes);
-    if (!hashes)
-        return -1;
-    d->hashes = hashes;
     d->cap = cap;
     /* the table stays at most half full */
     Py_ssize_t nslots = cap * 2;
@@ -343,22 +331,14 @@ typedef struct {
 
 static int columns_grow(Columns *c) {
     Py_ssize_t cap = c->cap ? c->cap * 2 : 1024;
-    int64_t *starts = realloc(c->starts, (cap + 1) * sizeof *starts);
-    if (!starts)
+    if (RESIZE(c->starts, cap + 1))
         return -1;
-    c->starts = starts;
-    for (int k = 0; k < NINTS; k++) {
-        int64_t *v = realloc(c->ints[k], cap * sizeof *v);
-        if (!v)
+    for (int k = 0; k < NINTS; k++)
+        if (RESIZE(c->ints[k], cap))
             return -1;
-        c->ints[k] = v;
-    }
-    for (int k = 0; k < NKEYED; k++) {
-        int32_t *v = realloc(c->keyed[k], cap * sizeof *v);
-        if (!v)
+    for (int k = 0; k < NKEYED; k++)
+        if (RESIZE(c->keyed[k], cap))
             return -1;
-        c->keyed[k] = v;
-    }
     c->cap = cap;
     return 0;
 }
