@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import pickle
 import random
+import shutil
+import subprocess
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,8 @@ from gputrace.errors import GputraceError
 from gputrace.importers import torch_scan
 from gputrace.importers.torch_patterns import FAST_KEYS, entry_spec
 from gputrace.importers.torch_snapshot import read_snapshot
+from tests.conftest import ROOT
+from tests.record_helpers import INTERPRETERS
 from tests.unit.importers.test_torch_stream import _history
 
 pytestmark = pytest.mark.skipif(torch_scan.compiled is None,
@@ -142,3 +147,37 @@ def test_mutated_snapshots_read_alike_both_ways(tmp_path: Path, monkeypatch: pyt
         fast = _outcome(f)
         monkeypatch.setattr(torch_scan, "compiled", None)
         assert _outcome(f) == fast, case
+
+
+_BUILD_AND_SCAN = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("_entry_scan", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+n, stop, paused, starts, ints, keyed = m.scan(bytes.fromhex(sys.argv[2]), 0,
+                                               bytes.fromhex(sys.argv[3]))
+print(n, stop, paused)
+"""
+
+
+@pytest.mark.parametrize("version", ["3.10", "3.11", "3.12", "3.13", "debian-3.11"])
+def test_it_builds_and_reads_on_every_supported_python(tmp_path: Path, version: str) -> None:
+    """The C source compiles warning-free against each interpreter's headers (as pip
+    builds it there) and reads a run in that interpreter."""
+    python = INTERPRETERS[version]
+    if not python.exists() or shutil.which("gcc") is None:
+        pytest.skip(f"no {version} interpreter or no gcc here")
+    include = subprocess.run([str(python), "-c", "import sysconfig; "
+                              "print(sysconfig.get_paths()['include'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    if not (Path(include) / "Python.h").exists():
+        pytest.skip(f"{version} has no development headers here")
+    so = tmp_path / f"_entry_scan{sysconfig.get_config_var('SHLIB_SUFFIX') or '.so'}"
+    cc = subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+                         f"-I{include}", str(ROOT / "gputrace/importers/_entry_scan.c"),
+                         "-o", str(so)], capture_output=True, text=True, check=False)
+    assert cc.returncode == 0, cc.stderr
+    got = subprocess.run([str(python), "-c", _BUILD_AND_SCAN, str(so), (RUN + b"ea").hex(),
+                          SPEC.hex()], capture_output=True, text=True, check=False)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["6", str(len(RUN)), "0"]
