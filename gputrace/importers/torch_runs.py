@@ -89,13 +89,15 @@ class Runs:
         addr, size, t_us = run.addr, run.size, run.time_us
         stop = min(stop, first_false((addr >= 0) & (size >= 0) & (size <= SIZE_LIMIT)
                                      & (t_us >= 0) & (t_us <= _FAST_TIME_MAX)))
-        stops = self.stacks
+        sids: dict[bytes, int | None] = {}
         for key, first in zip(fr.values, fr.first.tolist(), strict=True):
             if first >= stop:  # numbered in order of first use, up to stop
                 break
-            if key not in stops and self._stack(memo, key) is None:
+            got = self.stacks.get(key) or self._stack(memo, key)
+            if got is None:
                 stop = first
                 break
+            sids[key] = got[0]
         n = stop
         if not n:
             return 0
@@ -116,8 +118,7 @@ class Runs:
             "action_code": np.array([a[0] for a in action], np.uint8)[act.index[:n]],
             "action_id": self.names.lut([a[1] for a in action])[act.index[:n]],
             "address": addr[:n], "size": size[:n], "stream": run.stream[:n],
-            "stack_id": np.array([-1 if k not in stops or stops[k][0] is None
-                                  else stops[k][0] for k in fr.values],
+            "stack_id": np.array([-1 if sids.get(k) is None else sids[k] for k in fr.values],
                                  np.int64)[fr.index[:n]],
             "ctx_id": self.texts_of.lut([self.texts.get(k) for k in cx.values])[cx.index[:n]],
             "meta_id": self.texts_of.lut([self.texts.get(k) for k in mt.values])[mt.index[:n]],
