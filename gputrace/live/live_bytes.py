@@ -25,6 +25,8 @@ A process's memory ends with it: `forget(pid)` when its exit is seen.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -35,7 +37,7 @@ import pyarrow as pa
 
 from gputrace.analyses.allocations.held import is_host_memory, of_size_layer
 from gputrace.analyses.allocations.join import link
-from gputrace.analyses.helpers.lifetimes import API_ALLOCS, API_FREES, COLUMNS
+from gputrace.analyses.helpers.lifetimes import API_ALLOCS, API_FREES, API_SUFFIX, COLUMNS
 from gputrace.analyses.helpers.rm_objects import ALLOCS, LABELS, VID_HEAP
 from gputrace.analyses.helpers.uvm_ranges import EXTERNAL as _EXTERNAL
 from gputrace.analyses.helpers.uvm_ranges import MANAGED as _MANAGED
@@ -52,13 +54,14 @@ _API_KIND = {**{f: ("alloc", k) for f, k in API_ALLOCS.items()},
 _MMAP, _MUNMAP = 1, 2  # mappings.op_code
 
 
+_SUFFIX = re.compile(API_SUFFIX)
+
+
+@functools.lru_cache(maxsize=256)
 def _base(func: str) -> str:
-    """cuMemAlloc_v2, cuMemFreeAsync_ptsz -> cuMemAlloc, cuMemFreeAsync."""
-    for suffix in ("_ptsz", "_ptds"):
-        if func.endswith(suffix):
-            func = func[: -len(suffix)]
-    head, _, tail = func.rpartition("_v")
-    return head if head and tail.isdigit() else func
+    """cuMemAlloc_v2, cuMemFreeAsync_ptsz -> cuMemAlloc, cuMemFreeAsync: the offline
+    lifetimes' rule (API_SUFFIX), per name once."""
+    return _SUFFIX.sub("", func, count=1)
 
 
 class Item(NamedTuple):

@@ -52,8 +52,13 @@ LAYER_SOURCES = {"api": "api", "rm": "syscall", "uvm": "syscall"}
 """Leak layer -> the trace layer whose tables it reads."""
 
 
+API_SUFFIX = r"(_v\d+)?(_ptsz|_ptds)?$"
+"""What a driver entry point's name adds to its function: cuMemAlloc_v2,
+cuMemFreeAsync_ptsz -> cuMemAlloc, cuMemFreeAsync (the live aggregates strip it too)."""
+
+
 def _base_func() -> pl.Expr:
-    return pl.col("func").str.replace(r"(_v\d+)?(_ptsz|_ptds)?$", "")
+    return pl.col("func").str.replace(API_SUFFIX, "")
 
 
 def api_lifetimes(calls: pl.LazyFrame) -> pl.LazyFrame:

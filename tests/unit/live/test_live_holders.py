@@ -160,3 +160,19 @@ def test_large_live_sets_are_recomputed_at_most_once_per_their_size(
     assert agg.snapshot().procs[0].held_bytes == 3 * MiB
     clock.t += aggregates.HELD_NS
     assert agg.snapshot().procs[0].held_bytes == 9 * MiB
+
+
+def test_live_and_offline_name_a_call_alike() -> None:
+    """A driver entry point's function, as the live aggregates and the offline
+    lifetimes take it from its name: one rule (lifetimes.API_SUFFIX)."""
+    import polars as pl
+
+    from gputrace.analyses.helpers.lifetimes import _base_func
+    from gputrace.live.live_bytes import _base
+
+    names = ["cuMemAlloc_v2", "cuMemFreeAsync_ptsz", "cuMemAllocAsync_ptds",
+             "cuMemAlloc_v2_ptsz", "cuMemCreate", "cuMemAllocManaged", "cuMemHostAlloc_v3",
+             "cuMemFree_v", "cuMemRelease"]
+    offline = pl.DataFrame({"func": names}).select(_base_func())["func"].to_list()
+    assert [_base(n) for n in names] == offline
+    assert offline[:4] == ["cuMemAlloc", "cuMemFreeAsync", "cuMemAllocAsync", "cuMemAlloc"]
