@@ -33,32 +33,34 @@ def register(app: typer.Typer) -> None:
         from gputrace.importers.torch_snapshot import read_snapshot, system_pool, write_alone
         from gputrace.render.safe import printable
 
-        with system_pool():
+        with system_pool():  # the snapshot's rows are made and written on malloc
             snap = read_snapshot(snapshot)
-            r = snap.rows
-            what = (f"{len(r.segments['address'])} segments, {len(r.blocks['address'])} blocks, "
-                    f"{r.event_count} trace entries, {len(r.stacks)} stacks")
-            name = printable(snap.name)
             if into is None:
                 path = write_alone(snap, output, force=force)
-                typer.echo(printable(path) + f": {what} from {name}")
             else:
                 from gputrace.importers.torch_join import write_joined
 
                 path, join = write_joined(snap, into, output, force=force)
-                typer.echo(f"{printable(path)}: {printable(into)} plus {what} from {name}; pid "
-                           f"{join.pid}, {len(join.api_ts)} of {join.segments} segments matched "
-                           "cuMemAlloc calls")
-                if join.live:  # the recording's live allocator rows are kept: how they agree
-                    from gputrace.analyses.allocator.lineup import line_up_sources, lineup_text
-                    from gputrace.analyses.helpers.inputs import allocator_sources
-                    from gputrace.trace.reader import open_trace
+        r = snap.rows
+        what = (f"{len(r.segments['address'])} segments, {len(r.blocks['address'])} blocks, "
+                f"{r.event_count} trace entries, {len(r.stacks)} stacks")
+        name = printable(snap.name)
+        if into is None:
+            typer.echo(printable(path) + f": {what} from {name}")
+        else:
+            typer.echo(f"{printable(path)}: {printable(into)} plus {what} from {name}; pid "
+                       f"{join.pid}, {len(join.api_ts)} of {join.segments} segments matched "
+                       "cuMemAlloc calls")
+            if join.live:  # the recording's live allocator rows are kept: how they agree
+                from gputrace.analyses.allocator.lineup import line_up_sources, lineup_text
+                from gputrace.analyses.helpers.inputs import allocator_sources
+                from gputrace.trace.reader import open_trace
 
-                    both = allocator_sources(open_trace(path))
-                    if both is not None:
-                        frame = line_up_sources(both["live"]["allocator_blocks"],
-                                                both["snapshot"]["allocator_blocks"])
-                        for line in lineup_text(frame):
-                            typer.echo(f"  {line}")
+                both = allocator_sources(open_trace(path))
+                if both is not None:
+                    frame = line_up_sources(both["live"]["allocator_blocks"],
+                                            both["snapshot"]["allocator_blocks"])
+                    for line in lineup_text(frame):
+                        typer.echo(f"  {line}")
         for note in r.notes:
             typer.echo(f"  note: {note}")

@@ -165,46 +165,35 @@ def first_false(ok: np.ndarray[Any, Any]) -> int:
 
 def columns_table(cols: dict[str, np.ndarray[Any, Any]], names: Interned,
                   texts: Interned) -> pa.Table:
-    """The allocator_events rows of runs of entries kept as numpy columns (ts_ns and
-    pid unset, as AllocatorRows.flush_events leaves them): `action_id`, `ctx_id` and
-    `meta_id` number values of `names` and `texts`; `stack_id` -1 is null."""
-    n = len(cols["seq"])
+    """run_table of runs kept as numpy columns: `action_id`, `ctx_id` and `meta_id`
+    number values of `names` and `texts`; `stack_id` -1 is null."""
     f = _EVENTS.field
     stack = cols["stack_id"]
-    out = {
-        "ts_ns": pa.nulls(n, f("ts_ns").type),
-        "time_us": pa.array(cols["time_us"], f("time_us").type),
-        "seq": pa.array(cols["seq"].astype(np.uint32), f("seq").type),
-        "pid": pa.nulls(n, f("pid").type),
-        "device": pa.array(cols["device"], f("device").type),
-        "action_code": pa.array(cols["action_code"], f("action_code").type),
-        "action": names.column(cols["action_id"], f("action").type),
-        "address": pa.array(cols["address"].astype(np.uint64), f("address").type),
-        "size_bytes": pa.array(cols["size"].astype(np.uint64), f("size_bytes").type),
-        "device_free_bytes": pa.nulls(n, f("device_free_bytes").type),
-        # as the per-entry path stores it: the stream & (2^64 - 1)
-        "stream": pa.array(cols["stream"].view(np.uint64), f("stream").type),
-        "stack_id": pa.array(stack, f("stack_id").type, mask=stack < 0),
-        "compile_context": texts.column(cols["ctx_id"], f("compile_context").type),
-        "user_metadata": texts.column(cols["meta_id"], f("user_metadata").type),
-    }
-    return pa.Table.from_pydict(out, schema=_EVENTS)
+    return run_table(
+        time_us=cols["time_us"], seq=cols["seq"], device=cols["device"],
+        codes=pa.array(cols["action_code"], f("action_code").type),
+        actions=names.column(cols["action_id"], f("action").type),
+        address=cols["address"], size=cols["size"], stream=cols["stream"],
+        stack_ids=pa.array(stack, f("stack_id").type, mask=stack < 0),
+        ctx=texts.column(cols["ctx_id"], f("compile_context").type),
+        meta=texts.column(cols["meta_id"], f("user_metadata").type))
 
 
-def run_table(*, time_us: np.ndarray[Any, Any], seq0: int, device: int,
-              codes: pa.Array[Any], actions: pa.Array[Any], address: np.ndarray[Any, Any],
-              size: np.ndarray[Any, Any], stream: np.ndarray[Any, Any],
-              stack_ids: pa.Array[Any], ctx: pa.Array[Any], meta: pa.Array[Any]) -> pa.Table:
-    """The allocator_events rows of a run of entries (ts_ns and pid unset, as
+def run_table(*, time_us: np.ndarray[Any, Any], seq: np.ndarray[Any, Any],
+              device: np.ndarray[Any, Any], codes: pa.Array[Any], actions: pa.Array[Any],
+              address: np.ndarray[Any, Any], size: np.ndarray[Any, Any],
+              stream: np.ndarray[Any, Any], stack_ids: pa.Array[Any], ctx: pa.Array[Any],
+              meta: pa.Array[Any]) -> pa.Table:
+    """The allocator_events rows of runs of entries (ts_ns and pid unset, as
     AllocatorRows.flush_events leaves them)."""
     n = len(time_us)
     f = _EVENTS.field
     cols = {
         "ts_ns": pa.nulls(n, f("ts_ns").type),
         "time_us": pa.array(time_us, f("time_us").type),
-        "seq": pa.array(np.arange(seq0, seq0 + n, dtype=np.uint32), f("seq").type),
+        "seq": pa.array(seq.astype(np.uint32), f("seq").type),
         "pid": pa.nulls(n, f("pid").type),
-        "device": pa.array(np.full(n, device), f("device").type),
+        "device": pa.array(device, f("device").type),
         "action_code": codes,
         "action": actions,
         "address": pa.array(address.astype(np.uint64), f("address").type),

@@ -13,7 +13,7 @@ Rows wait as tables (patterns) or columns (compiled) until a chunk of EVENT_CHUN
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -105,8 +105,7 @@ class Runs:
         for k in shape.memo_order:
             col = run.keyed[FAST_KEYS[k]]
             stored.append((col.index[:n], [
-                None if first >= n else self.texts[key] if key[:1] == b"\x8c"
-                else self.stacks[key][1] if key[:1] == b"]" else None
+                None if first >= n else self._stored(key)
                 for key, first in zip(col.values, col.first.tolist(), strict=True)]))
         memo_slots_indexed(memo, self.gone, n, stored)
         self.memo_done = len(memo)
@@ -134,13 +133,10 @@ class Runs:
                      resolve: Callable[[bytes], Any],
                      allowed: tuple[Any, ...] | None = None) -> int:
         """_known of a keyed column: the first entry whose value cannot be named."""
-        stop = len(col.index)
-        for key, first in zip(col.values, col.first.tolist(), strict=True):
-            if key not in table:
-                resolve(key)
-            if key not in table or (allowed is not None and table[key] not in allowed):
-                stop = min(stop, first)
-        return stop
+        bad = self._unnamed(table, col.values, resolve, allowed)
+        first = col.first.tolist()
+        return min((first[i] for i, key in enumerate(col.values) if key in bad),
+                   default=len(col.index))
 
     def _rows(self, memo: list[Any], t: History, shape: Shape,
               found: list[tuple[bytes, ...]]) -> int:
@@ -168,7 +164,7 @@ class Runs:
         self._memoize(memo, shape, n, (cx, mt, fr))
         act, fr = act[:n], fr[:n]
         table = run_table(
-            time_us=t_us[:n], seq0=t.seq, device=t.dev,
+            time_us=t_us[:n], seq=np.arange(t.seq, t.seq + n), device=np.full(n, t.dev),
             codes=by_key(act, {k: v[0] for k, v in self.actions.items()},
                          TYPES["action_code"]),
             actions=by_key(act, {k: v[1] for k, v in self.actions.items()}, TYPES["action"]),
@@ -219,28 +215,41 @@ class Runs:
                resolve: Callable[[bytes], Any], allowed: tuple[Any, ...] | None = None) -> int:
         """Index of the first value of `col` that `resolve` cannot name (or names as
         something not `allowed`); its length when there is none."""
+        bad = self._unnamed(table, dict.fromkeys(col), resolve, allowed)
+        if not bad:
+            return len(col)
+        return next(i for i, k in enumerate(col) if k in bad)
+
+    def _unnamed(self, table: dict[bytes, Any], keys: Iterable[bytes],
+                 resolve: Callable[[bytes], Any], allowed: tuple[Any, ...] | None) -> set[bytes]:
+        """Which of these distinct raw values `resolve` cannot name (it stores a value
+        it names in `table`), or names as something not `allowed`."""
         bad = set()
-        for key in dict.fromkeys(col):
+        for key in keys:
             if key not in table:
-                resolve(key)  # stored in `table` when it names a value
+                resolve(key)
                 if key not in table:
                     bad.add(key)
                     continue
             if allowed is not None and table[key] not in allowed:
                 bad.add(key)
-        if not bad:
-            return len(col)
-        return next(i for i, k in enumerate(col) if k in bad)
+        return bad
 
     def _memoize(self, memo: list[Any], shape: Shape, n: int,
                  values: tuple[tuple[bytes, ...], ...]) -> None:
         """The memo slots the first n entries store, in their order: each entry's dict
         (consumed: one stand-in), then its inline strings and new frames lists."""
-        stored = [{key: (self.texts[key] if key[:1] == b"\x8c" else self.stacks[key][1]
-                         if key[:1] == b"]" else None) for key in dict.fromkeys(col)}
+        stored = [{key: self._stored(key) for key in dict.fromkeys(col)}
                   for col in (values[k - 5][:n] for k in shape.memo_order)]
         memo_slots(memo, self.gone, n, [values[k - 5][:n] for k in shape.memo_order], stored)
         self.memo_done = len(memo)
+
+    def _stored(self, key: bytes) -> Any:
+        """What a value's raw bytes store in the memo: an inline string its text, a new
+        frames list its converted list; a reference or None nothing (None)."""
+        if key[:1] == b"\x8c":
+            return self.texts[key]
+        return self.stacks[key][1] if key[:1] == b"]" else None
 
     def _action(self, memo: list[Any], ref: bytes) -> tuple[int, str] | None:
         i = memo_slot(ref)
@@ -302,5 +311,3 @@ class Runs:
         got = (sid, self.markers.setdefault(sid, converted(rows, k, sid)))
         self.stacks[fr] = got
         return got
-
-    # ---------------------------------------------------------------- the end

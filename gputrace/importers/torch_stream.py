@@ -270,6 +270,7 @@ class SnapshotSink(Runs, Sink):
             i = j
         return None
 
+    # ---------------------------------------------------------------- the end
 
     def finish(self, rows: AllocatorRows, traces: Any) -> None:
         """Move the streamed rows into `rows` (whose segments are read), their stack
