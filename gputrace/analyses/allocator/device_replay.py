@@ -27,9 +27,9 @@ import polars as pl
 
 from gputrace.analyses.allocator.replay import (
     ACTIVE,
-    MIN_BLOCK,
     RESERVE,
     _alive_blocks,
+    _rounded,
     end_state,
 )
 from gputrace.analyses.helpers.inputs import Inputs
@@ -99,8 +99,7 @@ def _blocks(ev: pl.DataFrame, inp: Inputs) -> tuple[np.ndarray[Any, Any],
                                                      np.ndarray[Any, Any]]:
     """(each entry's block bytes, which allocs are retained): the real size of a
     block its `alloc` left allocated at the end, the request rounded up otherwise."""
-    size = ev["size"].to_numpy()
-    block = np.maximum((size + MIN_BLOCK - 1) // MIN_BLOCK * MIN_BLOCK, MIN_BLOCK)
+    block = ev.select(_rounded(pl.col("size"))).to_series().to_numpy(writable=True)
     retained = np.zeros(ev.height, bool)
     keyed = ev.lazy().with_row_index("i").select("i", "device", "address", "_code")
     last_free = (keyed.filter(pl.col("_code") == _CODE["free_completed"])
