@@ -180,6 +180,7 @@ class LibcudaProbes:
                 exported = elf.read(path, fd=fd).exported
             except elf.ElfError as e:
                 self.skipped.append({"name": f"uprobe:*@{shown}", "reason": str(e)})
+                self.changed = True  # the manifest says why, without waiting for other news
                 return False
         finally:
             os.close(fd)
