@@ -29,7 +29,7 @@ def plot_series(inp: Inputs, doc: dict[str, Any], buckets: int = BUCKETS) -> dic
     flagged = {(g["layer"], g["pid"]) for g in leaks.get("growth") or [] if g.get("flagged")}
     rows = folded_stacks(inp)
     fr = doc.get("fault_rate") or {}
-    return {"buckets": buckets, "live_bytes": live_bytes(inp, buckets, flagged),
+    return {"live_bytes": live_bytes(inp, buckets, flagged),
             "gpu_bytes": gpu_bytes(inp, buckets),
             "fault_rates": fault_rates(inp, rate_cuts(inp, fr.get("window_s"), buckets)),
             "latency": latency_histograms(inp), "leak_stacks": rows[:200],

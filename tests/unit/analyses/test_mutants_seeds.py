@@ -1,5 +1,5 @@
 """Tests that kill the mutants of the analyses that survived the mutation samples of
-seeds 4711 and 90210 (docs/testing.md, "Mutation testing"): each asserts an independent
+seeds 4711, 90210 and 1618 (docs/testing.md, "Mutation testing"): each asserts an independent
 truth, a value planted in a small hand-made input (synthetic) or a figure counted by
 hand beside it, and names in its docstring what it pins. Grouped by module; fast and
 in-process.
@@ -1133,3 +1133,167 @@ def test_records_round_every_float_column() -> None:
     df = pl.DataFrame({"a": [1.2345678]}, schema={"a": pl.Float32})
     (row,) = records(df)
     assert row["a"] == float(np.float32(1.234568)) != float(np.float32(1.2345678))
+
+
+# --------------------------------------------------------- seed 1618 at HEAD be35c35
+def test_growth_rate_and_no_warning_for_a_history_that_starts_empty(tmp_path: Path) -> None:
+    """allocator/growth.py on the long history (it starts from nothing: 0 bytes active,
+    reserved and requested before entry 0, which is no damage): 4 MiB grown over the
+    2.2 s from its first entry to its last, 4 MiB / 2.2 s a second, and no warning that
+    the entries do not add up."""
+    g = growth(inputs_from_trace(open_trace(_snapshot_trace(tmp_path, _long_history()))))
+    d = g.data
+    assert (d["start_active_bytes"], d["start_reserved_bytes"], d["start_requested_bytes"]) == (
+        0, 0, 0)
+    assert d["growth_bytes"] == 4 * MiB and d["span_s"] == pytest.approx(2.2)
+    assert d["growth_bytes_per_s"] == pytest.approx(4 * MiB / 2.2)
+    assert not [w for w in g.warnings if "do not add up" in w], g.warnings
+
+
+def test_lineup_compares_sizes_when_one_side_lacks_the_request() -> None:
+    """allocator/lineup.line_up_sources: a tensor whose request only the snapshot knows
+    is matched by its block size (2 MiB both): 1 matched; one whose block sizes differ
+    (4 MiB live, 6 MiB in the snapshot) with a request on one side only is not."""
+    live = pl.LazyFrame({"device": [0, 0], "address": [SEG_A, SEG_B],
+                         "size_bytes": [2 * MiB, 4 * MiB],
+                         "requested_size_bytes": [None, 4 * MiB - 8],
+                         "state": ["active_allocated"] * 2},
+                        schema_overrides={"requested_size_bytes": pl.Int64})
+    snap = pl.LazyFrame({"device": [0, 0], "address": [SEG_A, SEG_B],
+                         "size_bytes": [2 * MiB, 6 * MiB],
+                         "requested_size_bytes": [2 * MiB - 100, None],
+                         "state": ["active_allocated"] * 2},
+                        schema_overrides={"requested_size_bytes": pl.Int64})
+    from gputrace.analyses.allocator.lineup import line_up_sources
+
+    (row,) = line_up_sources(live, snap).to_dicts()
+    assert (row["matched"], row["only_live"], row["only_snapshot"]) == (1, 1, 1)
+
+
+def _cache_oom_snapshot(free: int) -> dict[str, Any]:
+    """One 20 MiB segment (from 1.0 s): an 8 MiB tensor at 1.1 s, 12 MiB free; `oom`
+    entries at 1.5 s asking 16 MiB and at 1.6 s asking 4 MiB, each with CUDA's
+    `device_free` = `free`. Nothing after them: the end state is the state then."""
+    s = _segment(0, SEG_A, [_block(SEG_A, 8 * MiB, "active_allocated", None, F_TRAIN),
+                            _block(SEG_A + 8 * MiB, 12 * MiB, "inactive", 0)])
+    ooms = []
+    for t, size in ((1.5, 16 * MiB), (1.6, 4 * MiB)):
+        o = _entry("oom", t, size, 0, F_EVAL)
+        del o["addr"]
+        o["device_free"] = free
+        ooms.append(o)
+    return {"segments": [s], "device_traces": [[
+        _entry("segment_alloc", 1.0, 20 * MiB, SEG_A),
+        _entry("alloc", 1.1, 8 * MiB, SEG_A, F_TRAIN), *ooms]],
+        "allocator_settings": {}, "external_annotations": []}
+
+
+def test_oom_state_when_cuda_had_room_names_the_cache(tmp_path: Path) -> None:
+    """allocator/oom_state: CUDA said 1 GiB free, so neither failure was capacity. The
+    16 MiB request is over the cache's largest free block (12 MiB): fragmentation; the
+    4 MiB one fits it: limit. Each evidence opens with the request, CUDA's free bytes,
+    the cache's free bytes and its largest free block."""
+    from gputrace.analyses.allocator.oom_state import oom_states
+    from gputrace.units import format_bytes as fb
+
+    got = oom_states(inputs_from_trace(open_trace(
+        _snapshot_trace(tmp_path, _cache_oom_snapshot(1 << 30)))))
+    assert [(o["requested_bytes"], o["verdict"], o["cache_free_bytes"],
+             o["largest_free_block_bytes"]) for o in got] == [
+        (16 * MiB, "fragmentation", 12 * MiB, 12 * MiB), (4 * MiB, "limit", 12 * MiB, 12 * MiB)]
+    for o in got:
+        assert o["evidence"].startswith(
+            f"requested {fb(o['requested_bytes'])} <= CUDA free {fb(1 << 30)} + cache free "
+            f"{fb(12 * MiB)}; largest free block in the cache {fb(12 * MiB)}; the allocator "
+            f"held {fb(20 * MiB)} reserved"), o["evidence"]
+
+
+def test_pool_one_unknown_request_makes_the_pools_request_unknown(tmp_path: Path) -> None:
+    """allocator/pool.py: one tensor whose block carries no requested size (as a
+    PyTorch 2.0 block does not) leaves its pool's and device's requested and internal
+    free bytes unknown (null, not the other tensors' sum); the pool of device 1, whose
+    tensors all say theirs, keeps its figures."""
+    snap = _pools_snapshot()
+    del snap["segments"][1]["blocks"][0]["requested_size"]  # device 0's 8 MiB tensor
+    p = pool(inputs_from_trace(open_trace(_snapshot_trace(tmp_path, snap)))).data
+    rows = {(r["device"], r["pool_id"], r["pool"]): r for r in p["pools"]}
+    large0, large1 = rows[(0, "0,0", "large")], rows[(1, "0,0", "large")]
+    assert (large0["requested_bytes"], large0["internal_free_bytes"]) == (None, None)
+    assert (large1["requested_bytes"], large1["internal_free_bytes"]) == (30 * MiB, 0)
+    dev = {d["device"]: d for d in p["devices"]}
+    assert dev[0]["requested_bytes"] is None and dev[1]["requested_bytes"] == 30 * MiB
+
+
+def test_tensors_by_stack_say_the_requested_bytes(pools_trace: Path) -> None:
+    """allocator/tensors.py: each stack's requested bytes are its tensors' requests:
+    train on device 0 asked 8 MiB - 100 and 1 MiB - 1 for its 9 MiB of blocks."""
+    t = tensors(inputs_from_trace(open_trace(pools_trace))).data
+    req = {(s["device"], s["top_frame"]): s["requested_bytes"] for s in t["by_stack"]}
+    assert req[(0, "train (t.py:10)")] == 9 * MiB - 101
+    assert req[(1, "train (t.py:10)")] == 30 * MiB
+
+
+def test_gpu_memory_evictions_release_and_gpus_come_in_index_order() -> None:
+    """helpers/gpus.gpu_memory: an evicted chunk leaves the GPU as a freed one does
+    (GPU 0: 2 MiB in, evicted: peak 2 MiB, end 0), and the rows come by GPU index
+    whatever order the GPUs were seen in (7 GPUs, listed backwards)."""
+    gpus = list(range(6, -1, -1))
+    chunks = pl.LazyFrame({
+        "gpu_index": [*gpus, 0], "ts_ns": [1] * len(gpus) + [2],
+        "chunk_op": ["alloc"] * len(gpus) + ["evict"], "log2_size": [21] * (len(gpus) + 1)})
+    rows = gpu_memory(chunks).collect().rows()
+    assert rows == [(0, 2 * MiB, 0), *[(g, 2 * MiB, 2 * MiB) for g in range(1, 7)]]
+
+
+def test_site_filter_pattern_matches_whole_paths() -> None:
+    """helpers/sites.SiteFilter: a pattern with `*`/`?` matches a whole path (anchored at
+    both ends); a plain text is a prefix."""
+    from gputrace.analyses.helpers.sites import SiteFilter
+
+    pat = re.compile(SiteFilter.parse("*/myproj/*.py").regex())
+    assert pat.match("/srv/app/myproj/train.py")
+    assert not pat.match("/srv/app/myproj/train.pyc")
+    assert re.match(SiteFilter.parse("/srv/app/mod?.py").regex(), "/srv/app/mod1.py")
+    assert re.match(SiteFilter.parse("/srv/app").regex(), "/srv/app/anything.py")
+
+
+def test_an_api_failure_on_no_known_gpu_has_no_allocator_pool(tmp_path: Path) -> None:
+    """oom: a failed cuMemAlloc whose GPU nothing names (no free-memory sample, no
+    allocator entry of its own, two GPUs) has no allocator pool figure (null, not 0),
+    though the trace's allocator layer holds device 0's blocks."""
+    from gputrace import schema
+
+    code = {v: k for k, v in schema.ALLOCATOR_ACTIONS.items()}
+    b = TraceBuilder(layers=("api", "allocator"), duration_s=3.0, gpus=2)  # synthetic
+    b.process(7, "train")
+    for i, (act, size) in enumerate([("segment_alloc", 20 * MiB), ("alloc", MiB)]):
+        b.row("allocator_events", ts_ns=ns(0.5 + 0.1 * i), seq=i, pid=7, device=0,
+              action=act, action_code=code[act], address=SEG_A, size_bytes=size)
+    b.row("cuda_calls", ts_ns=ns(2.0), pid=7, func="cuMemAlloc_v2", size_bytes=64 * MiB,
+          ptr=0, result=2, latency_ns=1000)
+    doc = run_reports(inputs_from_trace(open_trace(b.build(tmp_path / "t"))), ["oom"])
+    (one,) = doc["oom"]["incidents"]
+    assert one["gpu_index"] is None and one["allocator_pool_bytes"] is None
+
+
+def test_a_band_hovers_the_stack_of_its_largest_allocation(tmp_path: Path) -> None:
+    """timeseries/active_memory: two allocations at one user line, train (t.py:10),
+    through different library calls (1 MiB by torch.empty, then 4 MiB by torch.zeros):
+    one band, whose hover is the stack of the larger, 4 MiB one."""
+    from gputrace.analyses.timeseries.active_memory import active_memory
+
+    lib = "/usr/lib/python3/dist-packages/torch/"
+    small = [{"name": "empty", "filename": lib + "a.py", "line": 1}, *F_TRAIN]
+    big = [{"name": "zeros", "filename": lib + "b.py", "line": 2}, *F_TRAIN]
+    s = _segment(0, SEG_A, [_block(SEG_A, 1 * MiB, "active_allocated", None, small),
+                            _block(SEG_A + 1 * MiB, 4 * MiB, "active_allocated", None, big),
+                            _block(SEG_A + 5 * MiB, 15 * MiB, "inactive", 0)])
+    snap = {"segments": [s], "device_traces": [[
+        _entry("segment_alloc", 1.0, 20 * MiB, SEG_A),
+        _entry("alloc", 1.1, 1 * MiB, SEG_A, small),
+        _entry("alloc", 1.2, 4 * MiB, SEG_A + 1 * MiB, big)]],
+        "allocator_settings": {}, "external_annotations": []}
+    a = active_memory(inputs_from_trace(open_trace(_snapshot_trace(tmp_path, snap))))
+    (band,) = a["bands"]
+    assert band["site"].startswith("train (") and band["peak"] == 5 * MiB
+    assert "zeros" in band["frames"] and "empty" not in band["frames"], band["frames"]
