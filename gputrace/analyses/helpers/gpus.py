@@ -50,11 +50,12 @@ def gpu_memory(chunks: pl.LazyFrame) -> pl.LazyFrame:
     size = chunk_bytes()
     delta = (pl.when(pl.col("chunk_op") == "alloc").then(size)
              .when(pl.col("chunk_op").is_in(["free", "evict"])).then(-size).otherwise(0))
+    # sorted by GPU first: groups kept in that order are the rows in GPU order
     return (chunks.sort("gpu_index", "ts_ns")
             .with_columns(used=delta.cum_sum().over("gpu_index"))
-            .group_by("gpu_index").agg(pl.col("used").max().alias("peak_bytes"),
-                                       pl.col("used").last().alias("end_bytes"))
-            .sort("gpu_index"))
+            .group_by("gpu_index", maintain_order=True)
+            .agg(pl.col("used").max().alias("peak_bytes"),
+                 pl.col("used").last().alias("end_bytes")))
 
 
 def gpu_table(inp: Inputs, df: pl.DataFrame, source: str) -> dict[str, object]:
