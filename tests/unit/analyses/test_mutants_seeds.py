@@ -1297,3 +1297,69 @@ def test_a_band_hovers_the_stack_of_its_largest_allocation(tmp_path: Path) -> No
     (band,) = a["bands"]
     assert band["site"].startswith("train (") and band["peak"] == 5 * MiB
     assert "zeros" in band["frames"] and "empty" not in band["frames"], band["frames"]
+
+
+def test_gpu_windows_tie_broken_by_pid_then_window() -> None:
+    """fault_rate/fault_windows.gpu_windows: pid 5 faults twice in window 0, pid 3
+    twice in window 1 (1 s windows over 2 s), same GPU: equal rates (2/s), so pid 3
+    comes first though its window is later."""
+    from gputrace.analyses.fault_rate.fault_windows import gpu_windows
+
+    faults = pl.LazyFrame({"gpu_index": [0] * 4, "pid": [5, 5, 3, 3],
+                           "ts_ns": [ns(0.1), ns(0.2), ns(1.1), ns(1.2)]})
+    got = gpu_windows(faults, ns(0.0), ns(2.0), 1.0).collect()
+    assert got.select("pid", "window_start_s", "per_s").rows() == [(3, 1.0, 2.0), (5, 0.0, 2.0)]
+
+
+def test_resident_without_faults_counts_migrations_only() -> None:
+    """fault_rate/migrations.resident with no fault table: 4 MiB migrated onto GPU 0 at
+    1 s, 2 MiB off it at 2 s: peak 4 MiB at 1 s, end 2 MiB, nothing populated by touch."""
+    from gputrace.analyses.fault_rate.migrations import resident
+
+    mig = pl.LazyFrame({"ts_ns": [ns(1.0), ns(2.0)], "src": [-1, 0], "dst": [0, -1],
+                        "size_bytes": [4 * MiB, 2 * MiB]})
+    (row,) = resident(mig).collect().to_dicts()
+    assert row == {"gpu_index": 0, "resident_peak_bytes": 4 * MiB,
+                   "resident_end_bytes": 2 * MiB, "populated_bytes": 0,
+                   "peak_ts_ns": ns(1.0)}
+
+
+def test_oversubscription_without_managed_memory_says_no_ratio() -> None:
+    """fault_rate/oversubscription: resident bytes but no layer that sees managed
+    allocations: the managed ratio and verdict are there and null, not absent."""
+    from gputrace.analyses.fault_rate.oversubscription import oversubscription
+
+    df = pl.DataFrame({"gpu_index": [0], "resident_peak_bytes": [4 * MiB],
+                       "resident_end_bytes": [2 * MiB], "populated_bytes": [0],
+                       "peak_ts_ns": [1]})
+    out = oversubscription(_bare_inputs(10), df)
+    assert out is not None
+    assert {k: out[k] for k in ("managed_peak_bytes", "ratio", "oversubscribed", "source")} == {
+        "managed_peak_bytes": None, "ratio": None, "oversubscribed": None, "source": None}
+    assert [r["resident_peak_bytes"] for r in out["resident_by_gpu"]] == [4 * MiB]
+
+
+def test_throttling_pairs_each_start_with_the_next_end_in_time() -> None:
+    """fault_rate/uvm_events.throttling: one page throttled from 1 s to 2 s and again
+    from 3 s to 5 s (trace to 10 s): two closed regions, 2 s and 1 s long."""
+    from gputrace.analyses.fault_rate.uvm_events import throttling
+
+    ev = pl.LazyFrame({"pid": [9] * 4, "processor": [1] * 4, "address": [SEG_A] * 4,
+                       "ts_ns": [ns(1.0), ns(3.0), ns(2.0), ns(5.0)],
+                       "kind": ["throttling_start", "throttling_start",
+                                "throttling_end", "throttling_end"]})
+    got = throttling(ev, ns(0.0), ns(10.0)).collect()
+    assert got.select("start_s", "duration_ns", "open_at_end").rows() == [
+        (3.0, 2 * 10**9, False), (1.0, 1 * 10**9, False)]
+
+
+def test_rm_fragmentation_end_is_the_last_sample(frag_doc: dict[str, Any]) -> None:
+    """fragmentation/rm_fragmentation: a GPU's `end` is its last RM sample (the
+    oom_capacity_fragmentation scenario: its latest gpu_memory row)."""
+    inp = inputs_from_trace(open_trace(SCENARIO_DIR / "oom_capacity_fragmentation"))
+    last = (inp.scan("gpu_memory").filter(pl.col("gpu_index") == 0).sort("ts_ns")
+            .collect().row(-1, named=True))
+    (g,) = frag_doc["fragmentation"]["rm"]["gpus"]
+    assert g["samples"] > 1
+    assert g["end"]["t_s"] == pytest.approx((last["ts_ns"] - inp.start_ns) / 1e9)
+    assert g["end"]["heap_free_bytes"] == last["heap_free_bytes"]
