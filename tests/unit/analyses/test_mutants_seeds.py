@@ -1363,3 +1363,124 @@ def test_rm_fragmentation_end_is_the_last_sample(frag_doc: dict[str, Any]) -> No
     assert g["samples"] > 1
     assert g["end"]["t_s"] == pytest.approx((last["ts_ns"] - inp.start_ns) / 1e9)
     assert g["end"]["heap_free_bytes"] == last["heap_free_bytes"]
+
+
+def test_an_allocator_entry_after_an_api_failure_is_its_evidence(tmp_path: Path) -> None:
+    """oom/failures._fold_layers: cuMemAlloc fails at 2.0 s on an unnamed GPU (two in
+    the trace); PyTorch's `oom` entry follows 0.1 s later on device 1: one incident, the
+    API failure, on GPU 1 because the allocator's entry says so, with that entry."""
+    from gputrace import schema
+
+    code = {v: k for k, v in schema.ALLOCATOR_ACTIONS.items()}
+    b = TraceBuilder(layers=("api", "allocator"), duration_s=3.0, gpus=2)  # synthetic
+    b.process(7, "train")
+    b.row("cuda_calls", ts_ns=ns(2.0), pid=7, func="cuMemAlloc_v2", size_bytes=64 * MiB,
+          ptr=0, result=2, latency_ns=1000)
+    b.row("allocator_events", ts_ns=ns(2.1), seq=0, pid=7, device=1, action="oom",
+          action_code=code["oom"], size_bytes=64 * MiB, device_free_bytes=MiB)
+    doc = run_reports(inputs_from_trace(open_trace(b.build(tmp_path / "t"))), ["oom"])
+    (one,) = doc["oom"]["incidents"]
+    assert (one["layer"], one["gpu_index"], one["gpu_from"]) == ("api", 1, "allocator")
+    assert one["allocator_entry"] == {"ts_ns": ns(2.1), "requested_bytes": 64 * MiB}
+
+
+def test_an_unsymbolized_frame_reads_as_perf_prints_it() -> None:
+    """helpers/stacks.frame_text: a native frame without a symbol is `module+0xoffset`
+    (the module's file name), else `0xip`; a Python frame is `function (file:line)`."""
+    from gputrace.analyses.helpers.stacks import frame_text
+
+    df = pl.DataFrame({
+        "kind": ["native", "native", "python"], "symbol": [None, None, None],
+        "module": ["/usr/lib/x86_64-linux-gnu/libfoo.so.1", None, None],
+        "offset": [0x1234, None, None], "ip": [0x7F0000001234, 0x7F00DEAD, None],
+        "function": [None, None, "train"], "filename": [None, None, "/home/u/t.py"],
+        "line": [None, None, 10]},
+        schema_overrides={"symbol": pl.String, "offset": pl.Int64, "function": pl.String,
+                          "filename": pl.String, "line": pl.Int32})
+    assert df.select(frame_text()).to_series().to_list() == [
+        "libfoo.so.1+0x1234", "0x7f00dead", "train (t.py:10)"]
+
+
+def test_holders_with_rm_query_make_no_warning_about_it() -> None:
+    """holders: a trace that recorded rm_query (the oom_capacity_fragmentation
+    scenario) is not told that rm_query was not recorded."""
+    inp = inputs_from_trace(open_trace(SCENARIO_DIR / "oom_capacity_fragmentation"))
+    assert inp.has("rm_query")
+    assert not [w for w in holders(inp).warnings if "rm_query not recorded" in w]
+
+
+def test_leaks_list_growing_processes_first_and_say_their_filters(tmp_path: Path) -> None:
+    """leaks: pid 1 adds 8 MiB a second for 10 s and keeps it (growing: flagged), pid 2
+    allocates 1 GiB once (not growth): both listed, by layer and pid; with `--top 1`
+    the one kept is pid 1, the growing one, although pid 2's peak is higher. `filters`
+    says the options the report ran with."""
+    from gputrace.analyses.leaks import LeakOptions, leaks
+
+    b = TraceBuilder(layers=("api",), duration_s=12.0)  # synthetic
+    b.process(1, "grow")
+    b.process(2, "big")
+    for k in range(10):
+        b.cuda_alloc(1.0 + k, 1, 8 * MiB)
+    b.cuda_alloc(0.5, 2, 1 << 30)
+    inp = inputs_from_trace(open_trace(b.build(tmp_path / "t")))
+    r = leaks(inp)
+    assert [(g["pid"], g["flagged"]) for g in r.data["growth"]] == [(1, True), (2, False)]
+    assert r.data["filters"] == {"older_s": 0.0, "min_size_bytes": 0, "top": None}
+    one = leaks(inp, LeakOptions(top=1)).data
+    assert [(g["pid"], g["flagged"]) for g in one["growth"]] == [(1, True)]
+    assert one["filters"] == {"older_s": 0.0, "min_size_bytes": 0, "top": 1}
+
+
+def test_leaks_of_two_pid_slices_add_up_what_each_holds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """leaks/leaks_joined._add: cut in two pid slices (as large traces are), the
+    torch_caching scenario's memory held by design and by the driver adds up to the
+    one-piece figures (270 MiB PyTorch, 64 MiB cuBLAS)."""
+    from gputrace.analyses.helpers import partition
+    from tests.analyze_helpers import analyze
+
+    path = SCENARIO_DIR / "torch_caching"
+    whole = analyze(path, ["leaks"])["leaks"]
+    monkeypatch.setattr(partition, "slice_count", lambda inp, slice_rows=None: 2)
+    cut = analyze(path, ["leaks"])["leaks"]
+    assert {k: v["bytes"] for k, v in cut["held_by_allocator"].items()} == {
+        "cublas": 64 * MiB, "pytorch": 270 * MiB}
+    for key in ("held_by_allocator", "driver_held", "reservations"):
+        assert cut[key] == whole[key], key
+
+
+def test_allocator_sites_keep_a_segment_whose_stack_names_no_trigger(tmp_path: Path) -> None:
+    """leaks/allocator_growth: PyTorch's allocator asked for two segments, one from
+    at::empty_cuda (its trigger), one from a stack that ends inside libc10_cuda (no
+    Python frame, no caller outside the allocator: no trigger). Both are listed, the
+    second with a null trigger."""
+    from gputrace.analyses.helpers.lifetimes import lifetimes
+    from gputrace.analyses.leaks.allocator_growth import allocator_growth
+
+    site = "/usr/local/lib/python3.11/site-packages/"
+    rt = ("cudaMalloc", site + "nvidia/cuda_runtime/lib/libcudart.so.12")
+    c10 = ("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc",
+           site + "torch/lib/libc10_cuda.so")
+    b = TraceBuilder(layers=("api",), duration_s=3.0)  # synthetic
+    b.process(7, "train")
+    b.cuda_alloc(1.0, 7, 20 * MiB, stack=[rt, c10, ("at::empty_cuda",
+                                                    site + "torch/lib/libtorch_cuda.so")])
+    b.cuda_alloc(2.0, 7, 2 * MiB, stack=[rt, c10])
+    inp = inputs_from_trace(open_trace(b.build(tmp_path / "t")))
+    segs = allocator_growth(lifetimes(inp), inp.scan("stacks"))["allocator_segments"]
+    got = sorted((r["bytes"], r["trigger"]) for r in segs.to_dicts())
+    assert got == [(2 * MiB, None), (20 * MiB, "at::empty_cuda")]
+
+
+def test_summary_names_exactly_the_layers_it_lacks(tmp_path: Path) -> None:
+    """summary: a trace of the API layer alone lacks driver and syscall, in the
+    report's own order; one with all three lacks none."""
+    from gputrace.analyses.summary import summary
+
+    for layers, lacking in ((("api",), ["driver", "syscall"]),
+                            (("syscall", "api", "driver"), [])):
+        b = TraceBuilder(layers=layers, duration_s=1.0)  # synthetic
+        b.process(7, "job")
+        b.cuda_alloc(0.5, 7, MiB)
+        out = tmp_path / "-".join(layers)
+        assert summary(inputs_from_trace(open_trace(b.build(out)))).missing_layers == lacking
