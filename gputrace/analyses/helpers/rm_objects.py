@@ -147,5 +147,4 @@ def rm_lifetimes(ioctls: pl.LazyFrame, files: pl.LazyFrame) -> pl.LazyFrame:
         "freed_by", pl.lit(None, pl.Int64).alias("stack_id"), "gpu_index", "tid",
         (pl.col("ts_ns") + pl.col("latency_ns").fill_null(0)).alias("call_end_ns"), "client",
         "handle")
-    keep = [c for c in rows.collect_schema().names() if c not in ("name", "cls", "flags")]
-    return rows.filter(is_mem | _is_virtual()).select(keep)
+    return rows.filter(is_mem | _is_virtual()).drop("name", "cls", "flags")

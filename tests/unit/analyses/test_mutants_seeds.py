@@ -1484,3 +1484,110 @@ def test_summary_names_exactly_the_layers_it_lacks(tmp_path: Path) -> None:
         b.cuda_alloc(0.5, 7, MiB)
         out = tmp_path / "-".join(layers)
         assert summary(inputs_from_trace(open_trace(b.build(out)))).missing_layers == lacking
+
+
+def test_a_piece_only_the_api_layer_saw_is_sized_by_it(tmp_path: Path) -> None:
+    """allocations/held.held_pieces: an API-layer trace's 1 MiB cuMemAlloc is one held
+    piece seen by `api` alone and sized by it."""
+    from gputrace.analyses.allocations.held import held_pieces
+    from gputrace.analyses.helpers.partition import Slice
+
+    b = TraceBuilder(layers=("api",), duration_s=2.0)  # synthetic
+    b.process(7, "job")
+    b.cuda_alloc(0.5, 7, MiB)
+    held = held_pieces(Slice(inputs_from_trace(open_trace(b.build(tmp_path / "t")))))
+    assert held.select("pid", "layers", "size_layer", "held_bytes").rows() == [
+        (7, "api", "api", MiB)]
+
+
+def test_holders_see_a_pid_known_only_by_its_events(tmp_path: Path) -> None:
+    """holders.Facts: pid 8 has no processes row (the recorder never read it) but made
+    CUDA calls: it was seen, as pid 7 (a process row) was."""
+    from gputrace.analyses.holders import Facts
+
+    b = TraceBuilder(layers=("api",), duration_s=2.0)  # synthetic
+    b.process(7, "job")
+    b.cuda_alloc(0.5, 7, MiB)
+    b.row("cuda_calls", ts_ns=ns(0.6), pid=8, func="cuMemAlloc_v2", size_bytes=MiB,
+          ptr=SEG_A, result=0, latency_ns=1000)
+    assert Facts(inputs_from_trace(open_trace(b.build(tmp_path / "t")))).seen == {7, 8}
+
+
+def test_memory_freed_by_closing_its_fd_is_an_fd_release(tmp_path: Path) -> None:
+    """allocations/rows: 2 MiB of vidmem allocated on fd 3 at 0.2 s, the fd closed at
+    0.5 s while the process runs on: the piece was freed by the fd's release, not by
+    the program; one freed with RM_FREE was freed by the program."""
+    from gputrace.analyses.helpers.partition import Slice
+
+    b = TraceBuilder(layers=("syscall",), duration_s=2.0)  # synthetic
+    b.process(7, "job")
+    b.process(8, "job2")
+    b.open_fd(0.1, 7)
+    b.rm_alloc(0.2, 7, size=2 * MiB)
+    b.close(0.5, 7)
+    h = b.rm_alloc(0.2, 8, size=4 * MiB)
+    b.rm_free(0.6, 8, handle=h)
+    pieces = Slice(inputs_from_trace(open_trace(b.build(tmp_path / "t")))).model()[1]
+    assert sorted(pieces.select("pid", "kind", "freed_by").rows()) == [
+        (7, None, "fd release"), (8, None, "program")]
+
+
+def test_memory_freed_at_the_exit_nanosecond_was_unfreed_at_exit() -> None:
+    """allocations/rows.leak_kind: freed exactly as its process exited (the same ns:
+    the teardown), after it, or never, with an exit: unfreed at exit; freed before the
+    exit: null; never freed, no exit: alive at the end."""
+    from gputrace.analyses.allocations.rows import leak_kind
+
+    df = pl.DataFrame({"exit_ts_ns": [100, 100, 100, 100, None],
+                       "free_ts_ns": [100, 101, None, 99, None]},
+                      schema={"exit_ts_ns": pl.Int64, "free_ts_ns": pl.Int64})
+    assert df.select(leak_kind()).to_series().to_list() == [
+        "unfreed_at_exit", "unfreed_at_exit", "unfreed_at_exit", None, "alive_at_end"]
+
+
+def test_pairing_keeps_times_past_2_to_the_53_exact() -> None:
+    """helpers/pairing.pair: monotonic times of a host up over 104 days pass 2^53 ns,
+    where a float halves inexactly: an allocation at 2^53 + 1 ns keeps that time, and
+    its free at 2^53 + 3 ns is paired with it."""
+    from gputrace.analyses.helpers.pairing import pair
+
+    t = (1 << 53) + 1
+    allocs = pl.LazyFrame({"pid": [7], "ptr": [SEG_A], "ts_ns": [t]})
+    frees = pl.LazyFrame({"pid": [7], "ptr": [SEG_A], "ts_ns": [t + 2]})
+    (row,) = pair(allocs, frees, ["pid", "ptr"]).collect().to_dicts()
+    assert (row["ts_ns"], row["free_ts_ns"]) == (t, t + 2)
+
+
+def test_hex_of_a_column_without_values_is_still_text() -> None:
+    """helpers/sites._hex_series: offsets all null (a stack of Python frames only) give
+    a text column of nulls, as a column with values gives text."""
+    from gputrace.analyses.helpers.sites import _hex_series
+
+    assert _hex_series(pl.Series([None, None], dtype=pl.Int64)).dtype == pl.String
+    assert _hex_series(pl.Series([255, None], dtype=pl.Int64)).to_list() == ["0xff", None]
+
+
+def test_inputs_carry_the_untracked_managed_count_of_the_manifest() -> None:
+    """helpers/inputs.inputs_from_trace: the real H200 driver trace's manifest counts
+    1,047,548 managed blocks the in-kernel filter could not watch (and 0 ranges); the
+    inputs carry it, and the fault-rate report warns with it."""
+    from tests.conftest import FIXTURES
+
+    inp = inputs_from_trace(open_trace(FIXTURES / "real-h200-driver-cuda" / "trace"))
+    assert inp.untracked_managed == 1_047_548
+    assert [w for w in fault_rate(inp).warnings if "1047548 managed blocks" in w]
+
+
+def test_the_first_report_looked_up_finds_the_registry(tmp_path: Path) -> None:
+    """registry.spec in a fresh interpreter, before anything listed the reports: the
+    registry is made on that first look-up."""
+    import subprocess
+    import sys
+
+    import gputrace
+
+    code = ("from gputrace.analyses import registry; assert 'REPORTS' not in vars(registry); "
+            "print(registry.spec('oom').key)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=False, cwd=Path(gputrace.__file__).parents[1], timeout=120)
+    assert (r.returncode, r.stdout.strip()) == (0, "oom"), r.stderr[-2000:]
