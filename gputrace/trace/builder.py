@@ -43,6 +43,8 @@ CLASS_VIRTUAL = nvabi.NV50_MEMORY_VIRTUAL
 
 RM_ALLOC_CMD = nvabi.iowr(nvabi.ESC_RM_ALLOC, 48)  # NVOS64, as libcuda issues it
 RM_FREE_CMD = nvabi.iowr(nvabi.ESC_RM_FREE, 16)  # NVOS00
+_CODES = {name: {v: k for k, v in values.items()} for name, values in schema.ENUMS.items()}
+"""Each enum's codes by name (`row` fills a code its caller named)."""
 UVM_CMDS = {"UVM_FREE": 34, "UVM_MAP_EXTERNAL_ALLOCATION": 33, "UVM_CREATE_EXTERNAL_RANGE": 73}
 
 
@@ -78,7 +80,8 @@ class TraceBuilder:
 
     # ------------------------------------------------------------ generic rows
     def row(self, table: str, **fields: Any) -> dict[str, Any]:
-        """Add one row; enum names are filled from their codes, the rest is null."""
+        """Add one row; an enum's name is filled from its code and a known name's code
+        from the name, the rest is null."""
         t = schema.table(table)
         row: dict[str, Any] = dict.fromkeys((c.name for c in t.columns), None)
         for k, v in fields.items():
@@ -87,8 +90,12 @@ class TraceBuilder:
             row[k] = v
         for enum_col, values in schema.ENUMS.items():
             code_col = f"{enum_col}_code"
-            if code_col in row and row[code_col] is not None and row[enum_col] is None:
+            if code_col not in row:
+                continue
+            if row[code_col] is not None and row[enum_col] is None:
                 row[enum_col] = values[row[code_col]]
+            elif row[code_col] is None and row[enum_col] is not None:
+                row[code_col] = _CODES[enum_col].get(row[enum_col])
         if "comm" in row and row["comm"] is None and row.get("pid") is not None:
             row["comm"] = self._comm.get(row["pid"], f"pid{row['pid']}")
         if "tid" in row and row["tid"] is None and row.get("pid") is not None:

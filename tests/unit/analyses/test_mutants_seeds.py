@@ -1261,14 +1261,11 @@ def test_an_api_failure_on_no_known_gpu_has_no_allocator_pool(tmp_path: Path) ->
     """oom: a failed cuMemAlloc whose GPU nothing names (no free-memory sample, no
     allocator entry of its own, two GPUs) has no allocator pool figure (null, not 0),
     though the trace's allocator layer holds device 0's blocks."""
-    from gputrace import schema
-
-    code = {v: k for k, v in schema.ALLOCATOR_ACTIONS.items()}
     b = TraceBuilder(layers=("api", "allocator"), duration_s=3.0, gpus=2)  # synthetic
     b.process(7, "train")
     for i, (act, size) in enumerate([("segment_alloc", 20 * MiB), ("alloc", MiB)]):
         b.row("allocator_events", ts_ns=ns(0.5 + 0.1 * i), seq=i, pid=7, device=0,
-              action=act, action_code=code[act], address=SEG_A, size_bytes=size)
+              action=act, address=SEG_A, size_bytes=size)
     b.row("cuda_calls", ts_ns=ns(2.0), pid=7, func="cuMemAlloc_v2", size_bytes=64 * MiB,
           ptr=0, result=2, latency_ns=1000)
     doc = run_reports(inputs_from_trace(open_trace(b.build(tmp_path / "t"))), ["oom"])
@@ -1369,15 +1366,12 @@ def test_an_allocator_entry_after_an_api_failure_is_its_evidence(tmp_path: Path)
     """oom/failures._fold_layers: cuMemAlloc fails at 2.0 s on an unnamed GPU (two in
     the trace); PyTorch's `oom` entry follows 0.1 s later on device 1: one incident, the
     API failure, on GPU 1 because the allocator's entry says so, with that entry."""
-    from gputrace import schema
-
-    code = {v: k for k, v in schema.ALLOCATOR_ACTIONS.items()}
     b = TraceBuilder(layers=("api", "allocator"), duration_s=3.0, gpus=2)  # synthetic
     b.process(7, "train")
     b.row("cuda_calls", ts_ns=ns(2.0), pid=7, func="cuMemAlloc_v2", size_bytes=64 * MiB,
           ptr=0, result=2, latency_ns=1000)
     b.row("allocator_events", ts_ns=ns(2.1), seq=0, pid=7, device=1, action="oom",
-          action_code=code["oom"], size_bytes=64 * MiB, device_free_bytes=MiB)
+          size_bytes=64 * MiB, device_free_bytes=MiB)
     doc = run_reports(inputs_from_trace(open_trace(b.build(tmp_path / "t"))), ["oom"])
     (one,) = doc["oom"]["incidents"]
     assert (one["layer"], one["gpu_index"], one["gpu_from"]) == ("api", 1, "allocator")
